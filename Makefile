@@ -1,0 +1,105 @@
+# fluxon-nats -- build, test, run, bench.
+#
+#   make          build the libraries, tools and test programs
+#   make test     install missing packages, build, run every test (unit, integration, e2e)
+#   make check    the same tests under ASan+UBSan (separate build dir)
+#   make valgrind unit tests under valgrind (leak check)
+#   make run      install, build, start a local etcd + nats-server, run the bridge
+#   make bench    benchmarks (tables into BENCHMARKS.md)
+#   make clean
+
+CC      ?= cc
+BUILD   ?= build
+SAN     ?=
+CSTD    := -std=c11 -D_GNU_SOURCE
+WARN    := -Wall -Wextra -Werror -Wstrict-prototypes -Wwrite-strings -Wshadow -Wno-missing-field-initializers
+OPT     ?= -O2 -g
+CFLAGS  += $(CSTD) $(WARN) $(OPT) -pthread -MMD -MP -I. -Ilease -Ibridge -Iplugin
+LDLIBS  += -lcurl -lcjson -lpthread -lm
+
+ifeq ($(SAN),address)
+CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
+ifeq ($(SAN),thread)
+CFLAGS  += -fsanitize=thread -fno-omit-frame-pointer
+LDFLAGS += -fsanitize=thread
+endif
+
+LEASE_SRC  := $(wildcard lease/*.c)
+BRIDGE_SRC := $(wildcard bridge/*.c)
+SUPPORT_SRC:= $(wildcard tests/support/*.c)
+UNIT_SRC   := $(wildcard tests/unit/test_*.c)
+INTEG_SRC  := $(wildcard tests/integration/test_*.c)
+BENCH_SRC  := $(wildcard tests/bench/*.c)
+
+LEASE_OBJ  := $(LEASE_SRC:%.c=$(BUILD)/%.o)
+BRIDGE_OBJ := $(BRIDGE_SRC:%.c=$(BUILD)/%.o)
+SUPPORT_OBJ:= $(SUPPORT_SRC:%.c=$(BUILD)/%.o)
+
+LIBLEASE   := $(BUILD)/libfxlease.a
+LIBBRIDGE  := $(BUILD)/libfxbridge.a
+
+UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/unit/%)
+INTEG_BIN  := $(INTEG_SRC:tests/integration/%.c=$(BUILD)/tests/integration/%)
+BENCH_BIN  := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/tests/bench/%)
+
+.PHONY: all deps test test-unit test-integration check valgrind run bench clean tests
+
+all: $(LIBLEASE) $(if $(BRIDGE_OBJ),$(LIBBRIDGE)) tests $(BENCH_BIN)
+
+tests: $(UNIT_BIN) $(INTEG_BIN)
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIBLEASE): $(LEASE_OBJ)
+	@mkdir -p $(dir $@)
+	$(AR) rcs $@ $^
+
+$(LIBBRIDGE): $(BRIDGE_OBJ)
+	@mkdir -p $(dir $@)
+	$(AR) rcs $@ $^
+
+LIBS := $(if $(BRIDGE_OBJ),$(LIBBRIDGE)) $(LIBLEASE)
+
+$(BUILD)/tests/unit/%: $(BUILD)/tests/unit/%.o $(LIBS)
+	$(CC) $(LDFLAGS) -o $@ $< $(LIBS) -lcmocka $(LDLIBS)
+
+$(BUILD)/tests/integration/%: $(BUILD)/tests/integration/%.o $(SUPPORT_OBJ) $(LIBS)
+	$(CC) $(LDFLAGS) -o $@ $< $(SUPPORT_OBJ) $(LIBS) -lcmocka $(LDLIBS)
+
+$(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o $(SUPPORT_OBJ) $(LIBS)
+	$(CC) $(LDFLAGS) -o $@ $< $(SUPPORT_OBJ) $(LIBS) $(LDLIBS)
+
+test: deps
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) bash tests/run.sh
+
+test-unit: all
+	@BUILD=$(BUILD) bash tests/run.sh unit
+
+test-integration: all
+	@BUILD=$(BUILD) bash tests/run.sh integration
+
+check: deps
+	@$(MAKE) --no-print-directory BUILD=build-san SAN=address OPT="-O1 -g" all
+	@BUILD=build-san FXT_SANITIZED=1 bash tests/run.sh
+
+valgrind: all
+	@BUILD=$(BUILD) FXT_VALGRIND=1 bash tests/run.sh unit
+
+run: deps all
+	@bash deploy/local/run.sh
+
+bench: deps all
+	@bash tests/bench/run.sh
+
+clean:
+	rm -rf build build-san
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

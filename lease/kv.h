@@ -1,0 +1,106 @@
+/* kv.h -- the KV payload store the MQ uses for message payloads (DESIGN.md §3.2).
+ *
+ * The seed's payload plane is Fluxon KV. This is its interface, with one shipped backend: etcd
+ * (fx_kv_new_etcd), keeping payloads under the store's own key prefix, on its own endpoint list
+ * (may be a different etcd cluster than the control plane), with etcd leases as KV payload leases.
+ *
+ * Semantics (from the KV seed):
+ *  - Keys given to the store are relative to its prefix; keys returned are relative too.
+ *  - opts->lease_id == 0 means a plain, non-lease put. It never falls back to "the last lease".
+ *    A lease-bound key disappears when its lease expires.
+ *  - opts->reject_if_inflight_same_key: while another put of the same key *from this store
+ *    object* is in flight, the put returns FX_EKEY_BEING_WRITTEN at once (admission control by a
+ *    per-key in-flight count; other keys are never blocked). Without it, concurrent puts of one
+ *    key are allowed and the last committed wins.
+ *  - put_many writes all items atomically (one etcd txn); at most FX_KV_MAX_BATCH items
+ *    (FX_ETXN_TOO_MANY_OPS beyond). An item with the reject flag counts as in flight for the
+ *    whole batch.
+ *  - get of a missing key: FX_ENOTFOUND.
+ *  - Every call has a deadline (timeout_ms; 0 = the store's default).
+ *
+ * Ownership: inputs are borrowed for the call. Outputs are owned by the caller (free with the
+ * fx_*_free functions of etcd.h).
+ * Thread rules: thread-safe; fx_kv_store_free() once, after all other calls returned.
+ */
+#ifndef FX_KV_H
+#define FX_KV_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "etcd.h"
+#include "fx_err.h"
+
+#define FX_KV_MAX_BATCH 128
+
+typedef struct fx_kv_store fx_kv_store;
+
+typedef struct fx_kv_put_opts {
+    int64_t lease_id;                 /* 0: plain put */
+    bool reject_if_inflight_same_key; /* FX_EKEY_BEING_WRITTEN if the key is being written */
+} fx_kv_put_opts;
+
+typedef struct fx_kv_item {
+    fx_slice key;
+    fx_slice value;
+} fx_kv_item;
+
+/* Backend operations: the interface a KV backend implements. All functions follow the semantics
+ * above; `self` is the backend's private state. */
+typedef struct fx_kv_ops {
+    fx_err (*allocate_lease)(void *self, int64_t ttl_s, int64_t *out_id, int timeout_ms);
+    fx_err (*keepalive_lease)(void *self, int64_t id, int64_t *out_ttl, int timeout_ms);
+    fx_err (*put_many)(void *self, const fx_kv_item *items, size_t n, const fx_kv_put_opts *o,
+                       int timeout_ms);
+    fx_err (*get)(void *self, fx_slice key, fx_bytes *out, int timeout_ms);
+    fx_err (*get_range)(void *self, fx_slice start, fx_slice end, int64_t limit,
+                        fx_range_resp *out, int timeout_ms);
+    fx_err (*delete_range)(void *self, fx_slice start, fx_slice end, int64_t *out_deleted,
+                           int timeout_ms);
+    fx_err (*count_prefix)(void *self, fx_slice prefix, int64_t *out_count, int timeout_ms);
+    void (*destroy)(void *self);
+} fx_kv_ops;
+
+typedef struct fx_kv_etcd_opts {
+    fx_etcd_opts etcd;  /* endpoints etc. of the payload cluster */
+    const char *prefix; /* key prefix of the store, e.g. "/fluxon/kv/"; required */
+    int default_timeout_ms; /* 0 -> 5000 */
+} fx_kv_etcd_opts;
+
+/* Create the etcd-backed store. It owns its own etcd client (its own connections). */
+fx_err fx_kv_new_etcd(const fx_kv_etcd_opts *opts, fx_kv_store **out);
+/* Create a store over an existing etcd client (borrowed: must outlive the store). Used when the
+ * payload plane shares the control plane's endpoints. */
+fx_err fx_kv_new_etcd_shared(fx_etcd *client, const char *prefix, int default_timeout_ms,
+                             fx_kv_store **out);
+void fx_kv_store_free(fx_kv_store *s); /* (named so: etcd.h owns fx_kv_free(fx_kv *)) */
+
+/* Lease backend identity: "kv(etcd(http://a:1,...))". Distinct from the control plane's
+ * fx_etcd_uid() even on the same endpoints, as the seed keys leases by backend. */
+const char *fx_kv_backend_uid(const fx_kv_store *s);
+/* The store's key prefix (as given). */
+const char *fx_kv_prefix(const fx_kv_store *s);
+/* The etcd client behind an etcd-backed store (for one-txn payload+offset writes when the
+ * planes share endpoints); NULL for other backends. */
+fx_etcd *fx_kv_etcd(const fx_kv_store *s);
+
+fx_err fx_kv_allocate_lease(fx_kv_store *s, int64_t ttl_s, int64_t *out_id, int timeout_ms);
+/* FX_OK with *out_ttl > 0, or FX_ELEASE_EXPIRED. out_ttl may be NULL. */
+fx_err fx_kv_keepalive_lease(fx_kv_store *s, int64_t id, int64_t *out_ttl, int timeout_ms);
+/* opts may be NULL (plain put). A lease put on an expired lease -> FX_ELEASE_EXPIRED. */
+fx_err fx_kv_put(fx_kv_store *s, fx_slice key, fx_slice value, const fx_kv_put_opts *opts,
+                 int timeout_ms);
+fx_err fx_kv_put_many(fx_kv_store *s, const fx_kv_item *items, size_t n,
+                      const fx_kv_put_opts *opts, int timeout_ms);
+fx_err fx_kv_get(fx_kv_store *s, fx_slice key, fx_bytes *out, int timeout_ms);
+/* Keys in [start, end) (end len 0: keys with prefix `start`), ascending, at most limit (0: all);
+ * keys in out are relative to the store prefix. */
+fx_err fx_kv_get_range(fx_kv_store *s, fx_slice start, fx_slice end, int64_t limit,
+                       fx_range_resp *out, int timeout_ms);
+fx_err fx_kv_delete(fx_kv_store *s, fx_slice key, int timeout_ms);
+/* Delete [start, end) (end len 0: every key with prefix `start`). out_deleted may be NULL. */
+fx_err fx_kv_delete_range(fx_kv_store *s, fx_slice start, fx_slice end, int64_t *out_deleted,
+                          int timeout_ms);
+fx_err fx_kv_count_prefix(fx_kv_store *s, fx_slice prefix, int64_t *out_count, int timeout_ms);
+
+#endif

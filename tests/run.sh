@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Runs the test programs and prints one closing line "N passed, N failed, N skipped".
+#   tests/run.sh [unit|integration|e2e ...]   (default: all suites)
+# Environment: BUILD (build dir, default build), FXT_VALGRIND=1 (unit tests under valgrind),
+# FXT_TEST_TIMEOUT (seconds per program, default 600).
+# Every program runs with FXT_TMPDIR set to a fresh directory; whatever a program started is
+# killed and that directory removed when the run ends, also on failure or Ctrl-C.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+SUITES=("$@")
+[ ${#SUITES[@]} -eq 0 ] && SUITES=(unit integration e2e)
+TIMEOUT=${FXT_TEST_TIMEOUT:-600}
+
+export FXT_TMPDIR
+FXT_TMPDIR=$(mktemp -d /tmp/fluxon-test.XXXXXX)
+
+cleanup() {
+  # Kill anything a test left running (pidfiles written by tests/support), then the temp dir.
+  for pf in "$FXT_TMPDIR"/*.pid "$FXT_TMPDIR"/*/*.pid; do
+    [ -f "$pf" ] || continue
+    pid=$(cat "$pf" 2>/dev/null)
+    [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
+  done
+  rm -rf "$FXT_TMPDIR"
+}
+trap cleanup EXIT
+trap 'echo "interrupted" >&2; exit 130' INT TERM
+
+passed=0; failed=0; skipped=0
+failed_names=()
+
+run_prog() { # $1 = suite, $2 = binary
+  local suite=$1 bin=$2 name out rc total ok fail skip
+  name=$(basename "$bin")
+  out="$FXT_TMPDIR/$name.out"
+  echo "=== $suite/$name"
+  local cmd=("$bin")
+  if [ "$suite" = unit ] && [ "${FXT_VALGRIND:-0}" = 1 ]; then
+    cmd=(valgrind -q --leak-check=full --show-leak-kinds=definite,indirect --errors-for-leak-kinds=definite,indirect --error-exitcode=99 "$bin")
+  fi
+  timeout --signal=TERM --kill-after=10 "$TIMEOUT" "${cmd[@]}" >"$out" 2>&1
+  rc=$?
+  cat "$out"
+  total=$(sed -n 's/^\[==========\] Running \([0-9]*\) test(s)\./\1/p' "$out" | awk '{s+=$1} END {print s+0}')
+  ok=$(grep -c '^\[       OK \]' "$out")
+  skip=$(grep -c '^\[  SKIPPED \]' "$out")
+  fail=$(( total - ok - skip ))
+  if [ "$rc" -ne 0 ] && [ "$fail" -eq 0 ]; then
+    # Crash, timeout, leak report or setup failure with no test counted as failed: count one.
+    fail=1
+    echo "!!! $suite/$name exited with status $rc"
+  fi
+  [ "$rc" -eq 124 ] && echo "!!! $suite/$name timed out after ${TIMEOUT}s"
+  passed=$((passed + ok)); failed=$((failed + fail)); skipped=$((skipped + skip))
+  if [ "$fail" -gt 0 ]; then
+    failed_names+=("$suite/$name")
+  fi
+}
+
+for suite in "${SUITES[@]}"; do
+  case "$suite" in
+    unit|integration)
+      for bin in "$BUILD"/tests/"$suite"/test_*; do
+        [ -x "$bin" ] && [ -f "$bin" ] && [[ "$bin" != *.o ]] && [[ "$bin" != *.d ]] || continue
+        run_prog "$suite" "$bin"
+      done ;;
+    e2e)
+      if [ -x tests/e2e/run.sh ]; then
+        run_prog e2e tests/e2e/run.sh
+      fi ;;
+    *) echo "unknown suite: $suite" >&2; exit 2 ;;
+  esac
+done
+
+echo
+[ ${#failed_names[@]} -gt 0 ] && echo "failing programs: ${failed_names[*]}"
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

@@ -1,0 +1,315 @@
+/* fxt.c -- test harness: real etcd processes on free loopback ports (see fxt.h). */
+#include "fxt.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+int64_t fxt_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void pause_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+bool fxt_wait_until(bool (*cond)(void *arg), void *arg, int timeout_ms)
+{
+    int64_t deadline = fxt_now_ms() + timeout_ms;
+    for (;;) {
+        if (cond(arg)) return true;
+        if (fxt_now_ms() >= deadline) return cond(arg);
+        pause_ms(20);
+    }
+}
+
+/* Ports handed out by this process, so two calls never return the same one. */
+static int used_ports[256];
+static int n_used_ports;
+
+static int port_used(int p)
+{
+    for (int i = 0; i < n_used_ports; i++)
+        if (used_ports[i] == p) return 1;
+    return 0;
+}
+
+/* A free port: bind :0, read it back, close. Stays below the ephemeral range is not guaranteed,
+ * so we also avoid ports this process already handed out. */
+static int free_port(void)
+{
+    for (int attempt = 0; attempt < 50; attempt++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0) return -1;
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof a;
+        if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+            getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+            close(fd);
+            return -1;
+        }
+        int p = ntohs(a.sin_port);
+        close(fd);
+        if (!port_used(p)) {
+            if (n_used_ports < (int)(sizeof used_ports / sizeof used_ports[0]))
+                used_ports[n_used_ports++] = p;
+            return p;
+        }
+    }
+    return -1;
+}
+
+int fxt_dead_port(void) { return free_port(); }
+
+int fxt_blackhole_listen(int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 64) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        close(fd);
+        return -1;
+    }
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+static const char *tmp_root(void)
+{
+    const char *t = getenv("FXT_TMPDIR");
+    return (t && *t) ? t : "/tmp";
+}
+
+static void write_pidfile(const fxt_etcd *e)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s.pid", e->dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "%d\n", (int)e->pid);
+    fclose(f);
+}
+
+static void remove_pidfile(const fxt_etcd *e)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s.pid", e->dir);
+    unlink(path);
+}
+
+/* GET /health over a raw socket: true when etcd answers {"health":"true"}. */
+static bool etcd_healthy(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return false;
+    struct timeval tv = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool ok = false;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+        static const char req[] = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+        if (write(fd, req, sizeof req - 1) == (ssize_t)(sizeof req - 1)) {
+            char buf[1024];
+            size_t got = 0;
+            ssize_t n;
+            while (got < sizeof buf - 1 && (n = read(fd, buf + got, sizeof buf - 1 - got)) > 0)
+                got += (size_t)n;
+            buf[got] = '\0';
+            ok = strstr(buf, "\"health\":\"true\"") != NULL;
+        }
+    }
+    close(fd);
+    return ok;
+}
+
+static bool child_alive(pid_t pid)
+{
+    int st;
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    return r == 0;
+}
+
+static int spawn(fxt_etcd *e, bool fresh)
+{
+    char client_url[64], peer_url[64], cluster[96];
+    snprintf(client_url, sizeof client_url, "http://127.0.0.1:%d", e->client_port);
+    snprintf(peer_url, sizeof peer_url, "http://127.0.0.1:%d", e->peer_port);
+    snprintf(cluster, sizeof cluster, "fxt=%s", peer_url);
+    const char *bin = getenv("FXT_ETCD_BIN");
+    if (!bin || !*bin) bin = "etcd";
+
+    char *argv[64];
+    int ac = 0;
+    argv[ac++] = (char *)bin;
+    argv[ac++] = (char *)"--name=fxt";
+    static char a_dir[600], a_lc[96], a_ac[96], a_lp[96], a_ip[96], a_ic[128];
+    snprintf(a_dir, sizeof a_dir, "--data-dir=%s", e->dir);
+    snprintf(a_lc, sizeof a_lc, "--listen-client-urls=%s", client_url);
+    snprintf(a_ac, sizeof a_ac, "--advertise-client-urls=%s", client_url);
+    snprintf(a_lp, sizeof a_lp, "--listen-peer-urls=%s", peer_url);
+    snprintf(a_ip, sizeof a_ip, "--initial-advertise-peer-urls=%s", peer_url);
+    snprintf(a_ic, sizeof a_ic, "--initial-cluster=%s", cluster);
+    argv[ac++] = a_dir;
+    argv[ac++] = a_lc;
+    argv[ac++] = a_ac;
+    argv[ac++] = a_lp;
+    argv[ac++] = a_ip;
+    argv[ac++] = a_ic;
+    argv[ac++] = (char *)(fresh ? "--initial-cluster-state=new" : "--initial-cluster-state=existing");
+    argv[ac++] = (char *)"--logger=zap";
+    argv[ac++] = (char *)"--log-level=warn";
+    static char extra[256];
+    snprintf(extra, sizeof extra, "%s", e->extra_args);
+    for (char *save = NULL, *tok = strtok_r(extra, " ", &save); tok && ac < 62;
+         tok = strtok_r(NULL, " ", &save))
+        argv[ac++] = tok;
+    argv[ac] = NULL;
+
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("fxt: fork");
+        return -1;
+    }
+    if (pid == 0) {
+        /* Die with the test process, whatever way it ends. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(127);
+        setpgid(0, 0);
+        int fd = open(e->log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        int devnull = open("/dev/null", O_RDONLY);
+        if (devnull >= 0) {
+            dup2(devnull, 0);
+            close(devnull);
+        }
+        execvp(bin, argv);
+        _exit(127);
+    }
+    e->pid = pid;
+    write_pidfile(e);
+
+    int64_t deadline = fxt_now_ms() + 20000;
+    while (fxt_now_ms() < deadline) {
+        if (!child_alive(pid)) {
+            fprintf(stderr, "fxt: etcd exited during start-up; log: %s\n", e->log_path);
+            e->pid = 0;
+            remove_pidfile(e);
+            return -1;
+        }
+        if (etcd_healthy(e->client_port)) return 0;
+        pause_ms(50);
+    }
+    fprintf(stderr, "fxt: etcd not healthy within 20 s; log: %s\n", e->log_path);
+    fxt_etcd_stop(e);
+    return -1;
+}
+
+int fxt_etcd_start(fxt_etcd *e)
+{
+    char extra[sizeof e->extra_args];
+    snprintf(extra, sizeof extra, "%s", e->extra_args);
+    memset(e, 0, sizeof *e);
+    snprintf(e->extra_args, sizeof e->extra_args, "%s", extra);
+    for (int attempt = 0; attempt < 3; attempt++) {
+        snprintf(e->dir, sizeof e->dir, "%s/fxt-etcd-XXXXXX", tmp_root());
+        if (!mkdtemp(e->dir)) {
+            perror("fxt: mkdtemp");
+            return -1;
+        }
+        snprintf(e->log_path, sizeof e->log_path, "%s.log", e->dir);
+        e->client_port = free_port();
+        e->peer_port = free_port();
+        if (e->client_port < 0 || e->peer_port < 0) return -1;
+        snprintf(e->endpoint, sizeof e->endpoint, "http://127.0.0.1:%d", e->client_port);
+        if (spawn(e, true) == 0) return 0;
+        fxt_etcd_destroy(e); /* port race or bad start: try fresh ports */
+    }
+    return -1;
+}
+
+int fxt_etcd_stop(fxt_etcd *e)
+{
+    if (e->pid <= 0) return 0;
+    kill(e->pid, SIGCONT); /* in case it was paused */
+    kill(e->pid, SIGTERM);
+    int64_t deadline = fxt_now_ms() + 5000;
+    int st;
+    for (;;) {
+        pid_t r = waitpid(e->pid, &st, WNOHANG);
+        if (r == e->pid || (r < 0 && errno == ECHILD)) break;
+        if (fxt_now_ms() >= deadline) {
+            kill(e->pid, SIGKILL);
+            waitpid(e->pid, &st, 0);
+            break;
+        }
+        pause_ms(20);
+    }
+    e->pid = 0;
+    remove_pidfile(e);
+    return 0;
+}
+
+int fxt_etcd_restart(fxt_etcd *e)
+{
+    if (e->pid > 0) fxt_etcd_stop(e);
+    return spawn(e, false);
+}
+
+int fxt_etcd_pause(fxt_etcd *e) { return e->pid > 0 ? kill(e->pid, SIGSTOP) : -1; }
+
+int fxt_etcd_resume(fxt_etcd *e) { return e->pid > 0 ? kill(e->pid, SIGCONT) : -1; }
+
+static void rm_rf(const char *path)
+{
+    /* The data dir holds only etcd's files; a shell-free recursive delete via nftw would be
+     * longer; rm -rf through posix_spawn-like fork/exec keeps this small and safe (fixed argv,
+     * no shell). */
+    pid_t pid = fork();
+    if (pid == 0) {
+        execlp("rm", "rm", "-rf", "--", path, (char *)NULL);
+        _exit(127);
+    }
+    if (pid > 0) {
+        int st;
+        waitpid(pid, &st, 0);
+    }
+}
+
+void fxt_etcd_destroy(fxt_etcd *e)
+{
+    fxt_etcd_stop(e);
+    if (e->dir[0]) {
+        rm_rf(e->dir);
+        unlink(e->log_path);
+        e->dir[0] = '\0';
+    }
+}

@@ -1,0 +1,53 @@
+/* fxt.h -- test harness: real etcd (and later nats-server) processes on free loopback ports.
+ *
+ * Every process started here:
+ *  - runs with a temporary data dir under $FXT_TMPDIR (set by tests/run.sh; else /tmp), removed by
+ *    fxt_etcd_destroy();
+ *  - gets PR_SET_PDEATHSIG=SIGKILL, so it dies with the test process even on a crash;
+ *  - writes its pid to <dir>.pid, so tests/run.sh can kill leftovers after an interrupted run.
+ * Waits poll with a deadline (no fixed sleeps). Functions return 0 on success, -1 on failure
+ * (with a message on stderr). Not thread-safe: call from the test's main thread.
+ */
+#ifndef FXT_H
+#define FXT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct fxt_etcd {
+    pid_t pid;         /* 0 when not running */
+    int client_port;
+    int peer_port;
+    char dir[512];      /* data dir (kept across stop/restart) */
+    char endpoint[64];  /* "http://127.0.0.1:<client_port>" */
+    char log_path[600];
+    char extra_args[256]; /* optional extra etcd flags, space separated, set before start */
+} fxt_etcd;
+
+/* Start a fresh etcd on free ports and wait until /health says true (deadline 20 s). */
+int fxt_etcd_start(fxt_etcd *e);
+/* Stop (SIGTERM, then SIGKILL after 5 s); keeps the data dir and ports. */
+int fxt_etcd_stop(fxt_etcd *e);
+/* Start again with the same data dir and ports; wait healthy. */
+int fxt_etcd_restart(fxt_etcd *e);
+/* SIGSTOP / SIGCONT: etcd keeps accepting TCP connections but answers nothing while stopped. */
+int fxt_etcd_pause(fxt_etcd *e);
+int fxt_etcd_resume(fxt_etcd *e);
+/* Stop if running and remove the data dir. Safe to call twice. */
+void fxt_etcd_destroy(fxt_etcd *e);
+
+/* A TCP port on 127.0.0.1 with nothing listening (connections are refused). */
+int fxt_dead_port(void);
+/* A listening socket that never accepts and never answers: connects succeed (kernel backlog),
+ * requests get no reply. Returns the fd (close it when done) and sets *port. */
+int fxt_blackhole_listen(int *port);
+
+/* Poll `cond(arg)` every 20 ms until it returns true or timeout_ms passes. Returns cond's last
+ * value. Use this instead of sleeps. */
+bool fxt_wait_until(bool (*cond)(void *arg), void *arg, int timeout_ms);
+
+/* Milliseconds on the monotonic clock. */
+int64_t fxt_now_ms(void);
+
+#endif
