@@ -1,0 +1,191 @@
+/* fluxon_mq.h -- Fluxon MQ in C: the whole API the daemon (plugin/) uses.
+ *
+ * Objects (DESIGN.md §4; the seed's MQ lifecycle-and-lease design):
+ *   fx_mq_client      the client root (the seed's KvClient): owns the control-plane etcd client,
+ *                     the KV payload store and the LeaseManager. Endpoints register with it;
+ *                     fx_mq_client_close() closes every endpoint first, then the backends.
+ *   fx_mpsc_producer  a producer of one standalone MPSC channel (or of a sub-MPSC of an MPMC,
+ *   fx_mpsc_consumer  inside mpmc.c). A consumer of one MPSC.
+ *   fx_mpmc_producer  a member of an MPMC channel that produces: rotates (LRU) over the ready
+ *                     sub-MPSCs learned by watch, falling back to the first unready one.
+ *   fx_mpmc_consumer  a member that consumes: claims one sub-MPSC (an unready one first, else
+ *                     creates one under the create lock) and consumes it for its whole life.
+ *
+ * Delivery guarantee: at-least-once. A consumer's get() hands out messages; ack() marks them;
+ * the consume offset advances only over the contiguous acknowledged prefix of each producer, and
+ * the committed payloads are deleted in the same step (batched). A consumer that crashes or
+ * closes with unacknowledged messages leaves them to the next consumer of that (sub-)MPSC.
+ * Per-producer FIFO within one (sub-)MPSC; no order across sub-MPSCs.
+ *
+ * Leases (every handle is a real LeaseManager registration; releasing never revokes):
+ *   MPSC: member, global, global-long (id allocators, long_lease_ttl_s), payload.
+ *   MPMC: metadata, payload, id-allocator cluster lease (every member registers all three, the
+ *   creator and every attach alike), plus one member lease per member. Sub-MPSCs reuse the MPMC
+ *   metadata lease as global, the member lease as member, the payload lease as payload.
+ *   When the member or payload lease of an endpoint expires, the endpoint closes itself: the next
+ *   call returns FX_ELEASE_LOST, every later call FX_ECLOSED.
+ *
+ * Errors: fx_err (lease/fx_err.h). Endpoint calls after close: FX_ECLOSED (or FX_ELEASE_LOST
+ * once, see above). Capacity: FX_EFULL when a put cannot place its batch before its deadline.
+ *
+ * Close (every endpoint): one public close, idempotent, safe to call concurrently and while a
+ * put or get is blocked in another thread (that call returns FX_ECLOSED promptly). Local
+ * resources are released strictly; owned leased keys get one best-effort delete pass
+ * (close_timeout_ms; WARN on failure, the lease TTL removes them). Shared keys (meta, offsets,
+ * payloads, counters) are never deleted by close: their leases expire after the last member.
+ * close() does not free: fx_*_free() frees (and closes first if needed). free() must not race
+ * with any other call on the same endpoint.
+ *
+ * Thread rules: one fx_mq_client may be shared by any number of threads. An endpoint may be used
+ * from several threads; calls of the same kind (two puts, two gets) are serialised internally.
+ * close() may be called from any thread at any time. No callback of this API runs user code.
+ */
+#ifndef FX_FLUXON_MQ_H
+#define FX_FLUXON_MQ_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "etcd.h"
+#include "fx_err.h"
+#include "kv.h"
+#include "lease_mgr.h"
+
+/* ---- client root ---------------------------------------------------------------------------- */
+
+typedef struct fx_mq_client fx_mq_client;
+
+typedef struct fx_mq_client_opts {
+    fx_etcd_opts etcd;           /* control plane (required) */
+    const char *root;            /* key root prefix; NULL -> "/fluxon" */
+    /* Payload plane. kv_endpoints NULL/0 -> payloads share the control-plane client (and then a
+     * batch's payload write and offset advance go in one txn). */
+    const char *const *kv_endpoints;
+    size_t n_kv_endpoints;
+    const char *kv_prefix;       /* NULL -> root + "/kv/" */
+    int64_t long_lease_ttl_s;    /* id-allocator leases; 0 -> 1800 (tests shorten it) */
+    int64_t min_ttl_s;           /* smallest accepted channel ttl; 0 -> 90. Tests use 2..3. */
+    int op_timeout_ms;           /* deadline of each etcd/KV call; 0 -> 5000 */
+    int close_timeout_ms;        /* best-effort delete pass on close; 0 -> 1000 */
+    fx_lease_mgr_opts lease;     /* LeaseManager tuning */
+} fx_mq_client_opts;
+
+/* Create the root: etcd client, KV store, LeaseManager. No I/O beyond what they do lazily. */
+fx_err fx_mq_client_new(const fx_mq_client_opts *opts, fx_mq_client **out);
+/* Close every registered endpoint (as its own close would), then stop the LeaseManager and the
+ * backends. Idempotent. Returns the first endpoint close error (closing continues past it). */
+fx_err fx_mq_client_close(fx_mq_client *c);
+/* Close if needed and free. Endpoints still registered are closed and freed too. */
+void fx_mq_client_free(fx_mq_client *c);
+
+/* Borrowed accessors (valid until fx_mq_client_free). */
+fx_etcd *fx_mq_client_etcd(fx_mq_client *c);
+fx_kv_store *fx_mq_client_kv(fx_mq_client *c);
+fx_lease_mgr *fx_mq_client_leases(fx_mq_client *c);
+const char *fx_mq_client_root(const fx_mq_client *c);
+
+/* ---- channel configuration -------------------------------------------------------------------- */
+
+typedef struct fx_mq_chan_cfg {
+    int64_t capacity; /* >= 1: max stored, unconsumed messages per (sub-)MPSC */
+    int64_t ttl_s;    /* >= client min_ttl_s: TTL of global/metadata, member and payload leases */
+    int64_t weight;   /* producer weight written to producer_weight; 0 -> 1 */
+} fx_mq_chan_cfg;
+
+/* ---- messages --------------------------------------------------------------------------------- */
+
+/* Identity of one stored message: (sub-)MPSC chan id, producer idx, message id. */
+typedef struct fx_mq_msg_id {
+    int64_t chan;
+    int64_t pidx;
+    int64_t msg;
+} fx_mq_msg_id;
+
+/* A message handed out by get(): owned by the caller, freed with fx_mq_delivery_free(). */
+typedef struct fx_mq_delivery {
+    fx_mq_msg_id id;
+    fx_bytes value; /* the stored value (a FlatDict, bridge/flatdict.h) */
+} fx_mq_delivery;
+void fx_mq_delivery_free(fx_mq_delivery *d);
+
+/* ---- standalone MPSC -------------------------------------------------------------------------- */
+
+typedef struct fx_mpsc_producer fx_mpsc_producer;
+typedef struct fx_mpsc_consumer fx_mpsc_consumer;
+
+/* create_mpsc_channel: allocate a new chan id (never reused: unleased counter), its leases and
+ * meta. *out_chan is the new id. The creator keeps no endpoint: open producers/consumers on it. */
+fx_err fx_mpsc_create(fx_mq_client *c, const fx_mq_chan_cfg *cfg, int64_t *out_chan);
+
+/* new_with_chan_id: bind to an existing channel (meta must exist and be valid). weight may be 0. */
+fx_err fx_mpsc_producer_open(fx_mq_client *c, int64_t chan, int64_t weight,
+                             fx_mpsc_producer **out);
+fx_err fx_mpsc_consumer_open(fx_mq_client *c, int64_t chan, fx_mpsc_consumer **out);
+
+/* Put a batch of values (each becomes one message, in order). Waits for capacity until
+ * timeout_ms (FX_EFULL after). Returns FX_OK when all n were stored; otherwise the error of the
+ * first value not stored, with *n_put (may be NULL) the count stored before it (a partial batch
+ * is returned, never dropped). ids (may be NULL) receives the ids of the stored values.
+ * Values are borrowed for the call. No id gaps: ids are consumed only by stored messages. */
+fx_err fx_mpsc_put(fx_mpsc_producer *p, const fx_slice *values, size_t n, int timeout_ms,
+                   size_t *n_put, fx_mq_msg_id *ids);
+fx_err fx_mpsc_producer_close(fx_mpsc_producer *p);
+void fx_mpsc_producer_free(fx_mpsc_producer *p);
+int64_t fx_mpsc_producer_idx(const fx_mpsc_producer *p);
+
+/* Get up to max messages (FIFO per producer, round robin across producers). Waits up to
+ * timeout_ms for the first one; returns FX_OK with *n >= 1, or FX_ETIMEDOUT with *n == 0.
+ * Messages stay unacknowledged until ack; a message handed out is not handed out again by this
+ * consumer. out[] entries are owned by the caller on FX_OK. */
+fx_err fx_mpsc_get(fx_mpsc_consumer *c, fx_mq_delivery *out, size_t max, size_t *n,
+                   int timeout_ms);
+/* Acknowledge messages handed out by get. Commits (offset advance + payload delete) are batched
+ * and happen asynchronously, in order. FX_EINVAL for an id that was never handed out. */
+fx_err fx_mpsc_ack(fx_mpsc_consumer *c, const fx_mq_msg_id *ids, size_t n);
+/* Wait until every ack given so far is committed to etcd (or timeout). */
+fx_err fx_mpsc_flush(fx_mpsc_consumer *c, int timeout_ms);
+fx_err fx_mpsc_consumer_close(fx_mpsc_consumer *c);
+void fx_mpsc_consumer_free(fx_mpsc_consumer *c);
+
+/* ---- MPMC ------------------------------------------------------------------------------------- */
+
+typedef struct fx_mpmc_producer fx_mpmc_producer;
+typedef struct fx_mpmc_consumer fx_mpmc_consumer;
+
+/* Map a channel name to its MPMC id: create the MPMC if the unique key is absent (create-if-
+ * absent txn; cfg used only then), else return the existing id. A mapping whose MPMC meta is gone
+ * (TTL expired) is replaced by a new MPMC (CAS on the old value). */
+fx_err fx_mpmc_resolve(fx_mq_client *c, const char *name, const fx_mq_chan_cfg *cfg,
+                       int64_t *out_mpmc);
+
+/* Join as a producer / consumer: attach (read and validate meta, register every shared lease),
+ * grant the member lease, write the role key. The consumer also claims its sub-MPSC (unready
+ * first; else creates one under the create lock when active consumers outnumber sub-MPSCs; else
+ * FX_EEXISTS "not enough active consumers"). weight may be 0. */
+fx_err fx_mpmc_producer_open(fx_mq_client *c, int64_t mpmc, int64_t weight,
+                             fx_mpmc_producer **out);
+fx_err fx_mpmc_consumer_open(fx_mq_client *c, int64_t mpmc, fx_mpmc_consumer **out);
+
+/* As fx_mpsc_put, routed to one sub-MPSC per batch (LRU over ready sub-MPSCs; a full one is
+ * skipped; the first unready one when none is ready; the producer creates the first sub-MPSC
+ * when there is none). */
+fx_err fx_mpmc_put(fx_mpmc_producer *p, const fx_slice *values, size_t n, int timeout_ms,
+                   size_t *n_put, fx_mq_msg_id *ids);
+fx_err fx_mpmc_producer_close(fx_mpmc_producer *p);
+void fx_mpmc_producer_free(fx_mpmc_producer *p);
+int64_t fx_mpmc_producer_member(const fx_mpmc_producer *p);
+
+fx_err fx_mpmc_get(fx_mpmc_consumer *c, fx_mq_delivery *out, size_t max, size_t *n,
+                   int timeout_ms);
+fx_err fx_mpmc_ack(fx_mpmc_consumer *c, const fx_mq_msg_id *ids, size_t n);
+fx_err fx_mpmc_flush(fx_mpmc_consumer *c, int timeout_ms);
+/* Close order: sub-MPSC consumer close (membership delete) -> ready key delete only if the
+ * membership delete was confirmed -> role key delete -> release lease handles. */
+fx_err fx_mpmc_consumer_close(fx_mpmc_consumer *c);
+void fx_mpmc_consumer_free(fx_mpmc_consumer *c);
+int64_t fx_mpmc_consumer_member(const fx_mpmc_consumer *c);
+/* The sub-MPSC this consumer owns. */
+int64_t fx_mpmc_consumer_chan(const fx_mpmc_consumer *c);
+
+#endif

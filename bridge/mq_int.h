@@ -1,0 +1,107 @@
+/* mq_int.h -- internals shared by the files of bridge/ (client.c, idalloc.c, mpsc.c, mpmc.c).
+ * Not part of the public API (fluxon_mq.h). Names use the fx__ prefix.
+ *
+ * Thread rules are those of fluxon_mq.h unless stated here.
+ */
+#ifndef FX_BRIDGE_MQ_INT_H
+#define FX_BRIDGE_MQ_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "fluxon_mq.h"
+#include "keys.h"
+#include "meta.h"
+
+/* ---- client root ------------------------------------------------------------------------------ */
+
+/* An endpoint registered with the client root (the seed's child-close registry). */
+typedef struct fx__mq_endpoint {
+    fx_err (*close)(void *self); /* the endpoint's public close */
+    void *self;
+    struct fx__mq_endpoint *prev, *next;
+} fx__mq_endpoint;
+
+struct fx_mq_client {
+    fx_mq_client_opts opts;   /* copied; strings below own their storage */
+    fx_mq_keys keys;          /* root prefix */
+    fx_etcd *etcd;            /* control plane (owned) */
+    fx_kv_store *kv;          /* payload plane (owned) */
+    bool kv_shared;           /* kv uses `etcd` itself: one txn for payload + offsets */
+    fx_lease_mgr *leases;     /* owned */
+    fx_lease_backend etcd_backend; /* lease backend descriptors (uid strings owned by etcd/kv) */
+    fx_lease_backend kv_backend;
+    int64_t long_ttl_s, min_ttl_s;
+    int op_timeout_ms, close_timeout_ms;
+
+    pthread_mutex_t mu;       /* guards the registry and `state` */
+    fx__mq_endpoint *endpoints;
+    int state;                /* 0 open, 1 closing, 2 closed */
+    /* owned copies of option strings */
+    char **strs;
+    size_t n_strs;
+};
+
+/* Register an endpoint (before its blocking construction). FX_ECLOSED once the client is closing.
+ * The endpoint struct is owned by the caller and must stay valid until unregistered. */
+fx_err fx__mq_register(fx_mq_client *c, fx__mq_endpoint *ep);
+/* Unregister (idempotent; safe if never registered). Endpoints call it at the end of their close. */
+void fx__mq_unregister(fx_mq_client *c, fx__mq_endpoint *ep);
+/* Validate a channel config against the client's limits (capacity >= 1, ttl in
+ * [min_ttl_s, FX_MQ_MAX_TTL_SECONDS], weight >= 0). */
+fx_err fx__mq_cfg_validate(const fx_mq_client *c, const fx_mq_chan_cfg *cfg);
+
+/* ---- id allocators and cluster leases (idalloc.c) --------------------------------------------- */
+
+/* CAS counter at `key` (fx_mq_key_alloc_*): advance by n >= 1 and return the first id of the
+ * range in *first (ids start at 1). lease 0: the counter key has no lease. Bounded: 100 CAS
+ * attempts, each with the client's op deadline; a lost CAS re-reads the value. */
+fx_err fx__mq_alloc_ids(fx_mq_client *c, const fx_mq_key *key, int64_t lease, int64_t n,
+                        int64_t *first);
+/* get_cluster_lease_id: reuse the lease id stored at `key` or grant one with ttl_s and publish
+ * it under itself (txn create==0; a lost race reads the winner). *granted says whether this call
+ * granted it (then registration may skip the probe). */
+fx_err fx__mq_cluster_lease(fx_mq_client *c, const fx_mq_key *key, int64_t ttl_s, int64_t *id,
+                            bool *granted);
+/* Register a lease with the client's LeaseManager (etcd or kv backend) with an expiry callback. */
+fx_err fx__mq_hold(fx_mq_client *c, bool kv_backend, int64_t ttl_s, int64_t id, bool skip_probe,
+                   fx_lease_expired_fn on_expired, void *arg, fx_lease **out);
+/* Grant an etcd lease with the client's op deadline. */
+fx_err fx__mq_grant(fx_mq_client *c, int64_t ttl_s, int64_t *id);
+
+/* ---- MPSC internals used by MPMC (mpsc.c) ------------------------------------------------------- */
+
+/* Lease and naming overrides of a sub-MPSC of an MPMC (the seed's new_mpmc_subchannel_*). */
+typedef struct fx__mpsc_parent {
+    int64_t mpmc;          /* payload key namespace: mpmc/{mpmc}/mpsc_{chan}/... */
+    int64_t global_lease;  /* MPMC metadata lease (used as the MPSC global lease) */
+    int64_t member_lease;  /* the MPMC member lease of the member that owns the handle */
+    int64_t payload_lease; /* MPMC payload lease (KV) */
+    int64_t member;        /* MPMC member id: the producer idx of a sub-producer */
+    int64_t ttl_s;         /* MPMC ttl (registration key of the shared leases) */
+} fx__mpsc_parent;
+
+/* create_mpsc_channel with parent overrides (parent NULL: standalone, as fx_mpsc_create). */
+fx_err fx__mpsc_create(fx_mq_client *c, const fx_mq_chan_cfg *cfg, const fx__mpsc_parent *parent,
+                       int64_t *out_chan);
+/* new_mpmc_subchannel_with_chan_id: bind a sub-producer / sub-consumer, validating that the
+ * channel meta's global and payload lease ids equal the parent's (FX_EPROTO otherwise). Sub
+ * endpoints are NOT registered with the client root (their MPMC endpoint is). */
+fx_err fx__mpsc_producer_open_sub(fx_mq_client *c, int64_t chan, int64_t weight,
+                                  const fx__mpsc_parent *parent, fx_mpsc_producer **out);
+fx_err fx__mpsc_consumer_open_sub(fx_mq_client *c, int64_t chan, const fx__mpsc_parent *parent,
+                                  fx_mpsc_consumer **out);
+/* Put without waiting for capacity: FX_EFULL at once when the sub-MPSC has no room for the first
+ * value (MPMC rotation then tries the next sub-MPSC). Otherwise as fx_mpsc_put. */
+fx_err fx__mpsc_try_put(fx_mpsc_producer *p, const fx_slice *values, size_t n, size_t *n_put,
+                        fx_mq_msg_id *ids);
+/* Stored, unconsumed messages of the producer's channel (exact at the time of the read). */
+fx_err fx__mpsc_backlog(fx_mpsc_producer *p, int64_t *out);
+/* After fx_mpsc_consumer_close(): true when the best-effort delete of its consumer membership
+ * key was confirmed by etcd (the MPMC close deletes the ready key only then). */
+bool fx__mpsc_consumer_membership_deleted(const fx_mpsc_consumer *c);
+/* The error that closed the endpoint by itself (FX_ELEASE_LOST), or FX_OK. */
+fx_err fx__mpsc_producer_fault(const fx_mpsc_producer *p);
+fx_err fx__mpsc_consumer_fault(const fx_mpsc_consumer *c);
+
+#endif
