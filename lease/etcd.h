@@ -111,7 +111,8 @@ typedef struct fx_slice {
 #define FX_SLICE_STR(s) ((fx_slice){(s), strlen(s)})
 
 /* Range end for "every key with this prefix" (etcd-notes §1.2); written into out, which needs
- * prefix.len bytes; returns the length (1 with out[0]=0 meaning "to the end of the keyspace"). */
+ * max(prefix.len, 1) bytes; returns the length (1 with out[0]=0 meaning "to the end of the
+ * keyspace"). */
 size_t fx_prefix_end(fx_slice prefix, uint8_t *out);
 
 typedef enum { FX_SORT_NONE = 0, FX_SORT_ASCEND, FX_SORT_DESCEND } fx_sort_order;
