@@ -33,6 +33,11 @@
  *    including its own.
  *  - fx_lease_release() of a handle whose callback is running on another thread waits until the
  *    callback has returned; after fx_lease_release() returns, that handle's callback never runs.
+ *  - fx_lease_release() of the last handle using a backend ctx also waits for a keepalive call
+ *    on that ctx that is in flight (bounded by min(op_timeout_ms, cadence)), so the caller may
+ *    free the fx_etcd / fx_kv_store right after releasing its last handle.
+ *  - Every registration probes (unless skip_probe), also when it joins an existing entry; a probe
+ *    that finds the lease expired marks the shared entry expired and notifies its holders.
  */
 #ifndef FX_LEASE_MGR_H
 #define FX_LEASE_MGR_H
