@@ -3,6 +3,7 @@
 #   make          build the libraries, tools and test programs
 #   make test     install missing packages, build, run every test (unit, integration, e2e)
 #   make check    the same tests under ASan+UBSan (separate build dir)
+#   make tsan     unit and integration tests under ThreadSanitizer
 #   make valgrind unit tests under valgrind (leak check)
 #   make run      install, build, start a local etcd + nats-server, run the bridge
 #   make bench    benchmarks (tables into BENCHMARKS.md)
@@ -44,7 +45,7 @@ UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/unit/%)
 INTEG_BIN  := $(INTEG_SRC:tests/integration/%.c=$(BUILD)/tests/integration/%)
 BENCH_BIN  := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/tests/bench/%)
 
-.PHONY: all deps test test-unit test-integration check valgrind run bench clean tests
+.PHONY: all deps test test-unit test-integration check tsan valgrind run bench clean tests
 
 all: $(LIBLEASE) $(if $(BRIDGE_OBJ),$(LIBBRIDGE)) tests $(BENCH_BIN)
 
@@ -90,6 +91,10 @@ check: deps
 	@$(MAKE) --no-print-directory BUILD=build-san SAN=address OPT="-O1 -g" all
 	@BUILD=build-san FXT_SANITIZED=1 bash tests/run.sh
 
+tsan: deps
+	@$(MAKE) --no-print-directory BUILD=build-tsan SAN=thread OPT="-O1 -g" all
+	@BUILD=build-tsan FXT_SANITIZED=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" bash tests/run.sh unit integration
+
 valgrind: all
 	@BUILD=$(BUILD) FXT_VALGRIND=1 bash tests/run.sh unit
 
@@ -100,6 +105,6 @@ bench: deps all
 	@bash tests/bench/run.sh
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-tsan
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
