@@ -456,7 +456,7 @@ static const char W_CHAN[] = "channel meta";
 static fx_err chan_meta_check(const fx_mq_chan_meta *m, fx_err code)
 {
     fx_err e = range_chk(code, W_CHAN, "capacity", m->capacity, 1, INT64_MAX);
-    if (!e) e = range_chk(code, W_CHAN, "ttl_seconds", m->ttl_seconds, FX_MQ_MIN_TTL_SECONDS,
+    if (!e) e = range_chk(code, W_CHAN, "ttl_seconds", m->ttl_seconds, FX_MQ_CODEC_MIN_TTL_SECONDS,
                           FX_MQ_MAX_TTL_SECONDS);
     if (!e) e = range_chk(code, W_CHAN, "global_lease_id", m->global_lease_id, 1, INT64_MAX);
     if (!e)
@@ -497,7 +497,7 @@ fx_err fx_mq_chan_meta_decode(const void *json, size_t len, fx_mq_chan_meta *out
     fx_err e = obj_parse(json, len, W_CHAN, names, sizeof names / sizeof names[0], f, N, &root);
     if (e) return e;
     e = get_i64(&f[CAP], W_CHAN, "capacity", 1, INT64_MAX, &m.capacity);
-    if (!e) e = get_i64(&f[TTL], W_CHAN, "ttl_seconds", FX_MQ_MIN_TTL_SECONDS,
+    if (!e) e = get_i64(&f[TTL], W_CHAN, "ttl_seconds", FX_MQ_CODEC_MIN_TTL_SECONDS,
                         FX_MQ_MAX_TTL_SECONDS, &m.ttl_seconds);
     if (!e) e = get_i64(&f[GL], W_CHAN, "global_lease_id", 1, INT64_MAX, &m.global_lease_id);
     if (!e) e = get_i64(&f[GLL], W_CHAN, "global_long_lease_id", 1, INT64_MAX,
@@ -623,7 +623,7 @@ static const char W_MPMC[] = "mpmc meta";
 static fx_err mpmc_meta_check(const fx_mq_mpmc_meta *m, fx_err code)
 {
     fx_err e = range_chk(code, W_MPMC, "capacity", m->capacity, 1, INT64_MAX);
-    if (!e) e = range_chk(code, W_MPMC, "ttl_seconds", m->ttl_seconds, FX_MQ_MIN_TTL_SECONDS,
+    if (!e) e = range_chk(code, W_MPMC, "ttl_seconds", m->ttl_seconds, FX_MQ_CODEC_MIN_TTL_SECONDS,
                           FX_MQ_MAX_TTL_SECONDS);
     if (!e && (!isfinite(m->created_at) || m->created_at < 0))
         e = fx_seterr(code, "%s: field 'created_at': must be finite and >= 0", W_MPMC);
@@ -666,7 +666,7 @@ fx_err fx_mq_mpmc_meta_decode(const void *json, size_t len, fx_mq_mpmc_meta *out
     fx_err e = obj_parse(json, len, W_MPMC, names, sizeof names / sizeof names[0], f, N, &root);
     if (e) return e;
     e = get_i64(&f[CAP], W_MPMC, "capacity", 1, INT64_MAX, &m.capacity);
-    if (!e) e = get_i64(&f[TTL], W_MPMC, "ttl_seconds", FX_MQ_MIN_TTL_SECONDS,
+    if (!e) e = get_i64(&f[TTL], W_MPMC, "ttl_seconds", FX_MQ_CODEC_MIN_TTL_SECONDS,
                         FX_MQ_MAX_TTL_SECONDS, &m.ttl_seconds);
     if (!e) {
         const cJSON *a = f[AT].item;

@@ -31,7 +31,9 @@
  * compatibility, as serde does). Errors: FX_EPROTO for bad input, FX_EINVAL for bad arguments
  * (NULL pointers, an invalid struct given to an encoder), FX_ENOMEM.
  *
- * Ranges: capacity >= 1; FX_MQ_MIN_TTL_SECONDS <= ttl_seconds <= FX_MQ_MAX_TTL_SECONDS; lease
+ * Ranges: capacity >= 1; FX_MQ_CODEC_MIN_TTL_SECONDS (1) <= ttl_seconds <= FX_MQ_MAX_TTL_SECONDS
+ * (the product minimum, FX_MQ_MIN_TTL_SECONDS by default, is a client option checked by
+ * fx__mq_cfg_validate, not by the codecs, so tests can use TTLs of a few seconds); lease
  * ids > 0 (payload_lease_id may be JSON null in ChanGlobalMeta on the wire, but readers require
  * a positive id, so the decoder rejects null as the reference readers do); member ids, idx
  * values and channel ids >= 0; created_at finite and >= 0 (optional on read, 0 when absent).
@@ -53,7 +55,8 @@
 #include "keys.h"
 
 /* Constants (fluxon-mq-notes §8, §10). */
-#define FX_MQ_MIN_TTL_SECONDS 90
+#define FX_MQ_MIN_TTL_SECONDS 90          /* default product minimum (client opts.min_ttl_s) */
+#define FX_MQ_CODEC_MIN_TTL_SECONDS 1     /* smallest ttl_seconds the codecs accept */
 #define FX_MQ_MAX_TTL_SECONDS 9000000000LL /* etcd's MaxLeaseTTL */
 #define FX_MQ_LONG_LEASE_TTL_SECONDS 1800  /* global-long / id-allocator cluster lease */
 #define FX_MQ_PRODUCE_OFFSET_BEGIN (-1)    /* produce offset when the key is absent */

@@ -104,4 +104,49 @@ bool fx__mpsc_consumer_membership_deleted(const fx_mpsc_consumer *c);
 fx_err fx__mpsc_producer_fault(const fx_mpsc_producer *p);
 fx_err fx__mpsc_consumer_fault(const fx_mpsc_consumer *c);
 
+
+/* ---- additions (client.c, mpsc.c) --------------------------------------------------------------- */
+
+/* Backend references. Every path that uses the client's etcd / KV / LeaseManager outside of
+ * fx_mq_client_close (creates, puts, gets, commit threads, close-time deletes) holds one for
+ * the duration of the use; fx_mq_client_close frees the backends only once every endpoint is
+ * closed and no reference is held (bounded wait). fx__mq_op_enter: FX_ECLOSED once the client
+ * has started freeing its backends (allowed while it is closing endpoints, so endpoint closes can
+ * still delete their keys). fx__mq_new_op_enter: FX_ECLOSED as soon as the client is closing
+ * (for new work that creates state: fx_mpsc_create, resolve). Pair each with fx__mq_op_leave. */
+fx_err fx__mq_op_enter(fx_mq_client *c);
+fx_err fx__mq_new_op_enter(fx_mq_client *c);
+void fx__mq_op_leave(fx_mq_client *c);
+/* True once fx_mq_client_close has started. */
+bool fx__mq_client_closing(fx_mq_client *c);
+
+/* Note on fx__mq_unregister: when fx_mq_client_close is running this endpoint's close on another
+ * thread, fx__mq_unregister waits until that call has returned (so the endpoint can be freed
+ * right after). An endpoint close must therefore let concurrent callers of its close return
+ * (mark itself closed/done and wake them) BEFORE it calls fx__mq_unregister, or the two wait on
+ * each other. Called from the thread the client runs the close on, it does not wait. */
+
+/* Counters of one MPSC endpoint (monotonic since open). */
+typedef struct fx__mpsc_stats {
+    uint64_t put_calls;      /* put / try_put calls */
+    uint64_t put_msgs;       /* messages stored */
+    uint64_t put_txns;       /* write txns (or put_many + offset) that stored a chunk */
+    uint64_t put_retries;    /* chunk writes retried after a failure */
+    uint64_t offset_rereads; /* produce-offset re-reads after an ambiguous failure */
+    uint64_t full_waits;     /* capacity waits (a put found no room) */
+    uint64_t full_errors;    /* puts that returned FX_EFULL */
+    uint64_t got_msgs;       /* messages handed out by get */
+    uint64_t fetches;        /* payload range reads */
+    uint64_t skipped_ids;    /* missing ids below the produce offset, skipped */
+    uint64_t acked;          /* ids acknowledged */
+    uint64_t commits;        /* successful commit rounds (offsets + payload deletes) */
+    uint64_t commit_retries; /* failed commit attempts (retried with backoff) */
+} fx__mpsc_stats;
+void fx__mpsc_producer_stats(const fx_mpsc_producer *p, fx__mpsc_stats *out);
+void fx__mpsc_consumer_stats(const fx_mpsc_consumer *c, fx__mpsc_stats *out);
+/* Identity of an open endpoint. */
+int64_t fx__mpsc_producer_chan(const fx_mpsc_producer *p);
+int64_t fx__mpsc_consumer_chan(const fx_mpsc_consumer *c);
+int64_t fx__mpsc_consumer_idx(const fx_mpsc_consumer *c);
+
 #endif

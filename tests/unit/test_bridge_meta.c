@@ -149,6 +149,26 @@ static void test_chan_meta_roundtrip(void **state)
     assert_memory_equal(&m, &d, sizeof m);
 }
 
+/* The codecs accept any ttl >= FX_MQ_CODEC_MIN_TTL_SECONDS (1): the product minimum (90 by
+ * default) is the client's min_ttl_s, checked by fx__mq_cfg_validate, not here. */
+static void test_short_ttl_accepted(void **state)
+{
+    (void)state;
+    fx_mq_chan_meta m = {2, 1, 5, 6, 7}, d;
+    char *js = NULL;
+    assert_int_equal(fx_mq_chan_meta_encode(&m, &js), FX_OK);
+    memset(&d, 0, sizeof d);
+    assert_int_equal(DEC(fx_mq_chan_meta_decode, js, &d), FX_OK);
+    assert_memory_equal(&m, &d, sizeof m);
+    free(js);
+    fx_mq_mpmc_meta mm = {2, 3, 1.0, 5, 6, 7}, md;
+    assert_int_equal(fx_mq_mpmc_meta_encode(&mm, &js), FX_OK);
+    memset(&md, 0, sizeof md);
+    assert_int_equal(DEC(fx_mq_mpmc_meta_decode, js, &md), FX_OK);
+    assert_true(md.ttl_seconds == 3 && md.capacity == 2 && md.metadata_lease_id == 5);
+    free(js);
+}
+
 static void test_chan_meta_aliases_and_forms(void **state)
 {
     (void)state;
@@ -199,7 +219,8 @@ static void test_chan_meta_reject(void **state)
     chan_bad(CM("1", "90", "1", "1", "null"), "payload_lease_id");
     chan_bad(CM("1", "90", "1", "1", "0"), "payload_lease_id");
     chan_bad(CM("1", "90", "1", "1", "-4"), "payload_lease_id");
-    chan_bad(CM("1", "89", "1", "1", "1"), "ttl_seconds");
+    chan_bad(CM("1", "0", "1", "1", "1"), "ttl_seconds");
+    chan_bad(CM("1", "-3", "1", "1", "1"), "ttl_seconds");
     chan_bad(CM("1", "9000000001", "1", "1", "1"), "ttl_seconds");
     chan_bad(CM("0", "90", "1", "1", "1"), "capacity");
     chan_bad(CM("-1", "90", "1", "1", "1"), "capacity");
@@ -302,7 +323,7 @@ static void test_chan_meta_encode_reject(void **state)
     char *js = (char *)1;
     fx_mq_chan_meta good = {1, 90, 1, 1, 1};
     fx_mq_chan_meta bad[] = {
-        {0, 90, 1, 1, 1}, {1, 89, 1, 1, 1}, {1, 90, 0, 1, 1}, {1, 90, 1, -1, 1}, {1, 90, 1, 1, 0},
+        {0, 90, 1, 1, 1}, {1, 0, 1, 1, 1}, {1, 90, 0, 1, 1}, {1, 90, 1, -1, 1}, {1, 90, 1, 1, 0},
         {1, FX_MQ_MAX_TTL_SECONDS + 1, 1, 1, 1}, {INT64_MIN, 90, 1, 1, 1},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -503,7 +524,7 @@ static void test_mpmc_meta(void **state)
         const char *j, *field;
     } bad[] = {
         {MM("0", "90", "1.5", "1", "1", "1"), "capacity"},
-        {MM("1", "60", "1.5", "1", "1", "1"), "ttl_seconds"},
+        {MM("1", "0", "1.5", "1", "1", "1"), "ttl_seconds"},
         {MM("1", "90", "-1.5", "1", "1", "1"), "created_at"},
         {MM("1", "90", "\"1.5\"", "1", "1", "1"), "created_at"},
         {MM("1", "90", "1.5", "0", "1", "1"), "metadata_lease_id"},
@@ -725,6 +746,7 @@ int main(void)
         cmocka_unit_test(test_dec),
         cmocka_unit_test(test_dec_random_roundtrip),
         cmocka_unit_test(test_chan_meta_roundtrip),
+        cmocka_unit_test(test_short_ttl_accepted),
         cmocka_unit_test(test_chan_meta_aliases_and_forms),
         cmocka_unit_test(test_chan_meta_reject),
         cmocka_unit_test(test_chan_meta_encode_reject),

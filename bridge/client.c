@@ -1,0 +1,391 @@
+/* client.c -- the Fluxon MQ client root (the seed's KvClient): backends, LeaseManager, the
+ * endpoint close registry, channel-config validation. Contracts: fluxon_mq.h, mq_int.h.
+ *
+ * Registry protocol (the seed's child-close registry):
+ *  - fx__mq_register() links an endpoint (before its blocking construction); refused with
+ *    FX_ECLOSED once the client is closing.
+ *  - fx_mq_client_close() takes the endpoints one at a time: it marks the endpoint as "being
+ *    closed by the client" (priv->calling) without unlinking it, calls its close outside the lock,
+ *    then unlinks it (if the endpoint did not already) and wakes anyone waiting.
+ *  - fx__mq_unregister() unlinks; when the client is inside that endpoint's close on another
+ *    thread, it first waits until that call has returned, so an endpoint that unregistered can be
+ *    freed without the client still touching it. (The endpoint must therefore let concurrent
+ *    closers return *before* it unregisters; see the note at the end of mq_int.h.)
+ *  - Backend users (create, puts, gets, commit threads, close deletes) hold an op reference
+ *    (fx__mq_op_enter/leave); fx_mq_client_close() frees the backends only after every endpoint
+ *    is closed and every op reference is gone (bounded wait; on timeout the backends are leaked
+ *    rather than freed under a user, with an ERR line).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fx_log.h"
+#include "fx_time.h"
+#include "mq_int.h"
+
+#define DEF_LONG_TTL_S FX_MQ_LONG_LEASE_TTL_SECONDS
+#define DEF_MIN_TTL_S FX_MQ_MIN_TTL_SECONDS
+#define DEF_OP_MS 5000
+#define DEF_CLOSE_MS 1000
+
+/* The private part of the client, allocated around the public struct (only this file
+ * allocates fx_mq_client). */
+typedef struct client_priv {
+    struct fx_mq_client pub; /* first: container_of by cast */
+    pthread_cond_t cv;        /* registry and op-count changes (with pub.mu) */
+    fx__mq_endpoint *calling; /* endpoint whose close the client is running now */
+    pthread_t caller;         /* the thread running it */
+    int64_t ops;              /* op references held */
+    fx_err close_err;         /* first endpoint close error (returned by repeated closes) */
+    bool backends_freed;
+} client_priv;
+
+static client_priv *priv_of(fx_mq_client *c) { return (client_priv *)c; }
+
+/* ---- options ---------------------------------------------------------------------------------- */
+
+static char *own_str(fx_mq_client *c, const char *s)
+{
+    if (!s) return NULL;
+    char **ns = realloc(c->strs, (c->n_strs + 1) * sizeof *ns);
+    if (!ns) return NULL;
+    c->strs = ns;
+    char *d = strdup(s);
+    if (!d) return NULL;
+    c->strs[c->n_strs++] = d;
+    return d;
+}
+
+/* Owned copy of an array of strings (the array itself is stored in strs as a char*). */
+static const char *const *own_strv(fx_mq_client *c, const char *const *v, size_t n, bool *ok)
+{
+    *ok = true;
+    if (!v || !n) return NULL;
+    char **ns = realloc(c->strs, (c->n_strs + 1) * sizeof *ns);
+    if (!ns) {
+        *ok = false;
+        return NULL;
+    }
+    c->strs = ns;
+    const char **arr = calloc(n, sizeof *arr);
+    if (!arr) {
+        *ok = false;
+        return NULL;
+    }
+    c->strs[c->n_strs++] = (char *)arr;
+    for (size_t i = 0; i < n; i++) {
+        if (!v[i] || !(arr[i] = own_str(c, v[i]))) {
+            *ok = false;
+            return NULL;
+        }
+    }
+    return arr;
+}
+
+static fx_err check_opts(const fx_mq_client_opts *o)
+{
+    if (!o) return fx_seterr(FX_EINVAL, "mq client: NULL options");
+    if (!o->etcd.endpoints || o->etcd.n_endpoints == 0)
+        return fx_seterr(FX_EINVAL, "mq client: etcd.endpoints: at least one endpoint required");
+    if (o->n_kv_endpoints && !o->kv_endpoints)
+        return fx_seterr(FX_EINVAL, "mq client: kv_endpoints: NULL with n_kv_endpoints > 0");
+    for (size_t i = 0; i < o->n_kv_endpoints; i++)
+        if (!o->kv_endpoints[i] || !o->kv_endpoints[i][0])
+            return fx_seterr(FX_EINVAL, "mq client: kv_endpoints[%zu]: empty", i);
+    if (o->long_lease_ttl_s < 0 || o->long_lease_ttl_s > FX_MQ_MAX_TTL_SECONDS)
+        return fx_seterr(FX_EINVAL, "mq client: long_lease_ttl_s: %lld out of range",
+                         (long long)o->long_lease_ttl_s);
+    if (o->min_ttl_s < 0 || o->min_ttl_s > FX_MQ_MAX_TTL_SECONDS)
+        return fx_seterr(FX_EINVAL, "mq client: min_ttl_s: %lld out of range",
+                         (long long)o->min_ttl_s);
+    if (o->op_timeout_ms < 0) return fx_seterr(FX_EINVAL, "mq client: op_timeout_ms < 0");
+    if (o->close_timeout_ms < 0) return fx_seterr(FX_EINVAL, "mq client: close_timeout_ms < 0");
+    if (o->kv_prefix && !o->kv_prefix[0])
+        return fx_seterr(FX_EINVAL, "mq client: kv_prefix: empty (use NULL for the default)");
+    return FX_OK;
+}
+
+static void free_strs(fx_mq_client *c)
+{
+    for (size_t i = 0; i < c->n_strs; i++) free(c->strs[i]);
+    free(c->strs);
+    c->strs = NULL;
+    c->n_strs = 0;
+}
+
+static void free_backends(fx_mq_client *c)
+{
+    fx_lease_mgr_free(c->leases);
+    c->leases = NULL;
+    fx_kv_store_free(c->kv); /* a shared store does not free the etcd client */
+    c->kv = NULL;
+    fx_etcd_free(c->etcd);
+    c->etcd = NULL;
+}
+
+fx_err fx_mq_client_new(const fx_mq_client_opts *opts, fx_mq_client **out)
+{
+    if (!out) return fx_seterr(FX_EINVAL, "mq client: NULL out");
+    *out = NULL;
+    fx_err e = check_opts(opts);
+    if (e) return e;
+    client_priv *p = calloc(1, sizeof *p);
+    if (!p) return fx_seterr(FX_ENOMEM, "mq client: out of memory");
+    fx_mq_client *c = &p->pub;
+    if ((e = fx_mq_keys_init(&c->keys, opts->root))) {
+        free(p);
+        return e;
+    }
+    if (pthread_mutex_init(&c->mu, NULL) != 0) {
+        free(p);
+        return fx_seterr(FX_ENOMEM, "mq client: mutex init failed");
+    }
+    if (fx_cond_init_monotonic(&p->cv) != 0) {
+        pthread_mutex_destroy(&c->mu);
+        free(p);
+        return fx_seterr(FX_ENOMEM, "mq client: condvar init failed");
+    }
+    c->opts = *opts;
+    c->long_ttl_s = opts->long_lease_ttl_s ? opts->long_lease_ttl_s : DEF_LONG_TTL_S;
+    c->min_ttl_s = opts->min_ttl_s ? opts->min_ttl_s : DEF_MIN_TTL_S;
+    c->op_timeout_ms = opts->op_timeout_ms ? opts->op_timeout_ms : DEF_OP_MS;
+    c->close_timeout_ms = opts->close_timeout_ms ? opts->close_timeout_ms : DEF_CLOSE_MS;
+
+    /* Owned copies of the strings we keep. Credentials and TLS paths are not kept: the etcd
+     * clients copy what they need, and the client root never logs or reuses them. */
+    bool ok1, ok2;
+    c->opts.root = own_str(c, c->keys.root);
+    c->opts.etcd.endpoints = own_strv(c, opts->etcd.endpoints, opts->etcd.n_endpoints, &ok1);
+    c->opts.kv_endpoints = own_strv(c, opts->kv_endpoints, opts->n_kv_endpoints, &ok2);
+    char defprefix[FX_MQ_ROOT_MAX + 8];
+    snprintf(defprefix, sizeof defprefix, "%s/kv/", c->keys.root);
+    c->opts.kv_prefix = own_str(c, opts->kv_prefix ? opts->kv_prefix : defprefix);
+    c->opts.etcd.username = c->opts.etcd.password = NULL;
+    c->opts.etcd.ca_file = c->opts.etcd.cert_file = c->opts.etcd.key_file = NULL;
+    c->opts.long_lease_ttl_s = c->long_ttl_s;
+    c->opts.min_ttl_s = c->min_ttl_s;
+    c->opts.op_timeout_ms = c->op_timeout_ms;
+    c->opts.close_timeout_ms = c->close_timeout_ms;
+    if (!c->opts.root || !ok1 || !ok2 || !c->opts.kv_prefix) {
+        e = fx_seterr(FX_ENOMEM, "mq client: out of memory");
+        goto fail;
+    }
+
+    fx_etcd_opts eo = opts->etcd;
+    if (!eo.default_timeout_ms) eo.default_timeout_ms = c->op_timeout_ms;
+    if ((e = fx_etcd_new(&eo, &c->etcd))) goto fail;
+    c->kv_shared = opts->n_kv_endpoints == 0;
+    if (c->kv_shared) {
+        e = fx_kv_new_etcd_shared(c->etcd, c->opts.kv_prefix, c->op_timeout_ms, &c->kv);
+    } else {
+        fx_kv_etcd_opts ko = {.etcd = opts->etcd, .prefix = c->opts.kv_prefix,
+                              .default_timeout_ms = c->op_timeout_ms};
+        ko.etcd.endpoints = opts->kv_endpoints;
+        ko.etcd.n_endpoints = opts->n_kv_endpoints;
+        if (!ko.etcd.default_timeout_ms) ko.etcd.default_timeout_ms = c->op_timeout_ms;
+        e = fx_kv_new_etcd(&ko, &c->kv);
+    }
+    if (e) goto fail;
+    if ((e = fx_lease_mgr_new(&opts->lease, &c->leases))) goto fail;
+    c->etcd_backend = fx_lease_backend_etcd(c->etcd);
+    c->kv_backend = fx_lease_backend_kv(c->kv);
+    c->state = 0;
+    *out = c;
+    return FX_OK;
+fail:
+    free_backends(c);
+    free_strs(c);
+    pthread_cond_destroy(&p->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(p);
+    return e;
+}
+
+/* ---- registry --------------------------------------------------------------------------------- */
+
+static bool linked(const fx_mq_client *c, const fx__mq_endpoint *ep)
+{
+    return c->endpoints == ep || ep->prev != NULL;
+}
+
+static void unlink_ep(fx_mq_client *c, fx__mq_endpoint *ep)
+{
+    if (!linked(c, ep)) return;
+    if (ep->prev)
+        ep->prev->next = ep->next;
+    else
+        c->endpoints = ep->next;
+    if (ep->next) ep->next->prev = ep->prev;
+    ep->prev = ep->next = NULL;
+}
+
+fx_err fx__mq_register(fx_mq_client *c, fx__mq_endpoint *ep)
+{
+    if (!c || !ep || !ep->close) return fx_seterr(FX_EINVAL, "mq client: bad endpoint");
+    pthread_mutex_lock(&c->mu);
+    if (c->state != 0) {
+        pthread_mutex_unlock(&c->mu);
+        return fx_seterr(FX_ECLOSED, "mq client: closed");
+    }
+    ep->prev = NULL;
+    ep->next = c->endpoints;
+    if (c->endpoints) c->endpoints->prev = ep;
+    c->endpoints = ep;
+    pthread_mutex_unlock(&c->mu);
+    return FX_OK;
+}
+
+void fx__mq_unregister(fx_mq_client *c, fx__mq_endpoint *ep)
+{
+    if (!c || !ep) return;
+    client_priv *p = priv_of(c);
+    pthread_mutex_lock(&c->mu);
+    while (p->calling == ep && !pthread_equal(p->caller, pthread_self()))
+        pthread_cond_wait(&p->cv, &c->mu);
+    unlink_ep(c, ep);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+fx_err fx__mq_op_enter(fx_mq_client *c)
+{
+    if (!c) return fx_seterr(FX_EINVAL, "mq client: NULL");
+    client_priv *p = priv_of(c);
+    pthread_mutex_lock(&c->mu);
+    if (c->state == 2) {
+        pthread_mutex_unlock(&c->mu);
+        return fx_seterr(FX_ECLOSED, "mq client: closed");
+    }
+    p->ops++;
+    pthread_mutex_unlock(&c->mu);
+    return FX_OK;
+}
+
+void fx__mq_op_leave(fx_mq_client *c)
+{
+    if (!c) return;
+    client_priv *p = priv_of(c);
+    pthread_mutex_lock(&c->mu);
+    if (--p->ops == 0) pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+fx_err fx__mq_new_op_enter(fx_mq_client *c)
+{
+    if (!c) return fx_seterr(FX_EINVAL, "mq client: NULL");
+    client_priv *p = priv_of(c);
+    pthread_mutex_lock(&c->mu);
+    if (c->state != 0) {
+        pthread_mutex_unlock(&c->mu);
+        return fx_seterr(FX_ECLOSED, "mq client: closed");
+    }
+    p->ops++;
+    pthread_mutex_unlock(&c->mu);
+    return FX_OK;
+}
+
+bool fx__mq_client_closing(fx_mq_client *c)
+{
+    pthread_mutex_lock(&c->mu);
+    bool r = c->state != 0;
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
+fx_err fx_mq_client_close(fx_mq_client *c)
+{
+    if (!c) return fx_seterr(FX_EINVAL, "mq client: NULL");
+    client_priv *p = priv_of(c);
+    pthread_mutex_lock(&c->mu);
+    if (c->state == 0) c->state = 1;
+    fx_err first = FX_OK;
+    /* Close every endpoint. Concurrent client closes cooperate: each takes the next endpoint
+     * nobody is closing; the loop ends when the list is empty and no close is running. */
+    for (;;) {
+        fx__mq_endpoint *ep = c->endpoints;
+        if (!ep) {
+            if (p->calling) { /* another thread's client close is still running one */
+                pthread_cond_wait(&p->cv, &c->mu);
+                continue;
+            }
+            break;
+        }
+        if (p->calling) {
+            pthread_cond_wait(&p->cv, &c->mu);
+            continue;
+        }
+        p->calling = ep;
+        p->caller = pthread_self();
+        fx_err (*fn)(void *) = ep->close;
+        void *self = ep->self;
+        pthread_mutex_unlock(&c->mu);
+        fx_err e = fn(self);
+        if (e && !first) first = e;
+        if (e)
+            FX_WRN("mq client close: an endpoint close failed: %s (%s)", fx_errname(e),
+                   fx_err_detail());
+        pthread_mutex_lock(&c->mu);
+        p->calling = NULL;
+        unlink_ep(c, ep); /* no-op when the endpoint unregistered itself */
+        pthread_cond_broadcast(&p->cv);
+    }
+    if (first && !p->close_err) p->close_err = first;
+    if (c->state == 1) {
+        c->state = 2; /* no new op references */
+        int64_t deadline = fx_now_ms() + 2 * (int64_t)c->op_timeout_ms + c->close_timeout_ms;
+        while (p->ops > 0) {
+            struct timespec ts = fx_deadline_ts(deadline);
+            if (pthread_cond_timedwait(&p->cv, &c->mu, &ts) == ETIMEDOUT && p->ops > 0) break;
+        }
+        if (p->ops > 0) {
+            FX_ERR("mq client close: %lld backend calls still running after the close bound; "
+                   "leaking the backends instead of freeing them under a caller",
+                   (long long)p->ops);
+        } else if (!p->backends_freed) {
+            p->backends_freed = true;
+            pthread_mutex_unlock(&c->mu);
+            free_backends(c);
+            pthread_mutex_lock(&c->mu);
+        }
+    }
+    fx_err r = p->close_err;
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
+void fx_mq_client_free(fx_mq_client *c)
+{
+    if (!c) return;
+    fx_mq_client_close(c);
+    client_priv *p = priv_of(c);
+    /* Endpoints still registered cannot exist here: close unlinks every one. */
+    free_strs(c);
+    pthread_cond_destroy(&p->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(p);
+}
+
+fx_etcd *fx_mq_client_etcd(fx_mq_client *c) { return c ? c->etcd : NULL; }
+fx_kv_store *fx_mq_client_kv(fx_mq_client *c) { return c ? c->kv : NULL; }
+fx_lease_mgr *fx_mq_client_leases(fx_mq_client *c) { return c ? c->leases : NULL; }
+const char *fx_mq_client_root(const fx_mq_client *c) { return c ? c->keys.root : NULL; }
+
+/* ---- channel configuration ------------------------------------------------------------------- */
+
+fx_err fx__mq_cfg_validate(const fx_mq_client *c, const fx_mq_chan_cfg *cfg)
+{
+    if (!c || !cfg) return fx_seterr(FX_EINVAL, "channel config: NULL");
+    if (cfg->capacity < 1)
+        return fx_seterr(FX_EINVAL, "channel config: capacity: %lld, must be >= 1",
+                         (long long)cfg->capacity);
+    if (cfg->ttl_s < c->min_ttl_s || cfg->ttl_s > FX_MQ_MAX_TTL_SECONDS)
+        return fx_seterr(FX_EINVAL, "channel config: ttl_s: %lld out of range [%lld, %lld]",
+                         (long long)cfg->ttl_s, (long long)c->min_ttl_s,
+                         (long long)FX_MQ_MAX_TTL_SECONDS);
+    if (cfg->weight < 0)
+        return fx_seterr(FX_EINVAL, "channel config: weight: %lld, must be >= 0",
+                         (long long)cfg->weight);
+    return FX_OK;
+}

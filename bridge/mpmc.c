@@ -1,0 +1,2021 @@
+/* mpmc.c -- Fluxon MQ MPMC channels: name mapping, creator/attach, member lease and role keys,
+ * producer LRU rotation over ready sub-MPSCs, consumer claim/create, close order.
+ * Contracts: fluxon_mq.h (public), mq_int.h (the MPSC layer and the client root).
+ * Protocol: DESIGN.md §4.3, shared/reference/fluxon-mq-notes.md §5, the seed's MPMC chapters.
+ *
+ * Decisions (beyond the reference):
+ *  - resolve() keeps no lease handle. It creates the MPMC (one mpmc id per creation; id-allocator
+ *    cluster lease with long_lease_ttl_s, payload lease from the KV store, metadata lease granted
+ *    last so its TTL starts as late as possible), publishes the name mapping and returns. The
+ *    MPMC then lives one TTL (>= min_ttl_s >= 2 s) on its own; every open() -- the creator's
+ *    first open and every later attach alike -- registers all three shared leases with a probe
+ *    (the fix of notes §10.11: any member keeps the channel alive). A caller that resolves and
+ *    opens later than one TTL gets FX_ELEASE_EXPIRED ("mpmc meta stale") from open and resolves
+ *    again: a mapping whose meta is gone or whose leases are expired is replaced (CAS on the old
+ *    value), so the retry heals. A losing creator leaves its MPMC unregistered to expire.
+ *  - Liveness of a mapping in resolve: meta present and decodable (so the metadata lease is
+ *    alive), id-allocator lease TimeToLive > 0, payload lease keepalive OK. A transport error is
+ *    returned as is (never a reason to replace a mapping).
+ *  - Lease loss: member, metadata and payload handles have an on_expired callback that only sets
+ *    a flag and wakes waiters (no I/O on the manager thread). The next call on the endpoint runs
+ *    the endpoint's own close and returns FX_ELEASE_LOST; later calls return FX_ECLOSED. A
+ *    sub-endpoint that reports FX_ELEASE_LOST is handled the same way (consumer); a producer
+ *    first asks the backends (TimeToLive / KV keepalive, only on this rare path) whether one of
+ *    the member's own leases is gone (then the endpoint closes: FX_ELEASE_LOST), else it drops
+ *    that sub-producer and re-binds it on its next turn.
+ *  - Every member also keeps alive the global-long (id-allocator) lease of every sub-MPSC it
+ *    knows (keeper_sync: at open, when a producer's list grows, on ready-watch events), so a
+ *    sub-MPSC whose binders all left stays bindable after long_lease_ttl_s while any member
+ *    lives. Consumers sync only at open.
+ *  - Create lock: key R/mpmc_channels/{mpmc}/create_lock, txn create==0 under a fresh 10 s lease
+ *    (not kept alive; re-granted when half used), polled with backoff 20..500 ms for at most
+ *    10 s. It is only an optimisation: when not acquired in time the creation goes on without it
+ *    (WARN); the CAS publish of list+ready keeps it correct.
+ *  - A publish txn that fails ambiguously (timeout) is verified by re-reading the list; if that
+ *    is impossible, the sub-MPSC is closed but its keys are not rolled back (a rollback of a
+ *    channel that did get published would be worse); they expire with the leases.
+ *  - Member ids: one CAS per open (no range cache).
+ *
+ * Locking: each endpoint has one mutex `mu` (state, flags, producer routing tables) never held
+ * across I/O, and a condvar `cv` (close, lease loss, ready-set changes). Producer puts are
+ * serialised by `op_mu`, which close never takes. Lease handles are released outside `mu`
+ * (fx_lease_release waits for a running callback, and callbacks take `mu`).
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fx_log.h"
+#include "fx_time.h"
+#include "mq_int.h"
+
+#define MPMC_LOCK_TTL_S 10
+#define MPMC_LOCK_WAIT_MS 10000
+#define MPMC_LOCK_BACKOFF_MIN_MS 20
+#define MPMC_LOCK_BACKOFF_MAX_MS 500
+#define MPMC_PUBLISH_ATTEMPTS 10
+#define MPMC_CLAIM_ROUNDS 4
+#define MPMC_RESOLVE_ATTEMPTS 8
+#define MPMC_CREATE_FIRST_ATTEMPTS 3
+#define MPMC_ROLLBACK_ATTEMPTS 3
+#define MPMC_LIST_REFRESH_MS 1000
+#define MPMC_FULL_POLL_MIN_MS 5
+#define MPMC_FULL_POLL_MAX_MS 100
+#define MPMC_MIN_CLOSE_STEP_MS 100
+
+enum { ST_CONSTRUCTING = 0, ST_OPEN, ST_CLOSING, ST_CLOSED };
+
+/* ---- small helpers ---------------------------------------------------------------------------- */
+
+static fx_slice ks(const fx_mq_key *k) { return fx_mq_key_slice(k); }
+
+static fx_op op_put(fx_slice key, fx_slice val, int64_t lease)
+{
+    fx_op o = {.type = FX_OP_PUT};
+    o.u.put.key = key;
+    o.u.put.value = val;
+    o.u.put.lease = lease;
+    return o;
+}
+
+static fx_op op_del(fx_slice key, fx_slice end)
+{
+    fx_op o = {.type = FX_OP_DELETE};
+    o.u.del.key = key;
+    o.u.del.range_end = end;
+    return o;
+}
+
+static fx_op op_range(fx_slice key, fx_slice end)
+{
+    fx_op o = {.type = FX_OP_RANGE};
+    o.u.range.key = key;
+    o.u.range.range_end = end;
+    return o;
+}
+
+static fx_cmp cmp_absent(fx_slice key)
+{
+    return (fx_cmp){.target = FX_CMP_CREATE, .result = FX_CMP_EQUAL, .key = key, .num = 0};
+}
+
+static fx_cmp cmp_value(fx_slice key, fx_slice val)
+{
+    return (fx_cmp){.target = FX_CMP_VALUE, .result = FX_CMP_EQUAL, .key = key, .value = val};
+}
+
+/* Deadline of one step of a best-effort close pass. */
+static int step_ms(int64_t deadline)
+{
+    int64_t l = fx_ms_left(deadline);
+    return l < MPMC_MIN_CLOSE_STEP_MS ? MPMC_MIN_CLOSE_STEP_MS : (int)l;
+}
+
+static bool ids_has(const int64_t *ids, size_t n, int64_t id)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == id) return true;
+    return false;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static fx_err bytes_copy(fx_bytes *dst, const fx_bytes *src)
+{
+    dst->data = malloc(src->len + 1);
+    if (!dst->data) return fx_seterr(FX_ENOMEM, "mpmc: out of memory");
+    if (src->len) memcpy(dst->data, src->data, src->len);
+    dst->data[src->len] = 0;
+    dst->len = src->len;
+    return FX_OK;
+}
+
+/* Keep the detail text of err across cleanup calls that may overwrite the thread's detail. */
+typedef struct saved_err {
+    fx_err e;
+    char detail[512];
+} saved_err;
+
+static void save_err(saved_err *s, fx_err e)
+{
+    s->e = e;
+    snprintf(s->detail, sizeof s->detail, "%s", fx_err_detail());
+}
+
+static fx_err restore_err(const saved_err *s)
+{
+    return s->e ? fx_seterr(s->e, "%s", s->detail) : FX_OK;
+}
+
+/* ---- the MPMC view: mpsc_channels list + ready set, read at one revision ---------------------- */
+
+typedef struct mpmc_view {
+    bool list_present;
+    fx_bytes list_raw; /* exact value (CAS snapshot) */
+    int64_t *list;
+    size_t n_list;
+    int64_t *ready; /* sub-MPSC ids that have a ready key */
+    size_t n_ready;
+} mpmc_view;
+
+static void view_free(mpmc_view *v)
+{
+    fx_bytes_free(&v->list_raw);
+    free(v->list);
+    free(v->ready);
+    memset(v, 0, sizeof *v);
+}
+
+static fx_err view_from(const fx_mq_keys *keys, int64_t mpmc, const fx_range_resp *lr,
+                        const fx_range_resp *rr, mpmc_view *v)
+{
+    memset(v, 0, sizeof *v);
+    fx_err e = FX_OK;
+    if (lr && lr->n_kvs > 0) {
+        v->list_present = true;
+        const fx_bytes *val = &lr->kvs[0].value;
+        if ((e = bytes_copy(&v->list_raw, val))) goto fail;
+        if ((e = fx_mq_mpsc_list_decode(val->data, val->len, &v->list, &v->n_list))) goto fail;
+    }
+    if (rr && rr->n_kvs > 0) {
+        v->ready = calloc(rr->n_kvs, sizeof *v->ready);
+        if (!v->ready) {
+            e = fx_seterr(FX_ENOMEM, "mpmc: out of memory");
+            goto fail;
+        }
+        for (size_t i = 0; i < rr->n_kvs; i++) {
+            int64_t m = -1, id = -1;
+            fx_slice k = {rr->kvs[i].key.data, rr->kvs[i].key.len};
+            if (fx_mq_parse_ready_key(keys, k, &m, &id) != FX_OK || m != mpmc) {
+                FX_WRN("mpmc %" PRId64 ": ignoring malformed ready key '%.*s'", mpmc, (int)k.len,
+                       (const char *)k.data);
+                continue;
+            }
+            v->ready[v->n_ready++] = id;
+        }
+    }
+    return FX_OK;
+fail:
+    view_free(v);
+    return e;
+}
+
+/* Read mpsc_channels and the ready prefix in one txn (one revision). */
+static fx_err read_view(fx_mq_client *c, int64_t mpmc, mpmc_view *v)
+{
+    memset(v, 0, sizeof *v);
+    fx_mq_key lk, rp;
+    fx_err e = fx_mq_key_mpmc_mpsc_channels(&c->keys, mpmc, &lk);
+    if (!e) e = fx_mq_prefix_mpmc_ready(&c->keys, mpmc, &rp);
+    if (e) return e;
+    uint8_t rend[FX_MQ_KEY_CAP];
+    size_t rl = fx_prefix_end(ks(&rp), rend);
+    fx_op ops[2] = {op_range(ks(&lk), (fx_slice){NULL, 0}), op_range(ks(&rp), (fx_slice){rend, rl})};
+    fx_txn_req t = {.success = ops, .n_success = 2};
+    fx_txn_resp r = {0};
+    e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
+    if (!e && (!r.succeeded || r.n_responses != 2 || r.responses[0].type != FX_OP_RANGE ||
+               r.responses[1].type != FX_OP_RANGE))
+        e = fx_seterr(FX_EPROTO, "mpmc %" PRId64 ": unexpected view txn response", mpmc);
+    if (!e) e = view_from(&c->keys, mpmc, &r.responses[0].u.range, &r.responses[1].u.range, v);
+    fx_txn_resp_free(&r);
+    return e;
+}
+
+static bool view_ready(const mpmc_view *v, int64_t id) { return ids_has(v->ready, v->n_ready, id); }
+
+/* ---- rollback of an unpublished sub-MPSC (notes §5.4 step 7) ---------------------------------- */
+
+static void rollback_unpublished(fx_mq_client *c, int64_t mpmc, int64_t chan, fx_mpsc_consumer *sub)
+{
+    if (sub) {
+        fx_err e = fx_mpsc_consumer_close(sub);
+        if (e && e != FX_ECLOSED)
+            FX_WRN("mpmc %" PRId64 ": rollback of sub-MPSC %" PRId64 ": consumer close: %s (%s)",
+                   mpmc, chan, fx_errname(e), fx_err_detail());
+        fx_mpsc_consumer_free(sub);
+    }
+    fx_mq_key meta, cl, cll, pc, pa;
+    fx_err e = fx_mq_key_chan_meta(&c->keys, chan, &meta);
+    if (!e) e = fx_mq_key_cluster_lease_chan(&c->keys, chan, &cl);
+    if (!e) e = fx_mq_key_cluster_lease_id_alloc(&c->keys, chan, &cll);
+    if (!e) e = fx_mq_prefix_chan(&c->keys, chan, &pc);
+    if (!e) e = fx_mq_prefix_alloc_chan(&c->keys, chan, &pa);
+    if (e) {
+        FX_WRN("mpmc %" PRId64 ": rollback of sub-MPSC %" PRId64 ": %s", mpmc, chan, fx_err_detail());
+        return;
+    }
+    uint8_t pce[FX_MQ_KEY_CAP], pae[FX_MQ_KEY_CAP];
+    size_t pcl = fx_prefix_end(ks(&pc), pce), pal = fx_prefix_end(ks(&pa), pae);
+    fx_slice none = {NULL, 0};
+    fx_op ops[5] = {op_del(ks(&meta), none), op_del(ks(&cl), none), op_del(ks(&cll), none),
+                    op_del(ks(&pc), (fx_slice){pce, pcl}), op_del(ks(&pa), (fx_slice){pae, pal})};
+    fx_txn_req t = {.success = ops, .n_success = 5};
+    for (int i = 0; i < MPMC_ROLLBACK_ATTEMPTS; i++) {
+        fx_txn_resp r = {0};
+        e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
+        bool ok = !e && r.succeeded;
+        fx_txn_resp_free(&r);
+        if (ok) {
+            FX_INF("mpmc %" PRId64 ": rolled back unpublished sub-MPSC %" PRId64, mpmc, chan);
+            return;
+        }
+    }
+    FX_WRN("mpmc %" PRId64 ": rollback of unpublished sub-MPSC %" PRId64
+           " failed after %d attempts (%s); its keys expire with their leases",
+           mpmc, chan, MPMC_ROLLBACK_ATTEMPTS, fx_err_detail());
+}
+
+/* ---- resolve: name -> MPMC id ----------------------------------------------------------------- */
+
+/* Create an MPMC: meta + next_channel_id under a fresh metadata lease. */
+static fx_err mpmc_create(fx_mq_client *c, const fx_mq_chan_cfg *cfg, int64_t *out)
+{
+    fx_err e = fx__mq_cfg_validate(c, cfg);
+    if (e) return e;
+    fx_mq_key ck;
+    if ((e = fx_mq_key_alloc_mpmc_ids(&c->keys, &ck))) return e;
+    int64_t id = 0, il = 0, pl = 0, ml = 0;
+    if ((e = fx__mq_alloc_ids(c, &ck, 0, 1, &id))) return e; /* one id per creation */
+    if ((e = fx__mq_grant(c, c->long_ttl_s, &il))) return e;
+    if ((e = fx_kv_allocate_lease(c->kv, cfg->ttl_s, &pl, c->op_timeout_ms))) return e;
+    if ((e = fx__mq_grant(c, cfg->ttl_s, &ml))) return e; /* last: its TTL starts now */
+    fx_mq_mpmc_meta m = {.capacity = cfg->capacity, .ttl_seconds = cfg->ttl_s,
+                         .created_at = (double)fx_wall_ns() / 1e9, .metadata_lease_id = ml,
+                         .payload_lease_id = pl, .id_allocator_cluster_lease_id = il};
+    char *json = NULL;
+    if ((e = fx_mq_mpmc_meta_encode(&m, &json))) return e;
+    fx_mq_key mk, nk;
+    e = fx_mq_key_mpmc_meta(&c->keys, id, &mk);
+    if (!e) e = fx_mq_key_mpmc_next_channel_id(&c->keys, id, &nk);
+    if (e) {
+        free(json);
+        return e;
+    }
+    fx_cmp cmp[2] = {cmp_absent(ks(&mk)), cmp_absent(ks(&nk))};
+    fx_op ops[2] = {op_put(ks(&mk), FX_SLICE_STR(json), ml),
+                    op_put(ks(&nk), FX_SLICE_STR(FX_MQ_NEXT_CHANNEL_ID_VALUE), ml)};
+    fx_txn_req t = {.cmp = cmp, .n_cmp = 2, .success = ops, .n_success = 2};
+    fx_txn_resp r = {0};
+    e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
+    bool won = !e && r.succeeded;
+    fx_txn_resp_free(&r);
+    free(json);
+    if (e) return e;
+    if (!won) return fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": meta already exists", id);
+    *out = id;
+    return FX_OK;
+}
+
+/* Is the MPMC `id` alive? *alive false for a definite "gone"; an error for "cannot tell". */
+static fx_err mpmc_alive(fx_mq_client *c, int64_t id, bool *alive)
+{
+    *alive = false;
+    fx_mq_key mk;
+    fx_err e = fx_mq_key_mpmc_meta(&c->keys, id, &mk);
+    if (e) return e;
+    fx_kv kv = {0};
+    e = fx_etcd_get(c->etcd, ks(&mk), &kv, c->op_timeout_ms);
+    if (e == FX_ENOTFOUND) return FX_OK;
+    if (e) return e;
+    fx_mq_mpmc_meta m;
+    e = fx_mq_mpmc_meta_decode(kv.value.data, kv.value.len, &m);
+    fx_kv_free(&kv);
+    if (e) {
+        FX_WRN("mpmc %" PRId64 ": undecodable meta (%s): treated as stale", id, fx_err_detail());
+        return FX_OK;
+    }
+    int64_t ttl = -1;
+    e = fx_etcd_lease_timetolive(c->etcd, m.id_allocator_cluster_lease_id, &ttl, NULL,
+                                 c->op_timeout_ms);
+    if (e) return e;
+    if (ttl <= 0) return FX_OK;
+    e = fx_kv_keepalive_lease(c->kv, m.payload_lease_id, NULL, c->op_timeout_ms);
+    if (e == FX_ELEASE_EXPIRED) return FX_OK;
+    if (e) return e;
+    *alive = true;
+    return FX_OK;
+}
+
+static fx_err resolve_locked(fx_mq_client *c, const char *name, const fx_mq_chan_cfg *cfg,
+                             int64_t *out)
+{
+    fx_mq_key uk;
+    fx_err e = fx_mq_key_unique(&c->keys, name, &uk);
+    if (e) return e;
+    for (int attempt = 0; attempt < MPMC_RESOLVE_ATTEMPTS; attempt++) {
+        fx_kv kv = {0};
+        e = fx_etcd_get(c->etcd, ks(&uk), &kv, c->op_timeout_ms);
+        if (e && e != FX_ENOTFOUND) return e;
+        bool present = e == FX_OK;
+        int64_t old = -1;
+        if (present) {
+            if (fx_mq_id_decode(kv.value.data, kv.value.len, &old) != FX_OK) {
+                FX_WRN("channel '%s': malformed mapping value: replacing it", name);
+                old = -1;
+            } else {
+                bool alive = false;
+                e = mpmc_alive(c, old, &alive);
+                if (e) {
+                    fx_kv_free(&kv);
+                    return e;
+                }
+                if (alive) {
+                    fx_kv_free(&kv);
+                    *out = old;
+                    return FX_OK;
+                }
+                FX_WRN("channel '%s': mpmc %" PRId64 " is gone (meta or leases expired): "
+                       "replacing the mapping", name, old);
+            }
+        }
+        int64_t id = 0;
+        e = mpmc_create(c, cfg, &id);
+        if (e) {
+            fx_kv_free(&kv);
+            return e;
+        }
+        char dec[FX_MQ_DEC_BUF];
+        size_t dl = fx_mq_dec_format(id, dec);
+        fx_cmp cmp = present ? cmp_value(ks(&uk), (fx_slice){kv.value.data, kv.value.len})
+                             : cmp_absent(ks(&uk));
+        fx_op put = op_put(ks(&uk), (fx_slice){dec, dl}, 0);
+        fx_op get = op_range(ks(&uk), (fx_slice){NULL, 0});
+        fx_txn_req t = {.cmp = &cmp, .n_cmp = 1, .success = &put, .n_success = 1, .failure = &get,
+                        .n_failure = 1};
+        fx_txn_resp r = {0};
+        e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
+        fx_kv_free(&kv);
+        if (e) {
+            fx_txn_resp_free(&r);
+            return e;
+        }
+        if (r.succeeded) {
+            fx_txn_resp_free(&r);
+            FX_INF("channel '%s': created mpmc %" PRId64, name, id);
+            *out = id;
+            return FX_OK;
+        }
+        /* Lost: the MPMC just created is left to expire (nothing registered its leases). */
+        int64_t winner = -1;
+        bool have = !present && r.n_responses == 1 && r.responses[0].type == FX_OP_RANGE &&
+                    r.responses[0].u.range.n_kvs == 1 &&
+                    fx_mq_id_decode(r.responses[0].u.range.kvs[0].value.data,
+                                    r.responses[0].u.range.kvs[0].value.len, &winner) == FX_OK;
+        fx_txn_resp_free(&r);
+        FX_DBG("channel '%s': lost the mapping race; mpmc %" PRId64 " left to expire", name, id);
+        if (have) {
+            *out = winner;
+            return FX_OK;
+        }
+        /* A replacement race: re-read and validate whatever is there now. */
+    }
+    return fx_seterr(FX_ETIMEDOUT, "channel '%s': mapping still contended after %d attempts", name,
+                     MPMC_RESOLVE_ATTEMPTS);
+}
+
+fx_err fx_mpmc_resolve(fx_mq_client *c, const char *name, const fx_mq_chan_cfg *cfg,
+                       int64_t *out_mpmc)
+{
+    if (!c || !name || !out_mpmc) return fx_seterr(FX_EINVAL, "mpmc resolve: NULL argument");
+    fx_err e = fx_mq_name_validate(name);
+    if (e) return e;
+    if ((e = fx__mq_new_op_enter(c))) return e;
+    e = resolve_locked(c, name, cfg, out_mpmc);
+    fx__mq_op_leave(c);
+    return e;
+}
+
+/* ---- the member part shared by producers and consumers (the reference's MPMCChannel) ---------- */
+
+typedef struct mpmc_member {
+    fx_mq_client *c;
+    fx__mq_endpoint ep; /* ep.close / ep.self: the endpoint's public close */
+    fx_mq_role role;
+    int64_t mpmc;
+    fx_mq_mpmc_meta meta;
+    int64_t member;       /* -1 until allocated */
+    int64_t member_lease; /* 0 until granted */
+    char member_dec[FX_MQ_DEC_BUF];
+    size_t member_dec_len;
+    fx__mpsc_parent parent;
+    fx_mq_key role_key;
+    bool role_put;
+    bool registered;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    /* under mu */
+    fx_lease *h_meta, *h_payload, *h_idalloc, *h_member;
+    int state;
+    bool close_req;     /* close asked during construction */
+    bool lost;          /* a lease the endpoint depends on expired */
+    int64_t lost_lease;
+    bool cause_lost;    /* the endpoint closed because of `lost` */
+    bool lost_reported; /* FX_ELEASE_LOST returned once */
+    fx_err close_result;
+    int users; /* threads inside close() (free waits for 0) */
+
+    /* Keeper of the sub-MPSCs' own global-long (id-allocator) leases: see keeper_sync. */
+    pthread_mutex_t kmu;
+    struct long_hold *holds;
+    size_t n_holds, cap_holds;
+} mpmc_member;
+
+typedef struct long_hold {
+    int64_t chan;
+    fx_lease *h; /* NULL: that lease is gone (not retried) */
+} long_hold;
+
+static const char *role_name(const mpmc_member *m) { return fx_mq_role_name(m->role); }
+
+static fx_err member_init(mpmc_member *m, fx_mq_client *c, int64_t mpmc, fx_mq_role role,
+                          fx_err (*close_fn)(void *), void *self)
+{
+    m->c = c;
+    m->mpmc = mpmc;
+    m->role = role;
+    m->member = -1;
+    m->ep.close = close_fn;
+    m->ep.self = self;
+    m->state = ST_CONSTRUCTING;
+    if (pthread_mutex_init(&m->mu, NULL) != 0) return fx_seterr(FX_ENOMEM, "mpmc: mutex init");
+    if (pthread_mutex_init(&m->kmu, NULL) != 0) {
+        pthread_mutex_destroy(&m->mu);
+        return fx_seterr(FX_ENOMEM, "mpmc: mutex init");
+    }
+    if (fx_cond_init_monotonic(&m->cv) != 0) {
+        pthread_mutex_destroy(&m->kmu);
+        pthread_mutex_destroy(&m->mu);
+        return fx_seterr(FX_ENOMEM, "mpmc: condvar init");
+    }
+    return FX_OK;
+}
+
+static void member_destroy(mpmc_member *m)
+{
+    free(m->holds);
+    pthread_cond_destroy(&m->cv);
+    pthread_mutex_destroy(&m->kmu);
+    pthread_mutex_destroy(&m->mu);
+}
+
+static bool keeper_knows(mpmc_member *m, int64_t chan)
+{
+    pthread_mutex_lock(&m->kmu);
+    bool r = false;
+    for (size_t i = 0; i < m->n_holds && !r; i++) r = m->holds[i].chan == chan;
+    pthread_mutex_unlock(&m->kmu);
+    return r;
+}
+
+/* Every member keeps the global-long lease of every sub-MPSC it knows alive (registered with a
+ * probe, released at close), not only of those it binds: a sub-MPSC whose binders all left must
+ * still be bindable by a later member after long_lease_ttl_s (DESIGN §4.3: the channel lives
+ * while any member lives). Best effort: a read or registration failure is retried on the next
+ * sync; a lease found gone is remembered and not retried. Runs with no lock held. */
+static void keeper_sync(mpmc_member *m, const int64_t *ids, size_t n)
+{
+    fx_mq_client *c = m->c;
+    for (size_t i = 0; i < n; i++) {
+        if (keeper_knows(m, ids[i])) continue;
+        fx_mq_key mk;
+        if (fx_mq_key_chan_meta(&c->keys, ids[i], &mk) != FX_OK) continue;
+        fx_kv kv = {0};
+        fx_err e = fx_etcd_get(c->etcd, ks(&mk), &kv, c->op_timeout_ms);
+        fx_lease *h = NULL;
+        if (e == FX_OK) {
+            fx_mq_chan_meta cm;
+            e = fx_mq_chan_meta_decode(kv.value.data, kv.value.len, &cm);
+            fx_kv_free(&kv);
+            if (e == FX_OK)
+                e = fx__mq_hold(c, false, c->long_ttl_s, cm.global_long_lease_id, false, NULL,
+                                NULL, &h);
+            if (e == FX_EPROTO) e = FX_ENOTFOUND;
+        }
+        if (e == FX_ENOTFOUND || e == FX_ELEASE_EXPIRED) {
+            FX_WRN("mpmc %" PRId64 ": sub-MPSC %" PRId64 ": meta or id-allocator lease gone (%s)",
+                   m->mpmc, ids[i], fx_err_detail());
+        } else if (e) {
+            FX_DBG("mpmc %" PRId64 ": sub-MPSC %" PRId64 ": long lease not held yet: %s", m->mpmc,
+                   ids[i], fx_errname(e));
+            continue;
+        }
+        pthread_mutex_lock(&m->kmu);
+        pthread_mutex_lock(&m->mu);
+        bool closing = m->state >= ST_CLOSING;
+        pthread_mutex_unlock(&m->mu);
+        bool dup = false;
+        for (size_t j = 0; j < m->n_holds && !dup; j++) dup = m->holds[j].chan == ids[i];
+        bool added = false;
+        if (!closing && !dup && m->n_holds < FX_MQ_MAX_MPSC_CHANNELS) {
+            size_t need = m->n_holds + 1;
+            if (need > m->cap_holds) {
+                size_t nc = m->cap_holds ? m->cap_holds * 2 : 8;
+                long_hold *na = realloc(m->holds, nc * sizeof *na);
+                if (na) {
+                    m->holds = na;
+                    m->cap_holds = nc;
+                }
+            }
+            if (need <= m->cap_holds) {
+                m->holds[m->n_holds++] = (long_hold){.chan = ids[i], .h = h};
+                added = true;
+            }
+        }
+        pthread_mutex_unlock(&m->kmu);
+        if (!added) fx_lease_release(h);
+        if (closing) return;
+    }
+}
+
+static void keeper_release(mpmc_member *m)
+{
+    pthread_mutex_lock(&m->kmu);
+    long_hold *hs = m->holds;
+    size_t n = m->n_holds;
+    m->holds = NULL;
+    m->n_holds = m->cap_holds = 0;
+    pthread_mutex_unlock(&m->kmu);
+    for (size_t i = 0; i < n; i++) fx_lease_release(hs[i].h);
+    free(hs);
+}
+
+static void on_lease_expired(void *arg, fx_lease *h, int64_t lease_id)
+{
+    (void)h;
+    mpmc_member *m = arg;
+    pthread_mutex_lock(&m->mu);
+    if (!m->lost) {
+        m->lost = true;
+        m->lost_lease = lease_id;
+    }
+    pthread_cond_broadcast(&m->cv);
+    pthread_mutex_unlock(&m->mu);
+    FX_WRN("mpmc %" PRId64 " %s %" PRId64 ": lease %" PRId64 " expired: closing the endpoint",
+           m->mpmc, role_name(m), m->member, lease_id);
+}
+
+/* The error of a call on an endpoint that is not open. mu held. */
+static fx_err closed_err_locked(mpmc_member *m)
+{
+    if (m->cause_lost && !m->lost_reported) {
+        m->lost_reported = true;
+        return fx_seterr(FX_ELEASE_LOST, "mpmc %" PRId64 " %s %" PRId64 ": closed: lease %" PRId64
+                         " lost", m->mpmc, role_name(m), m->member, m->lost_lease);
+    }
+    return fx_seterr(FX_ECLOSED, "mpmc %" PRId64 " %s %" PRId64 ": closed", m->mpmc, role_name(m),
+                     m->member);
+}
+
+/* Close because of a lost lease (unless already closing), then report as closed_err_locked. */
+static fx_err member_fail_lost(mpmc_member *m, int64_t lease)
+{
+    pthread_mutex_lock(&m->mu);
+    if (m->state == ST_OPEN) {
+        if (!m->lost) {
+            m->lost = true;
+            m->lost_lease = lease;
+        }
+        m->cause_lost = true;
+        pthread_mutex_unlock(&m->mu);
+        m->ep.close(m->ep.self);
+        pthread_mutex_lock(&m->mu);
+    }
+    fx_err e = closed_err_locked(m);
+    pthread_mutex_unlock(&m->mu);
+    return e;
+}
+
+/* Entry check of every data-path call: closed -> FX_ECLOSED (FX_ELEASE_LOST once after a lease
+ * loss); a lease lost while open -> close now. No RPC. */
+static fx_err member_gate(mpmc_member *m)
+{
+    pthread_mutex_lock(&m->mu);
+    if (m->state == ST_OPEN && !m->lost) { /* flags set by the manager before the callbacks */
+        fx_lease *hs[3] = {m->h_member, m->h_meta, m->h_payload};
+        for (int i = 0; i < 3; i++)
+            if (hs[i] && fx_lease_is_expired(hs[i])) {
+                m->lost = true;
+                m->lost_lease = fx_lease_id(hs[i]);
+                break;
+            }
+    }
+    if (m->state == ST_OPEN && m->lost) {
+        int64_t l = m->lost_lease;
+        pthread_mutex_unlock(&m->mu);
+        return member_fail_lost(m, l);
+    }
+    fx_err e = m->state == ST_OPEN ? FX_OK : closed_err_locked(m);
+    pthread_mutex_unlock(&m->mu);
+    return e;
+}
+
+/* Did one of the member's own leases (member, metadata, payload) expire? */
+static bool member_leases_expired(mpmc_member *m, int64_t *which)
+{
+    pthread_mutex_lock(&m->mu);
+    bool r = m->lost;
+    *which = m->lost_lease;
+    fx_lease *hs[3] = {m->h_member, m->h_meta, m->h_payload};
+    for (int i = 0; i < 3 && !r; i++)
+        if (hs[i] && fx_lease_is_expired(hs[i])) {
+            r = true;
+            *which = fx_lease_id(hs[i]);
+        }
+    pthread_mutex_unlock(&m->mu);
+    return r;
+}
+
+/* Ask the backends whether the member, metadata or payload lease is gone (rare paths only: a
+ * sub-endpoint reported a lost lease that the LeaseManager has not reported yet). */
+static bool member_probe_leases(mpmc_member *m, int64_t *which)
+{
+    fx_mq_client *c = m->c;
+    int64_t ids[2] = {m->member_lease, m->meta.metadata_lease_id};
+    for (int i = 0; i < 2; i++) {
+        int64_t ttl = 0;
+        if (ids[i] > 0 &&
+            fx_etcd_lease_timetolive(c->etcd, ids[i], &ttl, NULL, c->op_timeout_ms) == FX_OK &&
+            ttl <= 0) {
+            *which = ids[i];
+            return true;
+        }
+    }
+    if (m->meta.payload_lease_id > 0 &&
+        fx_kv_keepalive_lease(c->kv, m->meta.payload_lease_id, NULL, c->op_timeout_ms) ==
+            FX_ELEASE_EXPIRED) {
+        *which = m->meta.payload_lease_id;
+        return true;
+    }
+    return false;
+}
+
+/* During construction: FX_ECLOSED when close was asked, FX_ELEASE_LOST when a lease expired. */
+static fx_err member_construct_check(mpmc_member *m)
+{
+    pthread_mutex_lock(&m->mu);
+    fx_err e = FX_OK;
+    if (m->close_req)
+        e = fx_seterr(FX_ECLOSED, "mpmc %" PRId64 ": closed during open", m->mpmc);
+    else if (m->lost)
+        e = fx_seterr(FX_ELEASE_LOST, "mpmc %" PRId64 ": lease %" PRId64 " lost during open",
+                      m->mpmc, m->lost_lease);
+    pthread_mutex_unlock(&m->mu);
+    return e;
+}
+
+/* Wait up to ms, woken early by close, lease loss or cv broadcasts. Returns true when the
+ * endpoint must stop (close asked / not open any more / lease lost). */
+static bool member_wait(mpmc_member *m, int64_t ms)
+{
+    pthread_mutex_lock(&m->mu);
+    bool stop = m->close_req || m->lost || m->state >= ST_CLOSING;
+    if (!stop && ms > 0) {
+        struct timespec ts = fx_deadline_ts(fx_now_ms() + ms);
+        pthread_cond_timedwait(&m->cv, &m->mu, &ts);
+        stop = m->close_req || m->lost || m->state >= ST_CLOSING;
+    }
+    pthread_mutex_unlock(&m->mu);
+    return stop;
+}
+
+/* Attach: read and validate meta, register every shared lease (probe), allocate the member id,
+ * grant and register the member lease (late), put the role key. */
+static fx_err member_attach(mpmc_member *m)
+{
+    fx_mq_client *c = m->c;
+    fx_mq_key mk;
+    fx_err e = fx_mq_key_mpmc_meta(&c->keys, m->mpmc, &mk);
+    if (e) return e;
+    fx_kv kv = {0};
+    e = fx_etcd_get(c->etcd, ks(&mk), &kv, c->op_timeout_ms);
+    if (e == FX_ENOTFOUND)
+        return fx_seterr(FX_ENOTFOUND, "mpmc %" PRId64 ": no meta (not created or expired)",
+                         m->mpmc);
+    if (e) return e;
+    e = fx_mq_mpmc_meta_decode(kv.value.data, kv.value.len, &m->meta);
+    fx_kv_free(&kv);
+    if (e) return e;
+    const fx_mq_mpmc_meta *mt = &m->meta;
+
+    fx_lease *h = NULL;
+    e = fx__mq_hold(c, false, mt->ttl_seconds, mt->metadata_lease_id, false, on_lease_expired, m, &h);
+    if (!e) {
+        pthread_mutex_lock(&m->mu);
+        m->h_meta = h;
+        pthread_mutex_unlock(&m->mu);
+        e = fx__mq_hold(c, true, mt->ttl_seconds, mt->payload_lease_id, false, on_lease_expired, m,
+                        &h);
+    }
+    if (!e) {
+        pthread_mutex_lock(&m->mu);
+        m->h_payload = h;
+        pthread_mutex_unlock(&m->mu);
+        e = fx__mq_hold(c, false, c->long_ttl_s, mt->id_allocator_cluster_lease_id, false, NULL,
+                        NULL, &h);
+    }
+    if (e == FX_ELEASE_EXPIRED) {
+        return fx_seterr(FX_ELEASE_EXPIRED, "mpmc %" PRId64 ": mpmc meta stale (%s)", m->mpmc,
+                         fx_err_detail());
+    }
+    if (e) return e;
+    pthread_mutex_lock(&m->mu);
+    m->h_idalloc = h;
+    pthread_mutex_unlock(&m->mu);
+    if ((e = member_construct_check(m))) return e;
+
+    fx_mq_key ak;
+    if ((e = fx_mq_key_alloc_mpmc_member_ids(&c->keys, m->mpmc, &ak))) return e;
+    if ((e = fx__mq_alloc_ids(c, &ak, 0, 1, &m->member))) return e;
+    m->member_dec_len = fx_mq_dec_format(m->member, m->member_dec);
+    if ((e = member_construct_check(m))) return e;
+
+    /* Member lease: granted late, registered without a probe. */
+    int64_t ml = 0;
+    if ((e = fx__mq_grant(c, mt->ttl_seconds, &ml))) return e;
+    m->member_lease = ml;
+    e = fx__mq_hold(c, false, mt->ttl_seconds, ml, true, on_lease_expired, m, &h);
+    if (e) return e;
+    pthread_mutex_lock(&m->mu);
+    m->h_member = h;
+    pthread_mutex_unlock(&m->mu);
+
+    if ((e = fx_mq_key_mpmc_role(&c->keys, m->role, m->mpmc, m->member, &m->role_key))) return e;
+    fx_put_req pr = {.key = ks(&m->role_key), .value = FX_SLICE_STR(FX_MQ_ROLE_KEY_VALUE),
+                     .lease = ml};
+    m->role_put = true; /* may be written even if the call fails: the close pass deletes it */
+    if ((e = fx_etcd_put(c->etcd, &pr, NULL, c->op_timeout_ms))) return e;
+
+    m->parent = (fx__mpsc_parent){.mpmc = m->mpmc, .global_lease = mt->metadata_lease_id,
+                                  .member_lease = ml, .payload_lease = mt->payload_lease_id,
+                                  .member = m->member, .ttl_s = mt->ttl_seconds};
+    FX_DBG("mpmc %" PRId64 ": %s member %" PRId64 " attached (member lease %" PRId64 ")", m->mpmc,
+           role_name(m), m->member, ml);
+    return FX_OK;
+}
+
+/* The common tail of a close pass: role key delete, release the lease handles. */
+static void member_close_tail(mpmc_member *m, int64_t deadline, bool have_op)
+{
+    fx_mq_client *c = m->c;
+    if (m->role_put && have_op) {
+        fx_del_req d = {.key = ks(&m->role_key)};
+        fx_err e = fx_etcd_delete(c->etcd, &d, NULL, step_ms(deadline));
+        if (e)
+            FX_WRN("mpmc %" PRId64 " %s %" PRId64 ": role key delete failed: %s (%s); it expires "
+                   "with the member lease", m->mpmc, role_name(m), m->member, fx_errname(e),
+                   fx_err_detail());
+    }
+    pthread_mutex_lock(&m->mu);
+    fx_lease *hs[4] = {m->h_member, m->h_meta, m->h_payload, m->h_idalloc};
+    m->h_member = m->h_meta = m->h_payload = m->h_idalloc = NULL;
+    pthread_mutex_unlock(&m->mu);
+    for (int i = 0; i < 4; i++) fx_lease_release(hs[i]);
+    keeper_release(m);
+}
+
+/* Close protocol of every endpoint: idempotent, concurrent-safe; waits for a running
+ * construction (interrupted through close_req). pass() does the work once. */
+static fx_err member_close(mpmc_member *m, fx_err (*pass)(void *self), void *self)
+{
+    pthread_mutex_lock(&m->mu);
+    m->users++;
+    if (m->state == ST_CONSTRUCTING) {
+        m->close_req = true;
+        pthread_cond_broadcast(&m->cv);
+        while (m->state == ST_CONSTRUCTING) pthread_cond_wait(&m->cv, &m->mu);
+    }
+    if (m->state == ST_OPEN) {
+        m->state = ST_CLOSING;
+        pthread_cond_broadcast(&m->cv);
+        pthread_mutex_unlock(&m->mu);
+        fx_err r = pass(self);
+        saved_err se;
+        save_err(&se, r);
+        pthread_mutex_lock(&m->mu);
+        m->state = ST_CLOSED;
+        m->close_result = r;
+        pthread_cond_broadcast(&m->cv);
+        pthread_mutex_unlock(&m->mu);
+        /* Concurrent closers (the client's included) may return now; then unregister. */
+        if (m->registered) fx__mq_unregister(m->c, &m->ep);
+        pthread_mutex_lock(&m->mu);
+        m->users--;
+        pthread_cond_broadcast(&m->cv);
+        pthread_mutex_unlock(&m->mu);
+        return restore_err(&se);
+    }
+    while (m->state != ST_CLOSED) pthread_cond_wait(&m->cv, &m->mu);
+    fx_err r = m->close_result;
+    m->users--;
+    pthread_cond_broadcast(&m->cv);
+    pthread_mutex_unlock(&m->mu);
+    return r ? fx_seterr(r, "mpmc %" PRId64 ": close failed earlier", m->mpmc) : FX_OK;
+}
+
+/* Before freeing: every close() caller has left. */
+static void member_wait_users(mpmc_member *m)
+{
+    pthread_mutex_lock(&m->mu);
+    while (m->users > 0) pthread_cond_wait(&m->cv, &m->mu);
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* End of construction: FX_OK keeps the endpoint open; an error (or a close/lease loss that
+ * arrived meanwhile) makes the caller close and free it. */
+static fx_err member_construct_end(mpmc_member *m, fx_err e)
+{
+    pthread_mutex_lock(&m->mu);
+    if (!e && m->close_req) e = fx_seterr(FX_ECLOSED, "mpmc %" PRId64 ": closed during open", m->mpmc);
+    if (!e && m->lost)
+        e = fx_seterr(FX_ELEASE_LOST, "mpmc %" PRId64 ": lease %" PRId64 " lost during open",
+                      m->mpmc, m->lost_lease);
+    m->state = ST_OPEN;
+    pthread_cond_broadcast(&m->cv);
+    pthread_mutex_unlock(&m->mu);
+    return e;
+}
+
+/* ---- create lock (an etcd lock emulated with txn create==0 under a short lease) ------------- */
+
+typedef struct create_lock {
+    fx_mq_key key;
+    int64_t lease;
+    int64_t granted_ms;
+    bool held;
+} create_lock;
+
+static void lock_drop_lease(fx_mq_client *c, create_lock *lk)
+{
+    if (!lk->lease) return;
+    fx_err e = fx_etcd_lease_revoke(c->etcd, lk->lease, c->op_timeout_ms);
+    if (e && e != FX_ENOTFOUND)
+        FX_DBG("create lock: revoke of lease %" PRId64 " failed: %s", lk->lease, fx_errname(e));
+    lk->lease = 0;
+}
+
+static fx_err lock_acquire(mpmc_member *m, create_lock *lk)
+{
+    fx_mq_client *c = m->c;
+    memset(lk, 0, sizeof *lk);
+    fx_err e = fx_mq_key_mpmc_create_lock(&c->keys, m->mpmc, &lk->key);
+    if (e) return e;
+    int64_t deadline = fx_now_ms() + MPMC_LOCK_WAIT_MS;
+    int64_t backoff = MPMC_LOCK_BACKOFF_MIN_MS;
+    for (;;) {
+        if ((e = member_construct_check(m))) break;
+        if (!lk->lease || fx_now_ms() - lk->granted_ms > MPMC_LOCK_TTL_S * 1000 / 2) {
+            lock_drop_lease(c, lk);
+            if ((e = fx__mq_grant(c, MPMC_LOCK_TTL_S, &lk->lease))) break;
+            lk->granted_ms = fx_now_ms();
+        }
+        fx_cmp cmp = cmp_absent(ks(&lk->key));
+        fx_op put = op_put(ks(&lk->key), (fx_slice){m->member_dec, m->member_dec_len}, lk->lease);
+        fx_txn_req t = {.cmp = &cmp, .n_cmp = 1, .success = &put, .n_success = 1};
+        fx_txn_resp r = {0};
+        e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
+        bool won = !e && r.succeeded;
+        fx_txn_resp_free(&r);
+        if (e) break;
+        if (won) {
+            lk->held = true;
+            return FX_OK;
+        }
+        if (fx_now_ms() >= deadline) {
+            FX_WRN("mpmc %" PRId64 ": create lock not acquired within %d ms; creating without it "
+                   "(the CAS publish keeps it correct)", m->mpmc, MPMC_LOCK_WAIT_MS);
+            lock_drop_lease(c, lk);
+            return FX_OK;
+        }
+        int64_t left = fx_ms_left(deadline);
+        member_wait(m, backoff < left ? backoff : left);
+        backoff = backoff * 2 > MPMC_LOCK_BACKOFF_MAX_MS ? MPMC_LOCK_BACKOFF_MAX_MS : backoff * 2;
+    }
+    lock_drop_lease(c, lk);
+    return e;
+}
+
+static void lock_release(mpmc_member *m, create_lock *lk)
+{
+    fx_mq_client *c = m->c;
+    if (lk->held) {
+        fx_cmp cmp = cmp_value(ks(&lk->key), (fx_slice){m->member_dec, m->member_dec_len});
+        fx_op del = op_del(ks(&lk->key), (fx_slice){NULL, 0});
+        fx_txn_req t = {.cmp = &cmp, .n_cmp = 1, .success = &del, .n_success = 1};
+        fx_err e = fx_etcd_txn(c->etcd, &t, NULL, c->op_timeout_ms);
+        if (e) FX_DBG("mpmc %" PRId64 ": create lock delete failed: %s", m->mpmc, fx_errname(e));
+        lk->held = false;
+    }
+    lock_drop_lease(c, lk);
+}
+
+/* ---- consumer ----------------------------------------------------------------------------------- */
+
+struct fx_mpmc_consumer {
+    mpmc_member m;
+    fx_mpsc_consumer *sub; /* set once during open; freed by free() */
+    int64_t chan;
+    fx_mq_key ready_key;
+    bool ready_put;
+};
+
+static fx_err ready_key_delete(mpmc_member *m, const fx_mq_key *rk, int timeout_ms)
+{
+    fx_cmp cmp = cmp_value(ks(rk), (fx_slice){m->member_dec, m->member_dec_len});
+    fx_op del = op_del(ks(rk), (fx_slice){NULL, 0});
+    fx_txn_req t = {.cmp = &cmp, .n_cmp = 1, .success = &del, .n_success = 1};
+    return fx_etcd_txn(m->c->etcd, &t, NULL, timeout_ms);
+}
+
+/* Claim sub-MPSC `chan` (txn create(ready)==0), then bind the sub-consumer. FX_EEXISTS when
+ * somebody else holds the ready key. */
+static fx_err consumer_claim_one(fx_mpmc_consumer *cs, int64_t chan)
+{
+    mpmc_member *m = &cs->m;
+    fx_mq_client *c = m->c;
+    fx_mq_key rk;
+    fx_err e = fx_mq_key_mpmc_ready(&c->keys, m->mpmc, chan, &rk);
+    if (e) return e;
+    fx_cmp cmp = cmp_absent(ks(&rk));
+    fx_op put = op_put(ks(&rk), (fx_slice){m->member_dec, m->member_dec_len}, m->member_lease);
+    fx_txn_req t = {.cmp = &cmp, .n_cmp = 1, .success = &put, .n_success = 1};
+    fx_txn_resp r = {0};
+    e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
+    bool won = !e && r.succeeded;
+    fx_txn_resp_free(&r);
+    if (e) {
+        /* Ambiguous: the ready key may be ours. It is under the member lease; try to delete. */
+        saved_err se;
+        save_err(&se, e);
+        ready_key_delete(m, &rk, c->op_timeout_ms);
+        return restore_err(&se);
+    }
+    if (!won) return fx_seterr(FX_EEXISTS, "sub-MPSC %" PRId64 " already claimed", chan);
+    fx_mpsc_consumer *sub = NULL;
+    e = fx__mpsc_consumer_open_sub(c, chan, &m->parent, &sub);
+    if (e) {
+        saved_err se;
+        save_err(&se, e);
+        fx_err de = ready_key_delete(m, &rk, c->op_timeout_ms);
+        if (de)
+            FX_WRN("mpmc %" PRId64 ": ready key of sub-MPSC %" PRId64 " not deleted after a failed "
+                   "bind (%s); it expires with the member lease", m->mpmc, chan, fx_errname(de));
+        return restore_err(&se);
+    }
+    cs->sub = sub;
+    cs->chan = chan;
+    cs->ready_key = rk;
+    cs->ready_put = true;
+    FX_INF("mpmc %" PRId64 ": consumer %" PRId64 " claimed sub-MPSC %" PRId64, m->mpmc, m->member,
+           chan);
+    return FX_OK;
+}
+
+/* Claim the first claimable unready sub-MPSC of the view (list order). FX_ENOTFOUND: none. */
+static fx_err consumer_claim_unready(fx_mpmc_consumer *cs, const mpmc_view *v)
+{
+    for (size_t i = 0; i < v->n_list; i++) {
+        if (view_ready(v, v->list[i])) continue;
+        fx_err e = member_construct_check(&cs->m);
+        if (e) return e;
+        e = consumer_claim_one(cs, v->list[i]);
+        if (e == FX_EEXISTS) continue;
+        return e;
+    }
+    return FX_ENOTFOUND;
+}
+
+static fx_err count_consumers(mpmc_member *m, int64_t *out)
+{
+    fx_mq_key p;
+    fx_err e = fx_mq_prefix_mpmc_role(&m->c->keys, FX_MQ_ROLE_CONSUMER, m->mpmc, &p);
+    if (e) return e;
+    uint8_t end[FX_MQ_KEY_CAP];
+    size_t el = fx_prefix_end(ks(&p), end);
+    fx_range_req rq = {.key = ks(&p), .range_end = {end, el}, .count_only = true};
+    fx_range_resp r = {0};
+    e = fx_etcd_range(m->c->etcd, &rq, &r, m->c->op_timeout_ms);
+    if (!e) *out = r.count;
+    fx_range_resp_free(&r);
+    return e;
+}
+
+/* Publish `chan` with the CAS: list == snapshot (create==0 when absent) && create(ready)==0 ->
+ * list+[chan] (metadata lease), ready = member (member lease). */
+static fx_err consumer_publish(fx_mpmc_consumer *cs, const mpmc_view *v, int64_t chan, bool *won)
+{
+    mpmc_member *m = &cs->m;
+    fx_mq_client *c = m->c;
+    *won = false;
+    fx_mq_key lk, rk;
+    fx_err e = fx_mq_key_mpmc_mpsc_channels(&c->keys, m->mpmc, &lk);
+    if (!e) e = fx_mq_key_mpmc_ready(&c->keys, m->mpmc, chan, &rk);
+    if (e) return e;
+    int64_t *ids = malloc((v->n_list + 1) * sizeof *ids);
+    if (!ids) return fx_seterr(FX_ENOMEM, "mpmc: out of memory");
+    if (v->n_list) memcpy(ids, v->list, v->n_list * sizeof *ids);
+    ids[v->n_list] = chan;
+    char *json = NULL;
+    e = fx_mq_mpsc_list_encode(ids, v->n_list + 1, &json);
+    free(ids);
+    if (e) return e;
+    fx_cmp cmp[2] = {v->list_present ? cmp_value(ks(&lk), (fx_slice){v->list_raw.data,
+                                                                     v->list_raw.len})
+                                     : cmp_absent(ks(&lk)),
+                     cmp_absent(ks(&rk))};
+    fx_op ops[2] = {op_put(ks(&lk), FX_SLICE_STR(json), m->meta.metadata_lease_id),
+                    op_put(ks(&rk), (fx_slice){m->member_dec, m->member_dec_len}, m->member_lease)};
+    fx_txn_req t = {.cmp = cmp, .n_cmp = 2, .success = ops, .n_success = 2};
+    fx_txn_resp r = {0};
+    e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
+    *won = !e && r.succeeded;
+    fx_txn_resp_free(&r);
+    free(json);
+    cs->ready_key = rk;
+    if (e) {
+        /* Ambiguous: verify by re-reading (a few attempts). */
+        saved_err se;
+        save_err(&se, e);
+        for (int i = 0; i < 3; i++) {
+            mpmc_view nv;
+            if (read_view(c, m->mpmc, &nv) != FX_OK) continue;
+            bool in = ids_has(nv.list, nv.n_list, chan);
+            view_free(&nv);
+            if (in) {
+                *won = true;
+                cs->ready_put = true;
+            }
+            return FX_OK; /* else definitely not published: *won false */
+        }
+        return restore_err(&se);
+    }
+    if (*won) cs->ready_put = true;
+    return FX_OK;
+}
+
+/* Every id of old is in new (mpsc_channels is append-only). */
+static bool list_superset(const mpmc_view *nv, const mpmc_view *old)
+{
+    for (size_t i = 0; i < old->n_list; i++)
+        if (!ids_has(nv->list, nv->n_list, old->list[i])) return false;
+    return true;
+}
+
+static bool view_has_unready(const mpmc_view *v)
+{
+    for (size_t i = 0; i < v->n_list; i++)
+        if (!view_ready(v, v->list[i])) return true;
+    return false;
+}
+
+/* Under the create lock: claim an unready sub-MPSC, else create + bind + publish one. */
+static fx_err consumer_create_locked(fx_mpmc_consumer *cs)
+{
+    mpmc_member *m = &cs->m;
+    fx_mq_client *c = m->c;
+    fx_err e = FX_OK;
+    for (int round = 0; round < MPMC_CLAIM_ROUNDS; round++) {
+        if ((e = member_construct_check(m))) return e;
+        mpmc_view v;
+        if ((e = read_view(c, m->mpmc, &v))) return e;
+        e = consumer_claim_unready(cs, &v);
+        if (e != FX_ENOTFOUND) {
+            view_free(&v);
+            return e;
+        }
+        int64_t active = 0;
+        if ((e = count_consumers(m, &active))) {
+            view_free(&v);
+            return e;
+        }
+        if (active <= (int64_t)v.n_list) {
+            size_t nl = v.n_list;
+            view_free(&v);
+            return fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": not enough active consumers (%" PRId64
+                             " active, %zu sub-MPSCs, none unready)", m->mpmc, active, nl);
+        }
+        fx_mq_chan_cfg cfg = {.capacity = m->meta.capacity, .ttl_s = m->meta.ttl_seconds,
+                              .weight = 1};
+        int64_t chan = -1;
+        if ((e = fx__mpsc_create(c, &cfg, &m->parent, &chan))) {
+            view_free(&v);
+            return e;
+        }
+        fx_mpsc_consumer *sub = NULL;
+        if ((e = fx__mpsc_consumer_open_sub(c, chan, &m->parent, &sub))) {
+            saved_err se;
+            save_err(&se, e);
+            rollback_unpublished(c, m->mpmc, chan, NULL);
+            view_free(&v);
+            return restore_err(&se);
+        }
+        bool retry_round = false;
+        for (int attempt = 0; attempt < MPMC_PUBLISH_ATTEMPTS; attempt++) {
+            if ((e = member_construct_check(m))) break;
+            bool won = false;
+            e = consumer_publish(cs, &v, chan, &won);
+            if (e) {
+                /* Unknown whether it was published: close the sub-consumer, keep its keys. */
+                saved_err se;
+                save_err(&se, e);
+                fx_mpsc_consumer_close(sub);
+                fx_mpsc_consumer_free(sub);
+                view_free(&v);
+                FX_WRN("mpmc %" PRId64 ": publish of sub-MPSC %" PRId64 " failed ambiguously (%s)",
+                       m->mpmc, chan, se.detail);
+                return restore_err(&se);
+            }
+            if (won) {
+                cs->sub = sub;
+                cs->chan = chan;
+                view_free(&v);
+                FX_INF("mpmc %" PRId64 ": consumer %" PRId64 " created sub-MPSC %" PRId64, m->mpmc,
+                       m->member, chan);
+                return FX_OK;
+            }
+            /* CAS lost: re-read and apply the append-only rules. */
+            mpmc_view nv;
+            if ((e = read_view(c, m->mpmc, &nv))) break;
+            if (ids_has(nv.list, nv.n_list, chan) || !list_superset(&nv, &v)) {
+                view_free(&nv);
+                e = fx_seterr(FX_EPROTO, "mpmc %" PRId64 ": mpsc_channels changed in a way that "
+                              "is not an append", m->mpmc);
+                break;
+            }
+            if (view_has_unready(&nv)) { /* another creator added an unready one: claim it */
+                view_free(&nv);
+                retry_round = true;
+                break;
+            }
+            if ((e = count_consumers(m, &active))) {
+                view_free(&nv);
+                break;
+            }
+            if (active <= (int64_t)nv.n_list) {
+                size_t nl = nv.n_list;
+                view_free(&nv);
+                e = fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": not enough active consumers (%" PRId64
+                              " active, %zu sub-MPSCs)", m->mpmc, active, nl);
+                break;
+            }
+            view_free(&v);
+            v = nv;
+            if (attempt + 1 == MPMC_PUBLISH_ATTEMPTS)
+                e = fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": publish still contended after %d "
+                              "attempts", m->mpmc, MPMC_PUBLISH_ATTEMPTS);
+        }
+        saved_err se;
+        save_err(&se, e);
+        rollback_unpublished(c, m->mpmc, chan, sub);
+        view_free(&v);
+        if (!retry_round) return se.e ? restore_err(&se) : fx_seterr(FX_EEXISTS, "publish lost");
+    }
+    return fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": no sub-MPSC claimed after %d rounds", m->mpmc,
+                     MPMC_CLAIM_ROUNDS);
+}
+
+static fx_err consumer_claim(fx_mpmc_consumer *cs)
+{
+    mpmc_member *m = &cs->m;
+    mpmc_view v;
+    fx_err e = read_view(m->c, m->mpmc, &v);
+    if (e) return e;
+    e = consumer_claim_unready(cs, &v);
+    view_free(&v);
+    if (e != FX_ENOTFOUND) return e;
+    create_lock lk;
+    if ((e = lock_acquire(m, &lk))) return e;
+    e = consumer_create_locked(cs);
+    saved_err se;
+    save_err(&se, e);
+    lock_release(m, &lk);
+    return restore_err(&se);
+}
+
+/* Close pass: sub-consumer close (membership delete) -> ready key delete only if that delete was
+ * confirmed -> role key delete -> release handles. */
+static fx_err consumer_close_pass(void *self)
+{
+    fx_mpmc_consumer *cs = self;
+    mpmc_member *m = &cs->m;
+    fx_mq_client *c = m->c;
+    int64_t deadline = fx_now_ms() + c->close_timeout_ms;
+    bool have_op = fx__mq_op_enter(c) == FX_OK;
+    fx_err first = FX_OK;
+    saved_err se = {0};
+    bool confirmed = false;
+    if (cs->sub) {
+        fx_err e = fx_mpsc_consumer_close(cs->sub);
+        if (e && e != FX_ECLOSED && e != FX_ELEASE_LOST) {
+            first = e;
+            save_err(&se, e);
+        }
+        confirmed = fx__mpsc_consumer_membership_deleted(cs->sub);
+    }
+    if (cs->ready_put) {
+        if (!confirmed) {
+            FX_WRN("mpmc %" PRId64 " consumer %" PRId64 ": membership delete of sub-MPSC %" PRId64
+                   " not confirmed: ready key kept, both expire with the member lease", m->mpmc,
+                   m->member, cs->chan);
+        } else if (have_op) {
+            fx_err e = ready_key_delete(m, &cs->ready_key, step_ms(deadline));
+            if (e)
+                FX_WRN("mpmc %" PRId64 " consumer %" PRId64 ": ready key delete failed: %s (%s); "
+                       "it expires with the member lease", m->mpmc, m->member, fx_errname(e),
+                       fx_err_detail());
+        }
+    }
+    member_close_tail(m, deadline, have_op);
+    if (have_op) fx__mq_op_leave(c);
+    FX_DBG("mpmc %" PRId64 ": consumer %" PRId64 " closed", m->mpmc, m->member);
+    return first ? restore_err(&se) : FX_OK;
+}
+
+static fx_err consumer_close_cb(void *self)
+{
+    fx_mpmc_consumer *cs = self;
+    return member_close(&cs->m, consumer_close_pass, cs);
+}
+
+fx_err fx_mpmc_consumer_close(fx_mpmc_consumer *c)
+{
+    if (!c) return fx_seterr(FX_EINVAL, "mpmc consumer close: NULL");
+    return consumer_close_cb(c);
+}
+
+static void consumer_dealloc(fx_mpmc_consumer *cs)
+{
+    member_wait_users(&cs->m);
+    if (cs->sub) fx_mpsc_consumer_free(cs->sub);
+    member_destroy(&cs->m);
+    free(cs);
+}
+
+void fx_mpmc_consumer_free(fx_mpmc_consumer *c)
+{
+    if (!c) return;
+    fx_mpmc_consumer_close(c);
+    consumer_dealloc(c);
+}
+
+fx_err fx_mpmc_consumer_open(fx_mq_client *c, int64_t mpmc, fx_mpmc_consumer **out)
+{
+    if (!c || !out || mpmc < 0) return fx_seterr(FX_EINVAL, "mpmc consumer open: bad arguments");
+    *out = NULL;
+    fx_mpmc_consumer *cs = calloc(1, sizeof *cs);
+    if (!cs) return fx_seterr(FX_ENOMEM, "mpmc consumer: out of memory");
+    cs->chan = -1;
+    fx_err e = member_init(&cs->m, c, mpmc, FX_MQ_ROLE_CONSUMER, consumer_close_cb, cs);
+    if (e) {
+        free(cs);
+        return e;
+    }
+    if ((e = fx__mq_new_op_enter(c))) {
+        member_destroy(&cs->m);
+        free(cs);
+        return e;
+    }
+    if ((e = fx__mq_register(c, &cs->m.ep))) {
+        fx__mq_op_leave(c);
+        member_destroy(&cs->m);
+        free(cs);
+        return e;
+    }
+    cs->m.registered = true;
+    e = member_attach(&cs->m);
+    if (!e) e = member_construct_check(&cs->m);
+    if (!e) e = consumer_claim(cs);
+    if (!e) { /* keep every listed sub-MPSC's long lease alive too (best effort) */
+        mpmc_view v;
+        if (read_view(c, mpmc, &v) == FX_OK) {
+            keeper_sync(&cs->m, v.list, v.n_list);
+            view_free(&v);
+        }
+    }
+    e = member_construct_end(&cs->m, e);
+    fx__mq_op_leave(c);
+    if (e) {
+        saved_err se;
+        save_err(&se, e);
+        fx_mpmc_consumer_close(cs);
+        consumer_dealloc(cs);
+        return restore_err(&se);
+    }
+    *out = cs;
+    return FX_OK;
+}
+
+/* A sub-consumer call failed with closed/lease-lost: map it to the MPMC endpoint. */
+static fx_err consumer_sub_failed(fx_mpmc_consumer *cs, fx_err e)
+{
+    mpmc_member *m = &cs->m;
+    pthread_mutex_lock(&m->mu);
+    bool open = m->state == ST_OPEN;
+    pthread_mutex_unlock(&m->mu);
+    if (!open) return member_gate(m);
+    if (e == FX_ELEASE_LOST || fx__mpsc_consumer_fault(cs->sub) == FX_ELEASE_LOST)
+        return member_fail_lost(m, m->member_lease);
+    /* The sub-consumer closed under us for another reason: close the endpoint too. */
+    m->ep.close(m->ep.self);
+    return member_gate(m);
+}
+
+fx_err fx_mpmc_get(fx_mpmc_consumer *c, fx_mq_delivery *out, size_t max, size_t *n,
+                   int timeout_ms)
+{
+    if (n) *n = 0;
+    if (!c || !n || (max && !out)) return fx_seterr(FX_EINVAL, "mpmc get: bad arguments");
+    fx_err e = member_gate(&c->m);
+    if (e) return e;
+    e = fx_mpsc_get(c->sub, out, max, n, timeout_ms);
+    if (e == FX_ECLOSED || e == FX_ELEASE_LOST) return consumer_sub_failed(c, e);
+    return e;
+}
+
+fx_err fx_mpmc_ack(fx_mpmc_consumer *c, const fx_mq_msg_id *ids, size_t n)
+{
+    if (!c || (n && !ids)) return fx_seterr(FX_EINVAL, "mpmc ack: bad arguments");
+    fx_err e = member_gate(&c->m);
+    if (e) return e;
+    e = fx_mpsc_ack(c->sub, ids, n);
+    if (e == FX_ECLOSED || e == FX_ELEASE_LOST) return consumer_sub_failed(c, e);
+    return e;
+}
+
+fx_err fx_mpmc_flush(fx_mpmc_consumer *c, int timeout_ms)
+{
+    if (!c) return fx_seterr(FX_EINVAL, "mpmc flush: NULL");
+    fx_err e = member_gate(&c->m);
+    if (e) return e;
+    e = fx_mpsc_flush(c->sub, timeout_ms);
+    if (e == FX_ECLOSED || e == FX_ELEASE_LOST) return consumer_sub_failed(c, e);
+    return e;
+}
+
+int64_t fx_mpmc_consumer_member(const fx_mpmc_consumer *c) { return c ? c->m.member : -1; }
+int64_t fx_mpmc_consumer_chan(const fx_mpmc_consumer *c) { return c ? c->chan : -1; }
+
+/* ---- producer ----------------------------------------------------------------------------------- */
+
+typedef struct ready_ent {
+    int64_t chan;
+    uint64_t used; /* LRU clock value of the last use (or of becoming ready) */
+} ready_ent;
+
+typedef struct sub_prod {
+    int64_t chan;
+    fx_mpsc_producer *p;
+} sub_prod;
+
+struct fx_mpmc_producer {
+    mpmc_member m;
+    int64_t weight;
+    pthread_mutex_t op_mu; /* serialises puts */
+    fx_watch *watch;       /* ready prefix */
+    bool watch_op;         /* holds a client op reference for the watch */
+    /* under m.mu: */
+    ready_ent *ready;
+    size_t n_ready, cap_ready;
+    uint64_t clock;
+    int64_t *list; /* mpsc_channels as known locally (creation order) */
+    size_t n_list, cap_list;
+    int64_t list_read_ms;
+    sub_prod *subs; /* cached sub-producers (closed by close, freed by free) */
+    size_t n_subs, cap_subs;
+};
+
+static bool grow(void **arr, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap) return true;
+    size_t nc = *cap ? *cap * 2 : 8;
+    while (nc < need) nc *= 2;
+    void *na = realloc(*arr, nc * elem);
+    if (!na) return false;
+    *arr = na;
+    *cap = nc;
+    return true;
+}
+
+/* Keep the global-long leases of every sub-MPSC in the local list alive (keeper_sync). */
+static void producer_keep_list(fx_mpmc_producer *p)
+{
+    mpmc_member *m = &p->m;
+    pthread_mutex_lock(&m->mu);
+    size_t n = p->n_list;
+    int64_t *ids = n ? malloc(n * sizeof *ids) : NULL;
+    if (ids) memcpy(ids, p->list, n * sizeof *ids);
+    pthread_mutex_unlock(&m->mu);
+    if (ids) keeper_sync(m, ids, n);
+    free(ids);
+}
+
+/* m.mu held. */
+static long ready_find(const fx_mpmc_producer *p, int64_t chan)
+{
+    for (size_t i = 0; i < p->n_ready; i++)
+        if (p->ready[i].chan == chan) return (long)i;
+    return -1;
+}
+
+/* m.mu held. A newly ready channel counts as most recently used. */
+static void ready_add(fx_mpmc_producer *p, int64_t chan)
+{
+    if (ready_find(p, chan) >= 0) return;
+    if (!grow((void **)&p->ready, &p->cap_ready, p->n_ready + 1, sizeof *p->ready)) {
+        FX_ERR("mpmc %" PRId64 ": out of memory tracking ready sub-MPSCs", p->m.mpmc);
+        return;
+    }
+    p->ready[p->n_ready++] = (ready_ent){.chan = chan, .used = ++p->clock};
+    if (!ids_has(p->list, p->n_list, chan) &&
+        grow((void **)&p->list, &p->cap_list, p->n_list + 1, sizeof *p->list))
+        p->list[p->n_list++] = chan;
+}
+
+static void ready_remove(fx_mpmc_producer *p, int64_t chan)
+{
+    long i = ready_find(p, chan);
+    if (i < 0) return;
+    p->ready[i] = p->ready[--p->n_ready];
+}
+
+static void ready_watch_cb(void *arg, const fx_watch_update *u)
+{
+    fx_mpmc_producer *p = arg;
+    mpmc_member *m = &p->m;
+    const fx_mq_keys *keys = &m->c->keys;
+    pthread_mutex_lock(&m->mu);
+    if (u->kind == FX_WATCH_SNAPSHOT) {
+        int64_t *ids = u->n_kvs ? calloc(u->n_kvs, sizeof *ids) : NULL;
+        if (u->n_kvs && !ids) {
+            FX_ERR("mpmc %" PRId64 ": out of memory applying a ready snapshot", m->mpmc);
+        } else {
+            size_t n = 0;
+            for (size_t i = 0; i < u->n_kvs; i++) {
+                int64_t mp = -1, id = -1;
+                fx_slice k = {u->kvs[i].key.data, u->kvs[i].key.len};
+                if (fx_mq_parse_ready_key(keys, k, &mp, &id) == FX_OK && mp == m->mpmc)
+                    ids[n++] = id;
+            }
+            for (size_t i = 0; i < p->n_ready;) { /* drop what is no longer ready */
+                if (!ids_has(ids, n, p->ready[i].chan))
+                    p->ready[i] = p->ready[--p->n_ready];
+                else
+                    i++;
+            }
+            if (n > 1) qsort(ids, n, sizeof *ids, cmp_i64); /* equal newcomers: ascending ids */
+            for (size_t i = 0; i < n; i++) ready_add(p, ids[i]);
+            free(ids);
+        }
+    } else {
+        for (size_t i = 0; i < u->n_events; i++) {
+            const fx_event *ev = &u->events[i];
+            int64_t mp = -1, id = -1;
+            fx_slice k = {ev->kv.key.data, ev->kv.key.len};
+            if (fx_mq_parse_ready_key(keys, k, &mp, &id) != FX_OK || mp != m->mpmc) continue;
+            if (ev->type == FX_EV_PUT)
+                ready_add(p, id);
+            else
+                ready_remove(p, id);
+        }
+    }
+    pthread_cond_broadcast(&m->cv);
+    pthread_mutex_unlock(&m->mu);
+    producer_keep_list(p); /* on the watch thread: I/O only for sub-MPSCs not held yet */
+}
+
+/* Read mpsc_channels into the local list (also returns the raw value for a CAS). */
+static fx_err producer_read_list(fx_mpmc_producer *p, bool *present, fx_bytes *raw)
+{
+    mpmc_member *m = &p->m;
+    fx_mq_key lk;
+    fx_err e = fx_mq_key_mpmc_mpsc_channels(&m->c->keys, m->mpmc, &lk);
+    if (e) return e;
+    fx_kv kv = {0};
+    e = fx_etcd_get(m->c->etcd, ks(&lk), &kv, m->c->op_timeout_ms);
+    if (e && e != FX_ENOTFOUND) return e;
+    *present = e == FX_OK;
+    e = FX_OK;
+    int64_t *ids = NULL;
+    size_t n = 0;
+    if (*present) {
+        e = fx_mq_mpsc_list_decode(kv.value.data, kv.value.len, &ids, &n);
+        if (!e && raw) e = bytes_copy(raw, &kv.value);
+        fx_kv_free(&kv);
+        if (e) {
+            free(ids);
+            return e;
+        }
+    }
+    pthread_mutex_lock(&m->mu);
+    /* Append-only: keep the local order, add what is new. */
+    for (size_t i = 0; i < n; i++) {
+        if (ids_has(p->list, p->n_list, ids[i])) continue;
+        if (!grow((void **)&p->list, &p->cap_list, p->n_list + 1, sizeof *p->list)) {
+            e = fx_seterr(FX_ENOMEM, "mpmc: out of memory");
+            break;
+        }
+        p->list[p->n_list++] = ids[i];
+    }
+    p->list_read_ms = fx_now_ms();
+    pthread_mutex_unlock(&m->mu);
+    free(ids);
+    return e;
+}
+
+/* The producer may create only the first sub-MPSC: CAS mpsc_channels absent (or "[]") -> [id].
+ * It never writes a ready key. */
+static fx_err producer_create_first(fx_mpmc_producer *p)
+{
+    mpmc_member *m = &p->m;
+    fx_mq_client *c = m->c;
+    fx_mq_key lk;
+    fx_err e = fx_mq_key_mpmc_mpsc_channels(&c->keys, m->mpmc, &lk);
+    if (e) return e;
+    for (int attempt = 0; attempt < MPMC_CREATE_FIRST_ATTEMPTS; attempt++) {
+        bool present = false;
+        fx_bytes raw = {0};
+        if ((e = producer_read_list(p, &present, &raw))) return e;
+        pthread_mutex_lock(&m->mu);
+        size_t nl = p->n_list;
+        pthread_mutex_unlock(&m->mu);
+        if (nl > 0) {
+            fx_bytes_free(&raw);
+            return FX_OK;
+        }
+        if ((e = member_gate(m))) { /* never create after close or a lease loss */
+            fx_bytes_free(&raw);
+            return e;
+        }
+        fx_mq_chan_cfg cfg = {.capacity = m->meta.capacity, .ttl_s = m->meta.ttl_seconds,
+                              .weight = p->weight};
+        int64_t chan = -1;
+        if ((e = fx__mpsc_create(c, &cfg, &m->parent, &chan))) {
+            fx_bytes_free(&raw);
+            return e;
+        }
+        char *json = NULL;
+        if ((e = fx_mq_mpsc_list_encode(&chan, 1, &json))) {
+            fx_bytes_free(&raw);
+            rollback_unpublished(c, m->mpmc, chan, NULL);
+            return e;
+        }
+        fx_cmp cmp = present ? cmp_value(ks(&lk), (fx_slice){raw.data, raw.len})
+                             : cmp_absent(ks(&lk));
+        fx_op put = op_put(ks(&lk), FX_SLICE_STR(json), m->meta.metadata_lease_id);
+        fx_txn_req t = {.cmp = &cmp, .n_cmp = 1, .success = &put, .n_success = 1};
+        fx_txn_resp r = {0};
+        e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
+        bool won = !e && r.succeeded;
+        fx_txn_resp_free(&r);
+        free(json);
+        fx_bytes_free(&raw);
+        if (e) {
+            /* Ambiguous: a re-read tells (the list is append-only). */
+            saved_err se;
+            save_err(&se, e);
+            bool pr = false;
+            if (producer_read_list(p, &pr, NULL) == FX_OK) {
+                pthread_mutex_lock(&m->mu);
+                bool in = ids_has(p->list, p->n_list, chan);
+                pthread_mutex_unlock(&m->mu);
+                if (in) return FX_OK;
+                rollback_unpublished(c, m->mpmc, chan, NULL);
+            }
+            return restore_err(&se);
+        }
+        if (won) {
+            pthread_mutex_lock(&m->mu);
+            if (!ids_has(p->list, p->n_list, chan) &&
+                grow((void **)&p->list, &p->cap_list, p->n_list + 1, sizeof *p->list))
+                p->list[p->n_list++] = chan;
+            pthread_mutex_unlock(&m->mu);
+            FX_INF("mpmc %" PRId64 ": producer %" PRId64 " created the first sub-MPSC %" PRId64,
+                   m->mpmc, m->member, chan);
+            return FX_OK;
+        }
+        FX_DBG("mpmc %" PRId64 ": producer can only create the first sub-MPSC; using the winner's",
+               m->mpmc);
+        rollback_unpublished(c, m->mpmc, chan, NULL);
+    }
+    return fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": no first sub-MPSC after %d attempts", m->mpmc,
+                     MPMC_CREATE_FIRST_ATTEMPTS);
+}
+
+static int ready_cmp_used(const void *a, const void *b)
+{
+    const ready_ent *x = a, *y = b;
+    return x->used < y->used ? -1 : x->used > y->used;
+}
+
+/* Routing candidates for one pass: ready sub-MPSCs, least recently used first; else the first
+ * unready one (list order); else create the first sub-MPSC. *out malloc'd. */
+static fx_err producer_candidates(fx_mpmc_producer *p, int64_t **out, size_t *n)
+{
+    mpmc_member *m = &p->m;
+    *out = NULL;
+    *n = 0;
+    for (int round = 0; round < 3; round++) {
+        pthread_mutex_lock(&m->mu);
+        if (p->n_ready > 0) {
+            size_t k = p->n_ready;
+            ready_ent *tmp = malloc(k * sizeof *tmp);
+            int64_t *ids = malloc(k * sizeof *ids);
+            if (!tmp || !ids) {
+                pthread_mutex_unlock(&m->mu);
+                free(tmp);
+                free(ids);
+                return fx_seterr(FX_ENOMEM, "mpmc: out of memory");
+            }
+            memcpy(tmp, p->ready, k * sizeof *tmp);
+            pthread_mutex_unlock(&m->mu);
+            qsort(tmp, k, sizeof *tmp, ready_cmp_used);
+            for (size_t i = 0; i < k; i++) ids[i] = tmp[i].chan;
+            free(tmp);
+            *out = ids;
+            *n = k;
+            return FX_OK;
+        }
+        bool stale = p->n_list == 0 || fx_now_ms() - p->list_read_ms > MPMC_LIST_REFRESH_MS;
+        if (round == 0 && stale) {
+            pthread_mutex_unlock(&m->mu);
+            bool present = false;
+            fx_err e = producer_read_list(p, &present, NULL);
+            if (e) return e;
+            producer_keep_list(p);
+            continue;
+        }
+        for (size_t i = 0; i < p->n_list; i++) {
+            if (ready_find(p, p->list[i]) >= 0) continue;
+            int64_t *ids = malloc(sizeof *ids);
+            if (!ids) {
+                pthread_mutex_unlock(&m->mu);
+                return fx_seterr(FX_ENOMEM, "mpmc: out of memory");
+            }
+            ids[0] = p->list[i];
+            pthread_mutex_unlock(&m->mu);
+            *out = ids;
+            *n = 1;
+            return FX_OK;
+        }
+        size_t nl = p->n_list;
+        pthread_mutex_unlock(&m->mu);
+        if (nl == 0) {
+            fx_err e = producer_create_first(p);
+            if (e) return e;
+            producer_keep_list(p);
+        }
+    }
+    return fx_seterr(FX_EPROTO, "mpmc %" PRId64 ": no routing candidate", m->mpmc);
+}
+
+/* The cached sub-producer of chan, bound lazily. */
+static fx_err producer_sub(fx_mpmc_producer *p, int64_t chan, fx_mpsc_producer **out)
+{
+    mpmc_member *m = &p->m;
+    pthread_mutex_lock(&m->mu);
+    for (size_t i = 0; i < p->n_subs; i++)
+        if (p->subs[i].chan == chan) {
+            *out = p->subs[i].p;
+            pthread_mutex_unlock(&m->mu);
+            return FX_OK;
+        }
+    pthread_mutex_unlock(&m->mu);
+    fx_mpsc_producer *sp = NULL;
+    fx_err e = fx__mpsc_producer_open_sub(m->c, chan, p->weight, &m->parent, &sp);
+    if (e) return e;
+    pthread_mutex_lock(&m->mu);
+    if (m->state != ST_OPEN ||
+        !grow((void **)&p->subs, &p->cap_subs, p->n_subs + 1, sizeof *p->subs)) {
+        bool open = m->state == ST_OPEN;
+        pthread_mutex_unlock(&m->mu);
+        fx_mpsc_producer_close(sp);
+        fx_mpsc_producer_free(sp);
+        if (open) return fx_seterr(FX_ENOMEM, "mpmc: out of memory");
+        return member_gate(m);
+    }
+    p->subs[p->n_subs++] = (sub_prod){.chan = chan, .p = sp};
+    pthread_mutex_unlock(&m->mu);
+    FX_DBG("mpmc %" PRId64 ": producer %" PRId64 " bound sub-MPSC %" PRId64, m->mpmc, m->member,
+           chan);
+    *out = sp;
+    return FX_OK;
+}
+
+/* Drop a cached sub-producer that failed by itself (re-bound on its next turn). */
+static void producer_drop_sub(fx_mpmc_producer *p, int64_t chan)
+{
+    mpmc_member *m = &p->m;
+    fx_mpsc_producer *sp = NULL;
+    pthread_mutex_lock(&m->mu);
+    if (m->state == ST_OPEN) { /* else close owns the cache */
+        for (size_t i = 0; i < p->n_subs; i++)
+            if (p->subs[i].chan == chan) {
+                sp = p->subs[i].p;
+                p->subs[i] = p->subs[--p->n_subs];
+                break;
+            }
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (sp) {
+        fx_mpsc_producer_close(sp);
+        fx_mpsc_producer_free(sp);
+    }
+}
+
+static void producer_touch(fx_mpmc_producer *p, int64_t chan)
+{
+    pthread_mutex_lock(&p->m.mu);
+    long i = ready_find(p, chan);
+    if (i >= 0) p->ready[i].used = ++p->clock;
+    pthread_mutex_unlock(&p->m.mu);
+}
+
+/* After a sub-producer failure: the endpoint's own error when it must stop (closed, or one of
+ * its leases expired: then it closes itself), FX_OK when only that sub-producer is affected. */
+static fx_err producer_stop_err(fx_mpmc_producer *p, bool ask_backend)
+{
+    mpmc_member *m = &p->m;
+    int64_t l;
+    if (member_leases_expired(m, &l)) return member_fail_lost(m, l);
+    pthread_mutex_lock(&m->mu);
+    bool open = m->state == ST_OPEN;
+    pthread_mutex_unlock(&m->mu);
+    if (!open) return member_gate(m);
+    if (ask_backend && member_probe_leases(m, &l)) return member_fail_lost(m, l);
+    return FX_OK;
+}
+
+static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, int timeout_ms,
+                         size_t *done, fx_mq_msg_id *ids)
+{
+    mpmc_member *m = &p->m;
+    int64_t deadline = fx_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    int64_t poll = MPMC_FULL_POLL_MIN_MS;
+    fx_err e;
+    for (;;) {
+        if ((e = member_gate(m))) return e;
+        int64_t *cand = NULL;
+        size_t nc = 0;
+        if ((e = producer_candidates(p, &cand, &nc))) {
+            fx_err se = producer_stop_err(p, e == FX_ELEASE_EXPIRED);
+            return se ? se : e;
+        }
+        bool full = false;
+        saved_err last = {0};
+        for (size_t i = 0; i < nc; i++) {
+            if ((e = member_gate(m))) break;
+            fx_mpsc_producer *sp = NULL;
+            e = producer_sub(p, cand[i], &sp);
+            if (e) { /* bind failed: the endpoint's problem, or try the next one */
+                save_err(&last, e);
+                if ((e = producer_stop_err(p, last.e == FX_ELEASE_EXPIRED))) break;
+                FX_DBG("mpmc %" PRId64 ": bind of sub-MPSC %" PRId64 " failed: %s (%s)", m->mpmc,
+                       cand[i], fx_errname(last.e), last.detail);
+                if (last.e == FX_ELEASE_LOST || last.e == FX_ECLOSED) last.e = FX_EUNAVAIL;
+                continue;
+            }
+            size_t k = 0;
+            producer_touch(p, cand[i]);
+            e = fx__mpsc_try_put(sp, values + *done, n - *done, &k, ids ? ids + *done : NULL);
+            *done += k;
+            if (e == FX_OK) break;
+            if (e == FX_EFULL) {
+                full = true;
+                e = FX_OK;
+                continue;
+            }
+            if (e == FX_ELEASE_LOST || e == FX_ECLOSED) {
+                char d[256];
+                snprintf(d, sizeof d, "%s", fx_err_detail());
+                if ((e = producer_stop_err(p, true))) break;
+                /* Not one of the member's leases: this sub-producer only. The endpoint stays
+                 * open (FX_ELEASE_LOST / FX_ECLOSED belong to the endpoint's own state). */
+                FX_WRN("mpmc %" PRId64 ": sub-producer of sub-MPSC %" PRId64 " closed itself (%s);"
+                       " dropping it", m->mpmc, cand[i], d);
+                save_err(&last, fx_seterr(FX_EUNAVAIL, "sub-MPSC %" PRId64 " producer closed "
+                                          "itself: %s", cand[i], d));
+                producer_drop_sub(p, cand[i]);
+                continue;
+            }
+            break; /* another error: returned with the partial count */
+        }
+        free(cand);
+        if (e || *done == n) return e;
+        if (!full && last.e) return restore_err(&last);
+        if (fx_now_ms() >= deadline)
+            return fx_seterr(FX_EFULL, "mpmc %" PRId64 ": every sub-MPSC full until the deadline "
+                             "(%zu of %zu stored)", m->mpmc, *done, n);
+        int64_t left = fx_ms_left(deadline);
+        member_wait(m, poll < left ? poll : left);
+        poll = poll * 2 > MPMC_FULL_POLL_MAX_MS ? MPMC_FULL_POLL_MAX_MS : poll * 2;
+    }
+}
+
+fx_err fx_mpmc_put(fx_mpmc_producer *p, const fx_slice *values, size_t n, int timeout_ms,
+                   size_t *n_put, fx_mq_msg_id *ids)
+{
+    if (n_put) *n_put = 0;
+    if (!p || (n && !values)) return fx_seterr(FX_EINVAL, "mpmc put: bad arguments");
+    pthread_mutex_lock(&p->op_mu);
+    fx_err e = member_gate(&p->m);
+    size_t done = 0;
+    if (!e && n > 0) {
+        if (!(e = fx__mq_op_enter(p->m.c))) {
+            e = put_locked(p, values, n, timeout_ms, &done, ids);
+            fx__mq_op_leave(p->m.c);
+        }
+    }
+    pthread_mutex_unlock(&p->op_mu);
+    if (n_put) *n_put = done;
+    return e;
+}
+
+/* Close pass: close the cached sub-producers (first error returned), stop the watch, delete the
+ * role key, release the handles. */
+static fx_err producer_close_pass(void *self)
+{
+    fx_mpmc_producer *p = self;
+    mpmc_member *m = &p->m;
+    fx_mq_client *c = m->c;
+    int64_t deadline = fx_now_ms() + c->close_timeout_ms;
+    bool have_op = fx__mq_op_enter(c) == FX_OK;
+    saved_err first = {0};
+    /* state is CLOSING: puts neither add nor drop cached subs any more. */
+    pthread_mutex_lock(&m->mu);
+    size_t ns = p->n_subs;
+    fx_mpsc_producer **sps = ns ? malloc(ns * sizeof *sps) : NULL;
+    for (size_t i = 0; sps && i < ns; i++) sps[i] = p->subs[i].p;
+    fx_watch *w = p->watch;
+    p->watch = NULL;
+    pthread_mutex_unlock(&m->mu);
+    for (size_t i = 0; i < ns; i++) {
+        fx_mpsc_producer *sp = sps ? sps[i] : p->subs[i].p;
+        fx_err e = fx_mpsc_producer_close(sp);
+        if (e && e != FX_ECLOSED && e != FX_ELEASE_LOST && !first.e) save_err(&first, e);
+    }
+    free(sps);
+    fx_watch_stop(w);
+    if (p->watch_op) {
+        p->watch_op = false;
+        fx__mq_op_leave(c);
+    }
+    member_close_tail(m, deadline, have_op);
+    if (have_op) fx__mq_op_leave(c);
+    FX_DBG("mpmc %" PRId64 ": producer %" PRId64 " closed", m->mpmc, m->member);
+    return restore_err(&first);
+}
+
+static fx_err producer_close_cb(void *self)
+{
+    fx_mpmc_producer *p = self;
+    return member_close(&p->m, producer_close_pass, p);
+}
+
+fx_err fx_mpmc_producer_close(fx_mpmc_producer *p)
+{
+    if (!p) return fx_seterr(FX_EINVAL, "mpmc producer close: NULL");
+    return producer_close_cb(p);
+}
+
+static void producer_dealloc(fx_mpmc_producer *p)
+{
+    member_wait_users(&p->m);
+    for (size_t i = 0; i < p->n_subs; i++) fx_mpsc_producer_free(p->subs[i].p);
+    free(p->subs);
+    free(p->ready);
+    free(p->list);
+    pthread_mutex_destroy(&p->op_mu);
+    member_destroy(&p->m);
+    free(p);
+}
+
+void fx_mpmc_producer_free(fx_mpmc_producer *p)
+{
+    if (!p) return;
+    fx_mpmc_producer_close(p);
+    producer_dealloc(p);
+}
+
+static fx_err producer_start_watch(fx_mpmc_producer *p)
+{
+    mpmc_member *m = &p->m;
+    fx_mq_client *c = m->c;
+    fx_mq_key rp;
+    fx_err e = fx_mq_prefix_mpmc_ready(&c->keys, m->mpmc, &rp);
+    if (e) return e;
+    uint8_t end[FX_MQ_KEY_CAP];
+    size_t el = fx_prefix_end(ks(&rp), end);
+    if ((e = fx__mq_op_enter(c))) return e; /* held until the watch is stopped */
+    p->watch_op = true;
+    fx_watch_opts o = {.key = ks(&rp), .range_end = {end, el}, .fn = ready_watch_cb, .arg = p};
+    fx_watch *w = NULL;
+    e = fx_watch_start(c->etcd, &o, c->op_timeout_ms, &w);
+    if (e) return e; /* watch_op released by the close pass */
+    pthread_mutex_lock(&m->mu);
+    p->watch = w;
+    pthread_mutex_unlock(&m->mu);
+    return FX_OK;
+}
+
+fx_err fx_mpmc_producer_open(fx_mq_client *c, int64_t mpmc, int64_t weight,
+                             fx_mpmc_producer **out)
+{
+    if (!c || !out || mpmc < 0 || weight < 0)
+        return fx_seterr(FX_EINVAL, "mpmc producer open: bad arguments");
+    *out = NULL;
+    fx_mpmc_producer *p = calloc(1, sizeof *p);
+    if (!p) return fx_seterr(FX_ENOMEM, "mpmc producer: out of memory");
+    p->weight = weight;
+    fx_err e = member_init(&p->m, c, mpmc, FX_MQ_ROLE_PRODUCER, producer_close_cb, p);
+    if (e) {
+        free(p);
+        return e;
+    }
+    if (pthread_mutex_init(&p->op_mu, NULL) != 0) {
+        member_destroy(&p->m);
+        free(p);
+        return fx_seterr(FX_ENOMEM, "mpmc: mutex init");
+    }
+    if ((e = fx__mq_new_op_enter(c))) {
+        pthread_mutex_destroy(&p->op_mu);
+        member_destroy(&p->m);
+        free(p);
+        return e;
+    }
+    if ((e = fx__mq_register(c, &p->m.ep))) {
+        fx__mq_op_leave(c);
+        pthread_mutex_destroy(&p->op_mu);
+        member_destroy(&p->m);
+        free(p);
+        return e;
+    }
+    p->m.registered = true;
+    e = member_attach(&p->m);
+    if (!e) e = member_construct_check(&p->m);
+    if (!e) e = producer_start_watch(p);
+    if (!e) {
+        bool present = false;
+        e = producer_read_list(p, &present, NULL);
+    }
+    if (!e) producer_keep_list(p);
+    e = member_construct_end(&p->m, e);
+    fx__mq_op_leave(c);
+    if (e) {
+        saved_err se;
+        save_err(&se, e);
+        fx_mpmc_producer_close(p);
+        producer_dealloc(p);
+        return restore_err(&se);
+    }
+    *out = p;
+    return FX_OK;
+}
+
+int64_t fx_mpmc_producer_member(const fx_mpmc_producer *p) { return p ? p->m.member : -1; }
