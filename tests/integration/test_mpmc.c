@@ -1,0 +1,863 @@
+/* test_mpmc.c -- the MPMC layer (bridge/mpmc.c) against a real etcd. Channel TTL 3 s, client
+ * min_ttl_s 2, long (id-allocator) lease TTL shortened. Each test uses its own key root, so the
+ * keys it inspects are its own.
+ *
+ * mpmc_resolve_create_bind_idempotent: resolve creates one MPMC (one mpmc id consumed), the
+ *   mapping is unleased, a second resolve returns the same id; two racing resolves agree.
+ * mpmc_resolve_replaces_stale: the MPMC meta gone (metadata lease revoked): resolve maps the name
+ *   to a new MPMC (CAS on the old value).
+ * mpmc_producer_creates_first_only: producers create only the first sub-MPSC and never a ready
+ *   key; a second producer uses it.
+ * mpmc_rotation_lru: 3 consumers create 3 sub-MPSCs; a producer's batches go A,B,C,A,B,C.
+ * mpmc_consumer_claims_unready_first: a consumer claims the producer-created unready sub-MPSC
+ *   and receives what was put before it came.
+ * mpmc_two_consumers_race: two consumers opened at once on a one-sub-MPSC MPMC end with two
+ *   sub-MPSCs and two ready keys, each owned by one of them.
+ * mpmc_not_enough_consumers: no unready sub-MPSC and active consumers <= sub-MPSCs: FX_EEXISTS.
+ * mpmc_close_order_no_keys: close deletes membership, then ready, then role (watch order); no
+ *   ready, role or membership key is left.
+ * mpmc_member_lease_lost: member lease revoked: next call FX_ELEASE_LOST, then FX_ECLOSED
+ *   (producer and consumer); no sub-MPSC is created.
+ * mpmc_payload_lease_lost_fast: the payload lease revoked, a put at once: FX_ELEASE_LOST (found
+ *   by the member, not only by its sub-producer), then FX_ECLOSED; the role key is gone.
+ * mpmc_full_then_close: capacity 2: a put fails FX_EFULL at its deadline; close releases a put
+ *   blocked on a full channel at once.
+ * mpmc_attach_keeps_alive: the creator client leaves; an attach-only producer (another client)
+ *   alone keeps meta, payload, id-allocator and the sub-MPSC's own long lease alive past 2 x TTL
+ *   and the long TTL; a later member binds the sub-MPSC and gets the old message.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "etcd.h"
+#include "fluxon_mq.h"
+#include "fx_log.h"
+#include "keys.h"
+#include "lease_mgr.h"
+#include "meta.h"
+#include "tests/support/fxt.h"
+
+#define OP_MS 3000
+#define TTL 3
+
+static struct {
+    fxt_etcd etcd;
+    fx_etcd *raw;
+    const char *eps[1];
+} G;
+
+#define CHECK(call)                                                                              \
+    do {                                                                                         \
+        fx_err chk_e_ = (call);                                                                  \
+        if (chk_e_ != FX_OK)                                                                     \
+            fail_msg("%s: %s (%s)", #call, fx_errname(chk_e_), fx_err_detail());                 \
+    } while (0)
+
+#define CHECK_ERR(want, call)                                                                    \
+    do {                                                                                         \
+        fx_err chk_e_ = (call);                                                                  \
+        if (chk_e_ != (want))                                                                    \
+            fail_msg("%s: got %s (%s), want %s", #call, fx_errname(chk_e_), fx_err_detail(),     \
+                     fx_errname(want));                                                          \
+    } while (0)
+
+static void nap_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    if (!getenv("FX_LOG_LEVEL")) fx_log_set_level(FX_LOG_ERR);
+    if (fxt_etcd_start(&G.etcd) != 0) return -1;
+    G.eps[0] = G.etcd.endpoint;
+    fx_etcd_opts o = {.endpoints = G.eps, .n_endpoints = 1};
+    if (fx_etcd_new(&o, &G.raw) != FX_OK) {
+        fxt_etcd_destroy(&G.etcd);
+        return -1;
+    }
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    fx_etcd_free(G.raw);
+    fxt_etcd_destroy(&G.etcd);
+    return 0;
+}
+
+/* ---- helpers ---------------------------------------------------------------------------------- */
+
+static fx_mq_client *client_new(const char *root, int64_t long_ttl)
+{
+    fx_mq_client_opts o = {.etcd = {.endpoints = G.eps, .n_endpoints = 1}, .root = root,
+                           .long_lease_ttl_s = long_ttl, .min_ttl_s = 2, .op_timeout_ms = OP_MS,
+                           .close_timeout_ms = 1000};
+    fx_mq_client *c = NULL;
+    CHECK(fx_mq_client_new(&o, &c));
+    return c;
+}
+
+static const fx_mq_chan_cfg CFG = {.capacity = 1000, .ttl_s = TTL, .weight = 1};
+
+static bool raw_get(const char *key, fx_kv *out)
+{
+    fx_kv kv = {0};
+    fx_err e = fx_etcd_get(G.raw, FX_SLICE_STR(key), &kv, OP_MS);
+    if (e != FX_OK && e != FX_ENOTFOUND) fail_msg("get %s: %s", key, fx_errname(e));
+    if (out)
+        *out = kv;
+    else
+        fx_kv_free(&kv);
+    return e == FX_OK;
+}
+
+static int64_t raw_get_int(const char *key)
+{
+    fx_kv kv = {0};
+    if (!raw_get(key, &kv)) return -1;
+    int64_t v = strtoll((const char *)kv.value.data, NULL, 10);
+    fx_kv_free(&kv);
+    return v;
+}
+
+static int64_t raw_count(const char *prefix)
+{
+    uint8_t end[1024];
+    fx_slice p = FX_SLICE_STR(prefix);
+    size_t el = fx_prefix_end(p, end);
+    fx_range_req r = {.key = p, .range_end = {end, el}, .count_only = true};
+    fx_range_resp out = {0};
+    fx_err e = fx_etcd_range(G.raw, &r, &out, OP_MS);
+    if (e != FX_OK) fail_msg("range %s: %s", prefix, fx_errname(e));
+    int64_t n = out.count;
+    fx_range_resp_free(&out);
+    return n;
+}
+
+static void keys_of(const char *root, fx_mq_keys *k) { CHECK(fx_mq_keys_init(k, root)); }
+
+/* The mpsc_channels list (n = 0 when absent); ids into out[cap]. */
+static size_t list_of(const fx_mq_keys *k, int64_t mpmc, int64_t *out, size_t cap)
+{
+    fx_mq_key key;
+    CHECK(fx_mq_key_mpmc_mpsc_channels(k, mpmc, &key));
+    fx_kv kv = {0};
+    if (!raw_get(key.s, &kv)) return 0;
+    int64_t *ids = NULL;
+    size_t n = 0;
+    CHECK(fx_mq_mpsc_list_decode(kv.value.data, kv.value.len, &ids, &n));
+    fx_kv_free(&kv);
+    for (size_t i = 0; i < n && i < cap; i++) out[i] = ids[i];
+    free(ids);
+    return n;
+}
+
+/* Value of the ready key of (mpmc, chan): the owner member id, or -1 when absent. */
+static int64_t ready_owner(const fx_mq_keys *k, int64_t mpmc, int64_t chan)
+{
+    fx_mq_key key;
+    CHECK(fx_mq_key_mpmc_ready(k, mpmc, chan, &key));
+    return raw_get_int(key.s);
+}
+
+static int64_t count_ready(const fx_mq_keys *k, int64_t mpmc)
+{
+    fx_mq_key p;
+    CHECK(fx_mq_prefix_mpmc_ready(k, mpmc, &p));
+    return raw_count(p.s);
+}
+
+static int64_t count_role(const fx_mq_keys *k, fx_mq_role r, int64_t mpmc)
+{
+    fx_mq_key p;
+    CHECK(fx_mq_prefix_mpmc_role(k, r, mpmc, &p));
+    return raw_count(p.s);
+}
+
+static fx_mq_msg_id put_one(fx_mpmc_producer *p, const char *text)
+{
+    fx_slice v = FX_SLICE_STR(text);
+    fx_mq_msg_id id = {-1, -1, -1};
+    size_t n = 0;
+    CHECK(fx_mpmc_put(p, &v, 1, 2000, &n, &id));
+    assert_int_equal(n, 1);
+    return id;
+}
+
+/* Get exactly `want` messages (acking them) within a deadline; returns how many were got. */
+static size_t drain(fx_mpmc_consumer *c, size_t want, int timeout_ms)
+{
+    size_t got = 0;
+    int64_t deadline = fxt_now_ms() + timeout_ms;
+    while (got < want && fxt_now_ms() < deadline) {
+        fx_mq_delivery d[16];
+        size_t n = 0;
+        fx_err e = fx_mpmc_get(c, d, 16, &n, 200);
+        if (e == FX_ETIMEDOUT) continue;
+        if (e != FX_OK) fail_msg("get: %s (%s)", fx_errname(e), fx_err_detail());
+        for (size_t i = 0; i < n; i++) {
+            assert_int_equal(d[i].id.chan, fx_mpmc_consumer_chan(c));
+            CHECK(fx_mpmc_ack(c, &d[i].id, 1));
+            fx_mq_delivery_free(&d[i]);
+        }
+        got += n;
+    }
+    return got;
+}
+
+static int64_t lease_of_key(const char *key)
+{
+    fx_kv kv = {0};
+    if (!raw_get(key, &kv)) fail_msg("key %s absent", key);
+    int64_t l = kv.lease;
+    fx_kv_free(&kv);
+    return l;
+}
+
+/* ---- tests ------------------------------------------------------------------------------------ */
+
+typedef struct resolve_arg {
+    fx_mq_client *c;
+    const char *name;
+    pthread_barrier_t *bar;
+    int64_t id;
+    fx_err e;
+} resolve_arg;
+
+static void *resolve_thread(void *arg)
+{
+    resolve_arg *a = arg;
+    pthread_barrier_wait(a->bar);
+    a->e = fx_mpmc_resolve(a->c, a->name, &CFG, &a->id);
+    return NULL;
+}
+
+static void mpmc_resolve_create_bind_idempotent(void **state)
+{
+    (void)state;
+    const char *root = "/t_resolve";
+    fx_mq_client *c = client_new(root, 6);
+    fx_mq_keys k;
+    keys_of(root, &k);
+    fx_mq_key ck, uk;
+    CHECK(fx_mq_key_alloc_mpmc_ids(&k, &ck));
+    int64_t before = raw_get_int(ck.s);
+
+    int64_t id1 = -1, id2 = -1;
+    CHECK(fx_mpmc_resolve(c, "orders", &CFG, &id1));
+    assert_true(id1 >= 1);
+    assert_int_equal(raw_get_int(ck.s), (before < 0 ? 0 : before) + 1); /* one id per creation */
+    CHECK(fx_mq_key_unique(&k, "orders", &uk));
+    assert_int_equal(raw_get_int(uk.s), id1);
+    assert_int_equal(lease_of_key(uk.s), 0); /* the mapping is unleased */
+    fx_mq_key mk;
+    CHECK(fx_mq_key_mpmc_meta(&k, id1, &mk));
+    fx_kv kv = {0};
+    assert_true(raw_get(mk.s, &kv));
+    fx_mq_mpmc_meta meta;
+    CHECK(fx_mq_mpmc_meta_decode(kv.value.data, kv.value.len, &meta));
+    assert_int_equal(kv.lease, meta.metadata_lease_id);
+    assert_int_equal(meta.ttl_seconds, TTL);
+    assert_int_equal(meta.capacity, CFG.capacity);
+    fx_kv_free(&kv);
+    fx_mq_key nk;
+    CHECK(fx_mq_key_mpmc_next_channel_id(&k, id1, &nk));
+    assert_int_equal(raw_get_int(nk.s), 0);
+
+    CHECK(fx_mpmc_resolve(c, "orders", NULL, &id2)); /* bind: cfg not needed */
+    assert_int_equal(id2, id1);
+    assert_int_equal(raw_get_int(ck.s), (before < 0 ? 0 : before) + 1);
+
+    /* Two racing resolves of a new name agree. */
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, 2);
+    resolve_arg a[2] = {{c, "race", &bar, -1, FX_OK}, {c, "race", &bar, -1, FX_OK}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, resolve_thread, &a[i]);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&bar);
+    CHECK(a[0].e);
+    CHECK(a[1].e);
+    assert_int_equal(a[0].id, a[1].id);
+    assert_int_not_equal(a[0].id, id1);
+
+    CHECK_ERR(FX_EINVAL, fx_mpmc_resolve(c, "bad/name", &CFG, &id2));
+    fx_mq_client_free(c);
+}
+
+static void mpmc_resolve_replaces_stale(void **state)
+{
+    (void)state;
+    const char *root = "/t_stale";
+    fx_mq_client *c = client_new(root, 6);
+    fx_mq_keys k;
+    keys_of(root, &k);
+    int64_t id1 = -1, id2 = -1;
+    CHECK(fx_mpmc_resolve(c, "stale", &CFG, &id1));
+    fx_mq_key mk, uk;
+    CHECK(fx_mq_key_mpmc_meta(&k, id1, &mk));
+    CHECK(fx_mq_key_unique(&k, "stale", &uk));
+    CHECK(fx_etcd_lease_revoke(G.raw, lease_of_key(mk.s), OP_MS));
+    assert_false(raw_get(mk.s, NULL));
+    /* An open on the gone MPMC fails clearly. */
+    fx_mpmc_producer *p = NULL;
+    CHECK_ERR(FX_ENOTFOUND, fx_mpmc_producer_open(c, id1, 0, &p));
+    CHECK(fx_mpmc_resolve(c, "stale", &CFG, &id2));
+    assert_int_not_equal(id2, id1);
+    assert_int_equal(raw_get_int(uk.s), id2);
+    CHECK(fx_mpmc_producer_open(c, id2, 0, &p));
+    fx_mpmc_producer_free(p);
+    fx_mq_client_free(c);
+}
+
+static void mpmc_producer_creates_first_only(void **state)
+{
+    (void)state;
+    const char *root = "/t_first";
+    fx_mq_client *c = client_new(root, 6);
+    fx_mq_keys k;
+    keys_of(root, &k);
+    int64_t mpmc = -1;
+    CHECK(fx_mpmc_resolve(c, "first", &CFG, &mpmc));
+    fx_mpmc_producer *p1 = NULL, *p2 = NULL;
+    CHECK(fx_mpmc_producer_open(c, mpmc, 0, &p1));
+    CHECK(fx_mpmc_producer_open(c, mpmc, 0, &p2));
+    assert_int_not_equal(fx_mpmc_producer_member(p1), fx_mpmc_producer_member(p2));
+    assert_int_equal(count_role(&k, FX_MQ_ROLE_PRODUCER, mpmc), 2);
+    int64_t list[8];
+    assert_int_equal(list_of(&k, mpmc, list, 8), 0);
+    fx_mq_msg_id a = put_one(p1, "a");
+    assert_int_equal(list_of(&k, mpmc, list, 8), 1);
+    assert_int_equal(a.chan, list[0]);
+    assert_int_equal(a.pidx, fx_mpmc_producer_member(p1)); /* sub-producer idx = member id */
+    fx_mq_msg_id b = put_one(p2, "b");
+    assert_int_equal(b.chan, list[0]);
+    for (int i = 0; i < 5; i++) put_one(p1, "x");
+    assert_int_equal(list_of(&k, mpmc, list, 8), 1);
+    assert_int_equal(count_ready(&k, mpmc), 0); /* producers never write ready keys */
+    CHECK(fx_mpmc_producer_close(p1));
+    CHECK(fx_mpmc_producer_close(p2));
+    assert_int_equal(count_role(&k, FX_MQ_ROLE_PRODUCER, mpmc), 0);
+    fx_mpmc_producer_free(p1);
+    fx_mpmc_producer_free(p2);
+    fx_mq_client_free(c);
+}
+
+static void mpmc_rotation_lru(void **state)
+{
+    (void)state;
+    const char *root = "/t_lru";
+    fx_mq_client *c = client_new(root, 6);
+    fx_mq_keys k;
+    keys_of(root, &k);
+    int64_t mpmc = -1;
+    CHECK(fx_mpmc_resolve(c, "lru", &CFG, &mpmc));
+    fx_mpmc_consumer *cs[3];
+    for (int i = 0; i < 3; i++) CHECK(fx_mpmc_consumer_open(c, mpmc, &cs[i]));
+    int64_t list[8];
+    assert_int_equal(list_of(&k, mpmc, list, 8), 3);
+    assert_int_equal(count_ready(&k, mpmc), 3);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(fx_mpmc_consumer_chan(cs[i]), list[i]);
+        assert_int_equal(ready_owner(&k, mpmc, list[i]), fx_mpmc_consumer_member(cs[i]));
+    }
+    int64_t sorted[3] = {list[0], list[1], list[2]};
+    for (int i = 0; i < 3; i++)
+        for (int j = i + 1; j < 3; j++)
+            if (sorted[j] < sorted[i]) {
+                int64_t t = sorted[i];
+                sorted[i] = sorted[j];
+                sorted[j] = t;
+            }
+    fx_mpmc_producer *p = NULL;
+    CHECK(fx_mpmc_producer_open(c, mpmc, 0, &p));
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < 3; i++) {
+            fx_mq_msg_id id = put_one(p, "m");
+            assert_int_equal(id.chan, sorted[i]);
+        }
+    /* A batch goes to one sub-MPSC. */
+    fx_slice vs[4] = {FX_SLICE_STR("1"), FX_SLICE_STR("2"), FX_SLICE_STR("3"), FX_SLICE_STR("4")};
+    fx_mq_msg_id ids[4];
+    size_t n = 0;
+    CHECK(fx_mpmc_put(p, vs, 4, 2000, &n, ids));
+    assert_int_equal(n, 4);
+    for (int i = 0; i < 4; i++) assert_int_equal(ids[i].chan, sorted[0]);
+    for (int i = 0; i < 3; i++) {
+        size_t want = fx_mpmc_consumer_chan(cs[i]) == sorted[0] ? 7 : 3;
+        assert_int_equal(drain(cs[i], want, 5000), want);
+    }
+    CHECK(fx_mpmc_producer_close(p));
+    fx_mpmc_producer_free(p);
+    for (int i = 0; i < 3; i++) fx_mpmc_consumer_free(cs[i]);
+    assert_int_equal(count_ready(&k, mpmc), 0);
+    fx_mq_client_free(c);
+}
+
+static void mpmc_consumer_claims_unready_first(void **state)
+{
+    (void)state;
+    const char *root = "/t_claim";
+    fx_mq_client *c = client_new(root, 6);
+    fx_mq_keys k;
+    keys_of(root, &k);
+    int64_t mpmc = -1;
+    CHECK(fx_mpmc_resolve(c, "claim", &CFG, &mpmc));
+    fx_mpmc_producer *p = NULL;
+    CHECK(fx_mpmc_producer_open(c, mpmc, 0, &p));
+    for (int i = 0; i < 5; i++) put_one(p, "before");
+    int64_t list[8];
+    assert_int_equal(list_of(&k, mpmc, list, 8), 1);
+    fx_mpmc_consumer *cs = NULL;
+    CHECK(fx_mpmc_consumer_open(c, mpmc, &cs));
+    assert_int_equal(fx_mpmc_consumer_chan(cs), list[0]);
+    assert_int_equal(list_of(&k, mpmc, list, 8), 1); /* claimed, not created */
+    assert_int_equal(ready_owner(&k, mpmc, list[0]), fx_mpmc_consumer_member(cs));
+    assert_int_equal(drain(cs, 5, 5000), 5);
+    /* The producer learns the ready key by watch and keeps routing there. */
+    for (int i = 0; i < 3; i++) assert_int_equal(put_one(p, "after").chan, list[0]);
+    assert_int_equal(drain(cs, 3, 5000), 3);
+    CHECK(fx_mpmc_flush(cs, 3000));
+    fx_mpmc_consumer_free(cs);
+    fx_mpmc_producer_free(p);
+    fx_mq_client_free(c);
+}
+
+typedef struct open_arg {
+    fx_mq_client *c;
+    int64_t mpmc;
+    pthread_barrier_t *bar;
+    fx_mpmc_consumer *cs;
+    fx_err e;
+} open_arg;
+
+static void *open_thread(void *arg)
+{
+    open_arg *a = arg;
+    pthread_barrier_wait(a->bar);
+    a->e = fx_mpmc_consumer_open(a->c, a->mpmc, &a->cs);
+    return NULL;
+}
+
+static void mpmc_two_consumers_race(void **state)
+{
+    (void)state;
+    const char *root = "/t_race";
+    fx_mq_client *c = client_new(root, 6);
+    fx_mq_keys k;
+    keys_of(root, &k);
+    for (int round = 0; round < 2; round++) {
+        char name[32];
+        snprintf(name, sizeof name, "race%d", round);
+        int64_t mpmc = -1;
+        CHECK(fx_mpmc_resolve(c, name, &CFG, &mpmc));
+        fx_mpmc_producer *p = NULL;
+        CHECK(fx_mpmc_producer_open(c, mpmc, 0, &p));
+        put_one(p, "x"); /* one sub-MPSC, unready */
+        pthread_barrier_t bar;
+        pthread_barrier_init(&bar, NULL, 2);
+        open_arg a[2] = {{c, mpmc, &bar, NULL, FX_OK}, {c, mpmc, &bar, NULL, FX_OK}};
+        pthread_t th[2];
+        for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, open_thread, &a[i]);
+        for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+        pthread_barrier_destroy(&bar);
+        CHECK(a[0].e);
+        CHECK(a[1].e);
+        int64_t list[8];
+        assert_int_equal(list_of(&k, mpmc, list, 8), 2);
+        assert_int_equal(count_ready(&k, mpmc), 2);
+        int64_t c0 = fx_mpmc_consumer_chan(a[0].cs), c1 = fx_mpmc_consumer_chan(a[1].cs);
+        assert_int_not_equal(c0, c1);
+        assert_true(c0 == list[0] || c0 == list[1]);
+        assert_true(c1 == list[0] || c1 == list[1]);
+        assert_int_equal(ready_owner(&k, mpmc, c0), fx_mpmc_consumer_member(a[0].cs));
+        assert_int_equal(ready_owner(&k, mpmc, c1), fx_mpmc_consumer_member(a[1].cs));
+        for (int i = 0; i < 2; i++) fx_mpmc_consumer_free(a[i].cs);
+        fx_mpmc_producer_free(p);
+    }
+    fx_mq_client_free(c);
+}
+
+static void mpmc_not_enough_consumers(void **state)
+{
+    (void)state;
+    const char *root = "/t_enough";
+    fx_mq_client *c = client_new(root, 6);
+    fx_mq_keys k;
+    keys_of(root, &k);
+    int64_t mpmc = -1;
+    CHECK(fx_mpmc_resolve(c, "enough", &CFG, &mpmc));
+    fx_mpmc_consumer *c1 = NULL, *c2 = NULL;
+    CHECK(fx_mpmc_consumer_open(c, mpmc, &c1));
+    int64_t list[8];
+    assert_int_equal(list_of(&k, mpmc, list, 8), 1);
+    /* A second, ready sub-MPSC owned by somebody else (injected by hand): 2 sub-MPSCs, none
+     * unready; with c2 there are 2 active consumers, not more. */
+    int64_t ids[2] = {list[0], 999999};
+    char *json = NULL;
+    CHECK(fx_mq_mpsc_list_encode(ids, 2, &json));
+    fx_mq_key lk, rk;
+    CHECK(fx_mq_key_mpmc_mpsc_channels(&k, mpmc, &lk));
+    CHECK(fx_mq_key_mpmc_ready(&k, mpmc, 999999, &rk));
+    fx_put_req pr = {.key = fx_mq_key_slice(&lk), .value = FX_SLICE_STR(json),
+                     .lease = lease_of_key(lk.s)};
+    CHECK(fx_etcd_put(G.raw, &pr, NULL, OP_MS));
+    free(json);
+    fx_put_req rr = {.key = fx_mq_key_slice(&rk), .value = FX_SLICE_STR("424242")};
+    CHECK(fx_etcd_put(G.raw, &rr, NULL, OP_MS));
+    CHECK_ERR(FX_EEXISTS, fx_mpmc_consumer_open(c, mpmc, &c2));
+    assert_null(c2);
+    assert_int_equal(count_role(&k, FX_MQ_ROLE_CONSUMER, mpmc), 1); /* the failed one cleaned up */
+    fx_del_req d = {.key = fx_mq_key_slice(&rk)};
+    CHECK(fx_etcd_delete(G.raw, &d, NULL, OP_MS));
+    fx_mpmc_consumer_free(c1);
+    fx_mq_client_free(c);
+}
+
+/* Records DELETE events of a prefix in order. */
+typedef struct del_log {
+    pthread_mutex_t mu;
+    char keys[64][256];
+    int n;
+} del_log;
+
+static void del_log_cb(void *arg, const fx_watch_update *u)
+{
+    del_log *l = arg;
+    if (u->kind != FX_WATCH_EVENTS) return;
+    pthread_mutex_lock(&l->mu);
+    for (size_t i = 0; i < u->n_events && l->n < 64; i++)
+        if (u->events[i].type == FX_EV_DELETE)
+            snprintf(l->keys[l->n++], 256, "%.*s", (int)u->events[i].kv.key.len,
+                     (const char *)u->events[i].kv.key.data);
+    pthread_mutex_unlock(&l->mu);
+}
+
+static int del_index(del_log *l, const char *key)
+{
+    pthread_mutex_lock(&l->mu);
+    int r = -1;
+    for (int i = 0; i < l->n; i++)
+        if (strcmp(l->keys[i], key) == 0) {
+            r = i;
+            break;
+        }
+    pthread_mutex_unlock(&l->mu);
+    return r;
+}
+
+typedef struct three_keys {
+    del_log *l;
+    const char *a, *b, *c;
+} three_keys;
+
+static bool all_deleted(void *arg)
+{
+    three_keys *t = arg;
+    return del_index(t->l, t->a) >= 0 && del_index(t->l, t->b) >= 0 && del_index(t->l, t->c) >= 0;
+}
+
+static void mpmc_close_order_no_keys(void **state)
+{
+    (void)state;
+    const char *root = "/t_order";
+    fx_mq_client *c = client_new(root, 6);
+    fx_mq_keys k;
+    keys_of(root, &k);
+    int64_t mpmc = -1;
+    CHECK(fx_mpmc_resolve(c, "order", &CFG, &mpmc));
+    fx_mpmc_consumer *cs = NULL;
+    fx_mpmc_producer *p = NULL;
+    CHECK(fx_mpmc_consumer_open(c, mpmc, &cs));
+    CHECK(fx_mpmc_producer_open(c, mpmc, 0, &p));
+    int64_t chan = fx_mpmc_consumer_chan(cs);
+    for (int i = 0; i < 3; i++) assert_int_equal(put_one(p, "m").chan, chan);
+    assert_int_equal(drain(cs, 3, 5000), 3);
+    CHECK(fx_mpmc_flush(cs, 3000));
+
+    del_log l = {.n = 0};
+    pthread_mutex_init(&l.mu, NULL);
+    fx_slice rp = FX_SLICE_STR(root);
+    uint8_t end[256];
+    size_t el = fx_prefix_end(rp, end);
+    fx_watch_opts wo = {.key = rp, .range_end = {end, el}, .fn = del_log_cb, .arg = &l};
+    fx_watch *w = NULL;
+    CHECK(fx_watch_start(G.raw, &wo, OP_MS, &w));
+
+    fx_mq_key pre, ready, role;
+    CHECK(fx_mq_prefix_consumer_members(&k, chan, &pre));
+    fx_range_req rq = {.key = fx_mq_key_slice(&pre), .range_end = {end, 0}};
+    uint8_t pend[FX_MQ_KEY_CAP];
+    rq.range_end = (fx_slice){pend, fx_prefix_end(fx_mq_key_slice(&pre), pend)};
+    fx_range_resp rr = {0};
+    CHECK(fx_etcd_range(G.raw, &rq, &rr, OP_MS));
+    assert_int_equal(rr.n_kvs, 1);
+    char member_key[256];
+    snprintf(member_key, sizeof member_key, "%.*s", (int)rr.kvs[0].key.len,
+             (const char *)rr.kvs[0].key.data);
+    fx_range_resp_free(&rr);
+    CHECK(fx_mq_key_mpmc_ready(&k, mpmc, chan, &ready));
+    CHECK(fx_mq_key_mpmc_role(&k, FX_MQ_ROLE_CONSUMER, mpmc, fx_mpmc_consumer_member(cs), &role));
+    assert_int_equal(lease_of_key(member_key), lease_of_key(ready.s)); /* one member lease */
+    assert_int_equal(lease_of_key(role.s), lease_of_key(ready.s));
+
+    CHECK(fx_mpmc_consumer_close(cs));
+    CHECK(fx_mpmc_consumer_close(cs)); /* idempotent */
+    CHECK(fx_mpmc_producer_close(p));
+    three_keys t = {&l, member_key, ready.s, role.s};
+    assert_true(fxt_wait_until(all_deleted, &t, 3000));
+    int im = del_index(&l, member_key), ir = del_index(&l, ready.s), io = del_index(&l, role.s);
+    assert_true(im < ir);
+    assert_true(ir < io);
+    fx_watch_stop(w);
+    pthread_mutex_destroy(&l.mu);
+
+    assert_int_equal(count_ready(&k, mpmc), 0);
+    assert_int_equal(count_role(&k, FX_MQ_ROLE_CONSUMER, mpmc), 0);
+    assert_int_equal(count_role(&k, FX_MQ_ROLE_PRODUCER, mpmc), 0);
+    assert_int_equal(raw_count(pre.s), 0);
+    CHECK(fx_mq_prefix_producer_members(&k, chan, &pre));
+    assert_int_equal(raw_count(pre.s), 0);
+    CHECK_ERR(FX_ECLOSED, fx_mpmc_put(p, NULL, 0, 0, NULL, NULL));
+    size_t n = 0;
+    fx_mq_delivery d;
+    CHECK_ERR(FX_ECLOSED, fx_mpmc_get(cs, &d, 1, &n, 0));
+    fx_mpmc_consumer_free(cs);
+    fx_mpmc_producer_free(p);
+    fx_mq_client_free(c);
+}
+
+typedef struct expiry_wait {
+    fx_mq_client *c;
+    uint64_t before;
+} expiry_wait;
+
+static bool expiry_seen(void *arg)
+{
+    expiry_wait *w = arg;
+    fx_lease_mgr_stats st;
+    fx_lease_mgr_get_stats(fx_mq_client_leases(w->c), &st);
+    return st.expired > w->before;
+}
+
+static void mpmc_member_lease_lost(void **state)
+{
+    (void)state;
+    const char *root = "/t_lost";
+    fx_mq_client *c = client_new(root, 6);
+    fx_mq_keys k;
+    keys_of(root, &k);
+    int64_t mpmc = -1;
+    CHECK(fx_mpmc_resolve(c, "lost", &CFG, &mpmc));
+    fx_mpmc_producer *p = NULL;
+    CHECK(fx_mpmc_producer_open(c, mpmc, 0, &p));
+    put_one(p, "a");
+    int64_t list[8];
+    assert_int_equal(list_of(&k, mpmc, list, 8), 1);
+    fx_mpmc_consumer *cs = NULL;
+    CHECK(fx_mpmc_consumer_open(c, mpmc, &cs));
+
+    /* Producer. */
+    fx_mq_key role;
+    CHECK(fx_mq_key_mpmc_role(&k, FX_MQ_ROLE_PRODUCER, mpmc, fx_mpmc_producer_member(p), &role));
+    expiry_wait ew = {c, 0};
+    fx_lease_mgr_stats st;
+    fx_lease_mgr_get_stats(fx_mq_client_leases(c), &st);
+    ew.before = st.expired;
+    CHECK(fx_etcd_lease_revoke(G.raw, lease_of_key(role.s), OP_MS));
+    assert_true(fxt_wait_until(expiry_seen, &ew, 4000));
+    fx_slice v = FX_SLICE_STR("b");
+    size_t n = 9;
+    CHECK_ERR(FX_ELEASE_LOST, fx_mpmc_put(p, &v, 1, 1000, &n, NULL));
+    assert_int_equal(n, 0);
+    CHECK_ERR(FX_ECLOSED, fx_mpmc_put(p, &v, 1, 1000, &n, NULL));
+    assert_int_equal(list_of(&k, mpmc, list, 8), 1); /* nothing created */
+    CHECK(fx_mpmc_producer_close(p));
+    fx_mpmc_producer_free(p);
+
+    /* Consumer. */
+    CHECK(fx_mq_key_mpmc_role(&k, FX_MQ_ROLE_CONSUMER, mpmc, fx_mpmc_consumer_member(cs), &role));
+    fx_lease_mgr_get_stats(fx_mq_client_leases(c), &st);
+    ew.before = st.expired;
+    CHECK(fx_etcd_lease_revoke(G.raw, lease_of_key(role.s), OP_MS));
+    assert_true(fxt_wait_until(expiry_seen, &ew, 4000));
+    fx_mq_delivery d[4];
+    CHECK_ERR(FX_ELEASE_LOST, fx_mpmc_get(cs, d, 4, &n, 500));
+    CHECK_ERR(FX_ECLOSED, fx_mpmc_get(cs, d, 4, &n, 500));
+    fx_mpmc_consumer_free(cs);
+    assert_int_equal(count_role(&k, FX_MQ_ROLE_CONSUMER, mpmc), 0);
+    assert_int_equal(count_ready(&k, mpmc), 0);
+    fx_mq_client_free(c);
+}
+
+/* The payload lease revoked and a put right away (before any keepalive noticed): the
+ * sub-producer's write fails, the member finds its own lease gone and closes. */
+static void mpmc_payload_lease_lost_fast(void **state)
+{
+    (void)state;
+    const char *root = "/t_plost";
+    fx_mq_client *c = client_new(root, 6);
+    fx_mq_keys k;
+    keys_of(root, &k);
+    int64_t mpmc = -1;
+    CHECK(fx_mpmc_resolve(c, "plost", &CFG, &mpmc));
+    fx_mpmc_producer *p = NULL;
+    CHECK(fx_mpmc_producer_open(c, mpmc, 0, &p));
+    put_one(p, "a");
+    fx_mq_key mk;
+    CHECK(fx_mq_key_mpmc_meta(&k, mpmc, &mk));
+    fx_kv kv = {0};
+    assert_true(raw_get(mk.s, &kv));
+    fx_mq_mpmc_meta meta;
+    CHECK(fx_mq_mpmc_meta_decode(kv.value.data, kv.value.len, &meta));
+    fx_kv_free(&kv);
+    CHECK(fx_etcd_lease_revoke(G.raw, meta.payload_lease_id, OP_MS));
+    fx_slice v = FX_SLICE_STR("b");
+    size_t n = 9;
+    CHECK_ERR(FX_ELEASE_LOST, fx_mpmc_put(p, &v, 1, 1000, &n, NULL));
+    assert_int_equal(n, 0);
+    CHECK_ERR(FX_ECLOSED, fx_mpmc_put(p, &v, 1, 1000, &n, NULL));
+    assert_int_equal(count_role(&k, FX_MQ_ROLE_PRODUCER, mpmc), 0); /* closed itself */
+    fx_mpmc_producer_free(p);
+    fx_mq_client_free(c);
+}
+
+typedef struct put_arg {
+    fx_mpmc_producer *p;
+    fx_err e;
+    int64_t ms;
+} put_arg;
+
+static void *blocked_put(void *arg)
+{
+    put_arg *a = arg;
+    fx_slice v = FX_SLICE_STR("blocked");
+    int64_t t0 = fxt_now_ms();
+    a->e = fx_mpmc_put(a->p, &v, 1, 20000, NULL, NULL);
+    a->ms = fxt_now_ms() - t0;
+    return NULL;
+}
+
+static void mpmc_full_then_close(void **state)
+{
+    (void)state;
+    const char *root = "/t_full";
+    fx_mq_client *c = client_new(root, 6);
+    int64_t mpmc = -1;
+    fx_mq_chan_cfg cfg = {.capacity = 2, .ttl_s = TTL};
+    CHECK(fx_mpmc_resolve(c, "full", &cfg, &mpmc));
+    fx_mpmc_producer *p = NULL;
+    CHECK(fx_mpmc_producer_open(c, mpmc, 0, &p));
+    fx_slice vs[3] = {FX_SLICE_STR("1"), FX_SLICE_STR("2"), FX_SLICE_STR("3")};
+    size_t n = 0;
+    int64_t t0 = fxt_now_ms();
+    CHECK_ERR(FX_EFULL, fx_mpmc_put(p, vs, 3, 300, &n, NULL)); /* partial batch */
+    int64_t took = fxt_now_ms() - t0;
+    assert_int_equal(n, 2);
+    assert_true(took >= 250);
+    assert_true(took < 3000);
+    put_arg a = {p, FX_OK, 0};
+    pthread_t th;
+    pthread_create(&th, NULL, blocked_put, &a);
+    nap_ms(400);
+    int64_t c0 = fxt_now_ms();
+    CHECK(fx_mpmc_producer_close(p));
+    pthread_join(th, NULL);
+    assert_true(fxt_now_ms() - c0 < 2000);
+    assert_int_equal(a.e, FX_ECLOSED);
+    assert_true(a.ms < 5000);
+    fx_mpmc_producer_free(p);
+    fx_mq_client_free(c);
+}
+
+static void mpmc_attach_keeps_alive(void **state)
+{
+    (void)state;
+    const char *root = "/t_alive";
+    fx_mq_client *ca = client_new(root, 4), *cb = client_new(root, 4);
+    fx_mq_keys k;
+    keys_of(root, &k);
+    int64_t mpmc = -1;
+    CHECK(fx_mpmc_resolve(ca, "alive", &CFG, &mpmc));
+    fx_mpmc_producer *p = NULL, *pb = NULL;
+    CHECK(fx_mpmc_producer_open(ca, mpmc, 0, &p));
+    fx_mq_msg_id id = put_one(p, "kept");
+    CHECK(fx_mpmc_producer_open(cb, mpmc, 0, &pb)); /* attach only: never puts */
+    fx_mq_key mk, gk;
+    CHECK(fx_mq_key_mpmc_meta(&k, mpmc, &mk));
+    CHECK(fx_mq_key_chan_meta(&k, id.chan, &gk));
+    fx_kv kv = {0};
+    assert_true(raw_get(mk.s, &kv));
+    fx_mq_mpmc_meta meta;
+    CHECK(fx_mq_mpmc_meta_decode(kv.value.data, kv.value.len, &meta));
+    fx_kv_free(&kv);
+    assert_true(raw_get(gk.s, &kv));
+    fx_mq_chan_meta cm;
+    CHECK(fx_mq_chan_meta_decode(kv.value.data, kv.value.len, &cm));
+    fx_kv_free(&kv);
+    /* The creator leaves completely. */
+    fx_mpmc_producer_free(p);
+    fx_mq_client_free(ca);
+    nap_ms(2 * TTL * 1000 + 1500); /* > 2 x TTL and > the long TTL (4 s) */
+    assert_true(raw_get(mk.s, NULL));
+    int64_t ttl = -1;
+    CHECK(fx_etcd_lease_timetolive(G.raw, meta.id_allocator_cluster_lease_id, &ttl, NULL, OP_MS));
+    assert_true(ttl > 0);
+    CHECK(fx_etcd_lease_timetolive(G.raw, meta.payload_lease_id, &ttl, NULL, OP_MS));
+    assert_true(ttl > 0);
+    /* The sub-MPSC's own id-allocator lease too: a later member can still bind it. */
+    CHECK(fx_etcd_lease_timetolive(G.raw, cm.global_long_lease_id, &ttl, NULL, OP_MS));
+    assert_true(ttl > 0);
+    fx_mq_client *cc = client_new(root, 4);
+    int64_t again = -1;
+    CHECK(fx_mpmc_resolve(cc, "alive", NULL, &again));
+    assert_int_equal(again, mpmc);
+    fx_mpmc_producer *pc = NULL;
+    CHECK(fx_mpmc_producer_open(cc, mpmc, 0, &pc));
+    assert_int_equal(put_one(pc, "later").chan, id.chan);
+    fx_mpmc_consumer *cs = NULL;
+    CHECK(fx_mpmc_consumer_open(cc, mpmc, &cs));
+    assert_int_equal(drain(cs, 2, 5000), 2);
+    fx_mpmc_consumer_free(cs);
+    fx_mpmc_producer_free(pc);
+    fx_mpmc_producer_free(pb);
+    fx_mq_client_free(cc);
+    fx_mq_client_free(cb);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(mpmc_resolve_create_bind_idempotent),
+        cmocka_unit_test(mpmc_resolve_replaces_stale),
+        cmocka_unit_test(mpmc_producer_creates_first_only),
+        cmocka_unit_test(mpmc_rotation_lru),
+        cmocka_unit_test(mpmc_consumer_claims_unready_first),
+        cmocka_unit_test(mpmc_two_consumers_race),
+        cmocka_unit_test(mpmc_not_enough_consumers),
+        cmocka_unit_test(mpmc_close_order_no_keys),
+        cmocka_unit_test(mpmc_member_lease_lost),
+        cmocka_unit_test(mpmc_payload_lease_lost_fast),
+        cmocka_unit_test(mpmc_full_then_close),
+        cmocka_unit_test(mpmc_attach_keeps_alive),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
