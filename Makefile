@@ -17,6 +17,7 @@ WARN    := -Wall -Wextra -Werror -Wstrict-prototypes -Wwrite-strings -Wshadow -W
 OPT     ?= -O2 -g
 CFLAGS  += $(CSTD) $(WARN) $(OPT) -pthread -MMD -MP -I. -Ilease -Ibridge -Iplugin
 LDLIBS  += -lcurl -lcjson -lpthread -lm
+PLUGIN_LDLIBS := -lnats -lmicrohttpd
 
 ifeq ($(SAN),address)
 CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -29,6 +30,8 @@ endif
 
 LEASE_SRC  := $(wildcard lease/*.c)
 BRIDGE_SRC := $(wildcard bridge/*.c)
+PLUGIN_MAIN:= plugin/main.c plugin/fluxonctl.c
+PLUGIN_SRC := $(filter-out $(PLUGIN_MAIN),$(wildcard plugin/*.c))
 SUPPORT_SRC:= $(wildcard tests/support/*.c)
 UNIT_SRC   := $(wildcard tests/unit/test_*.c)
 INTEG_SRC  := $(wildcard tests/integration/test_*.c)
@@ -36,10 +39,13 @@ BENCH_SRC  := $(wildcard tests/bench/*.c)
 
 LEASE_OBJ  := $(LEASE_SRC:%.c=$(BUILD)/%.o)
 BRIDGE_OBJ := $(BRIDGE_SRC:%.c=$(BUILD)/%.o)
+PLUGIN_OBJ := $(PLUGIN_SRC:%.c=$(BUILD)/%.o)
 SUPPORT_OBJ:= $(SUPPORT_SRC:%.c=$(BUILD)/%.o)
 
 LIBLEASE   := $(BUILD)/libfxlease.a
 LIBBRIDGE  := $(BUILD)/libfxbridge.a
+LIBPLUGIN  := $(BUILD)/libfxplugin.a
+BINS       := $(if $(wildcard plugin/main.c),$(BUILD)/fluxon-bridge) $(if $(wildcard plugin/fluxonctl.c),$(BUILD)/fluxonctl)
 
 UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/unit/%)
 INTEG_BIN  := $(INTEG_SRC:tests/integration/%.c=$(BUILD)/tests/integration/%)
@@ -47,7 +53,7 @@ BENCH_BIN  := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/tests/bench/%)
 
 .PHONY: all deps test test-unit test-integration check tsan valgrind run bench clean tests
 
-all: $(LIBLEASE) $(if $(BRIDGE_OBJ),$(LIBBRIDGE)) tests $(BENCH_BIN)
+all: $(LIBLEASE) $(if $(BRIDGE_OBJ),$(LIBBRIDGE)) $(if $(PLUGIN_OBJ),$(LIBPLUGIN)) $(BINS) tests $(BENCH_BIN)
 
 tests: $(UNIT_BIN) $(INTEG_BIN)
 
@@ -66,16 +72,26 @@ $(LIBBRIDGE): $(BRIDGE_OBJ)
 	@mkdir -p $(dir $@)
 	$(AR) rcs $@ $^
 
-LIBS := $(if $(BRIDGE_OBJ),$(LIBBRIDGE)) $(LIBLEASE)
+$(LIBPLUGIN): $(PLUGIN_OBJ)
+	@mkdir -p $(dir $@)
+	$(AR) rcs $@ $^
+
+LIBS := $(if $(PLUGIN_OBJ),$(LIBPLUGIN)) $(if $(BRIDGE_OBJ),$(LIBBRIDGE)) $(LIBLEASE)
+
+$(BUILD)/fluxon-bridge: $(BUILD)/plugin/main.o $(LIBS)
+	$(CC) $(LDFLAGS) -o $@ $< $(LIBS) $(PLUGIN_LDLIBS) $(LDLIBS)
+
+$(BUILD)/fluxonctl: $(BUILD)/plugin/fluxonctl.o $(LIBS)
+	$(CC) $(LDFLAGS) -o $@ $< $(LIBS) $(PLUGIN_LDLIBS) $(LDLIBS)
 
 $(BUILD)/tests/unit/%: $(BUILD)/tests/unit/%.o $(LIBS)
-	$(CC) $(LDFLAGS) -o $@ $< $(LIBS) -lcmocka $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $< $(LIBS) -lcmocka $(PLUGIN_LDLIBS) $(LDLIBS)
 
 $(BUILD)/tests/integration/%: $(BUILD)/tests/integration/%.o $(SUPPORT_OBJ) $(LIBS)
-	$(CC) $(LDFLAGS) -o $@ $< $(SUPPORT_OBJ) $(LIBS) -lcmocka $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $< $(SUPPORT_OBJ) $(LIBS) -lcmocka $(PLUGIN_LDLIBS) $(LDLIBS)
 
 $(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o $(SUPPORT_OBJ) $(LIBS)
-	$(CC) $(LDFLAGS) -o $@ $< $(SUPPORT_OBJ) $(LIBS) $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $< $(SUPPORT_OBJ) $(LIBS) $(PLUGIN_LDLIBS) $(LDLIBS)
 
 test: deps
 	@$(MAKE) --no-print-directory all

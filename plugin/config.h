@@ -1,0 +1,89 @@
+/* config.h -- fluxon-bridge configuration (JSON, DESIGN.md §7): defaults in one place, full
+ * validation before anything starts, errors that name the field ("channels[1].subjects[0]: ...").
+ *
+ * Ownership: fx_config owns every string and array in it; free with fx_config_free().
+ * Thread rules: load/free from one thread; a loaded config is read-only and may be shared.
+ * Secrets (passwords, tokens, credential file contents) are held but never printed:
+ * fx_config_describe() masks them.
+ */
+#ifndef FX_PLUGIN_CONFIG_H
+#define FX_PLUGIN_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { FX_ACK_EXPLICIT = 0, FX_ACK_NONE = 1 } fx_ack_mode;
+
+#define FX_CFG_MAX_BACKOFF 16
+
+/* Per-channel settings; `defaults` holds the same fields. Durations are in milliseconds. */
+typedef struct fx_chan_settings {
+    int64_t ttl_seconds;     /* default 90, >= 2 (etcd minimum) */
+    int64_t capacity;        /* default 100000, >= 1 */
+    fx_ack_mode ack;         /* default explicit */
+    int64_t ack_wait_ms;     /* default 30 s, >= 100 ms */
+    int64_t max_deliver;     /* default 5, >= 1 */
+    int64_t max_ack_pending; /* default 1000, >= 1 */
+    int64_t backoff_ms[FX_CFG_MAX_BACKOFF]; /* redelivery delays; default {1 s, 5 s} */
+    size_t n_backoff;
+    int64_t release_after_ms; /* default 5 s */
+    int64_t interest_poll_ms; /* default 1 s, >= 50 ms */
+} fx_chan_settings;
+
+typedef struct fx_chan_config {
+    char *name;            /* single subject token; also the MPMC unique key */
+    char **subjects;       /* capture subjects (wildcards allowed) */
+    size_t n_subjects;
+    char *deliver_prefix;  /* literal subject prefix; deliveries go to <deliver_prefix>.<name> */
+    fx_chan_settings s;    /* defaults overlaid with the channel's overrides */
+    bool is_dlq;           /* generated: the <name>-dlq channel of another channel */
+} fx_chan_config;
+
+typedef struct fx_config {
+    char *name;            /* bridge id (single token); default "<host>-<pid>" sanitised */
+    struct {
+        char *url;         /* default nats://127.0.0.1:4222 */
+        char *monitor_url; /* default http://127.0.0.1:8222 */
+        char *account;     /* default "$G" */
+        char *user, *password, *token, *creds_file, *nkey_seed_file;
+        char *ca_file, *cert_file, *key_file;
+        bool tls_insecure;
+    } nats;
+    struct {
+        char **endpoints;  /* default {"http://127.0.0.1:2379"} */
+        size_t n_endpoints;
+        char *prefix;      /* default "/fluxon" */
+        char *username, *password;
+        char *ca_file, *cert_file, *key_file;
+        bool tls_insecure;
+    } etcd;
+    struct {
+        char *backend;     /* "etcd" (only one) */
+        char **endpoints;  /* default: the etcd endpoints */
+        size_t n_endpoints;
+    } kv;
+    struct {
+        char *listen;      /* "127.0.0.1:8080"; NULL/"" disables HTTP */
+    } http;
+    fx_chan_settings defaults;
+    fx_chan_config *channels; /* configured channels, each followed by nothing: DLQ channels are */
+    size_t n_channels;        /* appended after the configured ones (is_dlq = true) */
+} fx_config;
+
+/* Parse and validate. On failure returns -1 and writes "field: reason" into err. On success
+ * returns 0 and *out owns the result. Checks: unknown keys (at every level), types, ranges,
+ * durations ("250ms", "30s", "5m", "1h" or a number of seconds), names as single tokens, subject
+ * syntax, duplicate channel names, overlapping capture subjects across channels, a capture
+ * subject overlapping any delivery prefix (<deliver_prefix>.> and the -dlq prefixes), duplicate
+ * deliver prefixes. DLQ channels "<name>-dlq" with deliver prefix "<deliver_prefix>-dlq" and no
+ * capture subjects are generated for channels with ack explicit. */
+int fx_config_parse(const char *json, size_t len, fx_config *out, char *err, size_t errlen);
+int fx_config_load_file(const char *path, fx_config *out, char *err, size_t errlen);
+void fx_config_free(fx_config *c);
+/* Parse a duration ("250ms", "30s", "5m", "1h", or a JSON number of seconds given as text). */
+int fx_parse_duration_ms(const char *s, int64_t *out_ms);
+/* Find a channel by name (configured or DLQ); NULL if none. */
+const fx_chan_config *fx_config_channel(const fx_config *c, const char *name);
+
+#endif
