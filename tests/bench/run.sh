@@ -31,4 +31,12 @@ echo
 echo "machine: $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1); $(etcd --version 2>/dev/null | head -1)"
 echo "command: $BIN $*"
 echo
-"$BIN" "$@"
+"$BIN" "$@" || exit 1
+
+echo
+echo "## Fluxon MQ (bridge/): MPMC put -> get -> ack"
+echo
+MQ="$BUILD/tests/bench/mq_bench"
+echo "command: $MQ -d 5"
+echo
+"$MQ" -d 5 2>/dev/null
