@@ -3,8 +3,8 @@
  *
  * Ownership: fx_config owns every string and array in it; free with fx_config_free().
  * Thread rules: load/free from one thread; a loaded config is read-only and may be shared.
- * Secrets (passwords, tokens, credential file contents) are held but never printed:
- * fx_config_describe() masks them.
+ * Secrets (passwords, tokens) are held but never printed: error messages never quote values,
+ * and every string is wiped before it is freed.
  */
 #ifndef FX_PLUGIN_CONFIG_H
 #define FX_PLUGIN_CONFIG_H
