@@ -89,6 +89,7 @@ struct fx_lease_mgr {
     bool closing;
     lm_entry *entries;
     size_t npending; /* handles with a pending notification */
+    bool cb_running; /* an expiry callback is running (mu released) */
     /* the running keepalive call */
     bool io_busy;
     void *io_ctx;
@@ -196,12 +197,14 @@ static void lm_deliver_one(fx_lease_mgr *m)
     h->pending = false;
     m->npending--;
     h->in_cb = true;
+    m->cb_running = true;
     fx_lease_expired_fn fn = h->fn;
     void *arg = h->arg;
     int64_t id = h->id;
     pthread_mutex_unlock(&m->mu);
     fn(arg, h, id);
     pthread_mutex_lock(&m->mu);
+    m->cb_running = false;
     h->in_cb = false;
     if (h->zombie) free(h);
     pthread_cond_broadcast(&m->done);
@@ -569,6 +572,7 @@ void fx_lease_mgr_get_stats(fx_lease_mgr *m, fx_lease_mgr_stats *out)
     if (!m) return;
     pthread_mutex_lock(&m->mu);
     *out = m->st;
+    out->notify_pending = m->npending + (m->cb_running ? 1 : 0);
     pthread_mutex_unlock(&m->mu);
 }
 

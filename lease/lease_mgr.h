@@ -105,6 +105,7 @@ typedef struct fx_lease_mgr_stats {
     uint64_t deferred;       /* renewals deferred because their backend just failed */
     uint64_t entries;        /* live entries now */
     uint64_t handles;        /* live handles now */
+    uint64_t notify_pending; /* expiry callbacks queued or running now (0: all delivered) */
 } fx_lease_mgr_stats;
 void fx_lease_mgr_get_stats(fx_lease_mgr *m, fx_lease_mgr_stats *out);
 

@@ -745,8 +745,8 @@ static int test_teardown(void **state)
     return 0;
 }
 
-/* Wait until the client's lease manager has seen one more expiry than `before`, then give the
- * expiry callbacks (run right after, on the manager thread) a moment to run. */
+/* Wait until the client's lease manager has seen one more expiry than `before` and every expiry
+ * callback it queued has returned. */
 static void wait_lease_expiry_seen(fx_mq_client *c, uint64_t before)
 {
     fx_lease_mgr *m = fx_mq_client_leases(c);
@@ -755,11 +755,10 @@ static void wait_lease_expiry_seen(fx_mq_client *c, uint64_t before)
     fx_lease_mgr_stats st;
     for (;;) {
         fx_lease_mgr_get_stats(m, &st);
-        if (st.expired > before) break;
+        if (st.expired > before && st.notify_pending == 0) break;
         if (now_ms() > dl) fail_msg("lease manager did not notice the revoked lease within 6 s");
         nap_ms(20);
     }
-    nap_ms(200); /* callbacks are queued on the manager thread right after the count */
 }
 
 static uint64_t lease_expired_count(fx_mq_client *c)
