@@ -1,0 +1,676 @@
+/* capture.c -- channels: capture subscriptions, the bounded producer queue, the producer thread
+ * (batched fx_mpmc_put, PubAck replies, dead-letter stores) and the stored header block.
+ * Contract: daemon_int.h. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon_int.h"
+#include "flatdict.h"
+#include "fx_time.h"
+#include "jsack.h"
+
+/* ---- small helpers -------------------------------------------------------------------------- */
+
+static char *dupstr(const char *s) { return s ? strdup(s) : NULL; }
+
+size_t dm_max_msg_bytes(fx_daemon *d)
+{
+    int64_t mp = atomic_load(&d->max_payload);
+    size_t lim = FX_DM_MAX_MSG_BYTES;
+    if (mp > 0 && (uint64_t)mp < lim) lim = (size_t)mp;
+    return lim > FX_DM_DELIVERY_HEADROOM ? lim - FX_DM_DELIVERY_HEADROOM : 0;
+}
+
+void dm_reply_error(fx_daemon *d, const char *reply, int code, const char *desc)
+{
+    if (!reply || !*reply || !d->nc) return;
+    char buf[512];
+    int n = fx_puback_err(code, desc, buf, sizeof buf);
+    if (n > 0) natsConnection_Publish(d->nc, reply, buf, n);
+}
+
+static void reply_ok(fx_daemon *d, dm_chan *ch, const char *reply, const fx_mq_msg_id *id)
+{
+    if (!reply || !*reply || !d->nc) return;
+    char buf[768];
+    int n = fx_puback_ok(ch->name, DM_SEQ(id), buf, sizeof buf - 96);
+    if (n <= 0) return;
+    if (buf[n - 1] == '}') { /* extra field: the full identity of the stored message */
+        n--;
+        int k = snprintf(buf + n, sizeof buf - (size_t)n,
+                         ",\"fluxon_id\":\"%" PRId64 ".%" PRId64 ".%" PRId64 "\"}", id->chan,
+                         id->pidx, id->msg);
+        if (k <= 0 || (size_t)k >= sizeof buf - (size_t)n) return;
+        n += k;
+    }
+    natsStatus s = natsConnection_Publish(d->nc, reply, buf, n);
+    if (s != NATS_OK) {
+        static fx_log_slot slot;
+        fx_log_ratelimited(&slot, 5000, FX_LOG_WRN, "channel %s: PubAck publish failed: %s",
+                           ch->name, natsStatus_GetText(s));
+    }
+}
+
+/* ---- header block --------------------------------------------------------------------------- */
+
+#define HDR_LINE0 "NATS/1.0\r\n"
+
+fx_err dm_hdr_from_msg(natsMsg *m, char **out, size_t *out_len)
+{
+    *out = NULL;
+    *out_len = 0;
+    const char **keys = NULL;
+    int nk = 0;
+    if (natsMsgHeader_Keys(m, &keys, &nk) != NATS_OK || nk <= 0) {
+        free((void *)keys);
+        return FX_OK;
+    }
+    size_t len = sizeof HDR_LINE0 - 1 + 2;
+    /* two passes: size, then write (values fetched twice; cheap, local map) */
+    for (int pass = 0; pass < 2; pass++) {
+        char *p = pass ? *out : NULL;
+        if (pass) {
+            memcpy(p, HDR_LINE0, sizeof HDR_LINE0 - 1);
+            p += sizeof HDR_LINE0 - 1;
+        }
+        for (int i = 0; i < nk; i++) {
+            const char **vals = NULL;
+            int nv = 0;
+            if (natsMsgHeader_Values(m, keys[i], &vals, &nv) != NATS_OK) continue;
+            size_t kl = strlen(keys[i]);
+            for (int j = 0; j < nv; j++) {
+                size_t vl = strlen(vals[j]);
+                if (!pass) {
+                    len += kl + 2 + vl + 2;
+                } else {
+                    memcpy(p, keys[i], kl);
+                    p += kl;
+                    *p++ = ':';
+                    *p++ = ' ';
+                    memcpy(p, vals[j], vl);
+                    p += vl;
+                    *p++ = '\r';
+                    *p++ = '\n';
+                }
+            }
+            free((void *)vals);
+        }
+        if (!pass) {
+            *out = malloc(len + 1);
+            if (!*out) {
+                free((void *)keys);
+                return fx_seterr(FX_ENOMEM, "capture: out of memory");
+            }
+        } else {
+            *p++ = '\r';
+            *p++ = '\n';
+            *p = '\0';
+            *out_len = (size_t)(p - *out);
+        }
+    }
+    free((void *)keys);
+    return FX_OK;
+}
+
+fx_err dm_hdr_append(fx_slice block, const char *const *kv, size_t n_pairs, char **out,
+                     size_t *out_len)
+{
+    size_t base = 0;
+    const char *b = block.data;
+    if (block.len >= sizeof HDR_LINE0 - 1 + 2 && memcmp(b + block.len - 2, "\r\n", 2) == 0)
+        base = block.len - 2; /* drop the terminating empty line */
+    size_t len = (base ? base : sizeof HDR_LINE0 - 1) + 2;
+    for (size_t i = 0; i < n_pairs; i++) len += strlen(kv[2 * i]) + 2 + strlen(kv[2 * i + 1]) + 2;
+    char *o = malloc(len + 1);
+    if (!o) return fx_seterr(FX_ENOMEM, "headers: out of memory");
+    char *p = o;
+    if (base) {
+        memcpy(p, b, base);
+        p += base;
+    } else {
+        memcpy(p, HDR_LINE0, sizeof HDR_LINE0 - 1);
+        p += sizeof HDR_LINE0 - 1;
+    }
+    for (size_t i = 0; i < n_pairs; i++)
+        p += sprintf(p, "%s: %s\r\n", kv[2 * i], kv[2 * i + 1]);
+    *p++ = '\r';
+    *p++ = '\n';
+    *p = '\0';
+    *out = o;
+    *out_len = (size_t)(p - o);
+    return FX_OK;
+}
+
+natsStatus dm_hdr_apply(natsMsg *m, fx_slice block)
+{
+    if (block.len < sizeof HDR_LINE0 - 1) return NATS_OK;
+    char stackbuf[2048];
+    char *buf = block.len < sizeof stackbuf ? stackbuf : malloc(block.len + 1);
+    if (!buf) return NATS_NO_MEMORY;
+    memcpy(buf, block.data, block.len);
+    buf[block.len] = '\0';
+    natsStatus s = NATS_OK;
+    char *p = strstr(buf, "\r\n"); /* skip the status line */
+    while (p && s == NATS_OK) {
+        p += 2;
+        char *eol = strstr(p, "\r\n");
+        if (!eol || eol == p) break; /* end of block */
+        *eol = '\0';
+        char *colon = strchr(p, ':');
+        if (colon && colon != p) {
+            *colon = '\0';
+            char *v = colon + 1;
+            while (*v == ' ' || *v == '\t') v++;
+            s = natsMsgHeader_Add(m, p, v);
+        }
+        p = eol;
+    }
+    if (buf != stackbuf) free(buf);
+    return s;
+}
+
+/* ---- queue ------------------------------------------------------------------------------------ */
+
+pq_item *dm_pq_item_new(int kind, const char *reply, size_t rec_len)
+{
+    size_t rl = reply ? strlen(reply) + 1 : 0;
+    pq_item *it = malloc(sizeof *it + rl + rec_len + 1);
+    if (!it) return NULL;
+    memset(it, 0, sizeof *it);
+    it->kind = kind;
+    char *p = (char *)(it + 1);
+    if (reply) {
+        memcpy(p, reply, rl);
+        it->reply = p;
+        p += rl;
+    }
+    it->rec = (uint8_t *)p;
+    it->rec_len = rec_len;
+    return it;
+}
+
+void dm_pq_item_free(pq_item *it) { free(it); }
+
+static bool pq_push_kind(dm_pq *q, pq_item *it)
+{
+    pthread_mutex_lock(&q->mu);
+    if (q->closed || q->n + 1 > FX_DM_CAPQ_MAX_MSGS ||
+        (q->n > 0 && q->bytes + it->rec_len > FX_DM_CAPQ_MAX_BYTES)) {
+        pthread_mutex_unlock(&q->mu);
+        return false;
+    }
+    it->next = NULL;
+    if (q->tail)
+        q->tail->next = it;
+    else
+        q->head = it;
+    q->tail = it;
+    q->n++;
+    q->bytes += it->rec_len;
+    if (q->n == 1) pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    return true;
+}
+
+bool dm_pq_push(dm_pq *q, pq_item *it) { return pq_push_kind(q, it); }
+
+static pq_item *pq_take_locked(dm_pq *q)
+{
+    pq_item *it = q->head;
+    if (!it) return NULL;
+    q->head = it->next;
+    if (!q->head) q->tail = NULL;
+    q->n--;
+    q->bytes -= it->rec_len;
+    it->next = NULL;
+    return it;
+}
+
+/* ---- capture callback -------------------------------------------------------------------------- */
+
+static void on_capture(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
+{
+    (void)nc;
+    (void)sub;
+    dm_chan *ch = arg;
+    fx_daemon *d = ch->d;
+    char *hdr = NULL;
+    size_t hlen = 0;
+    const char *v = NULL;
+    if (natsMsgHeader_Get(m, FX_DM_HDR_CHANNEL, &v) == NATS_OK) goto out; /* our own delivery */
+    const char *subj = natsMsg_GetSubject(m);
+    const char *reply = natsMsg_GetReply(m);
+    if (reply && !*reply) reply = NULL;
+    const char *data = natsMsg_GetData(m);
+    int dlen = natsMsg_GetDataLength(m);
+    if (!data || dlen < 0) {
+        data = "";
+        dlen = 0;
+    }
+    if (dm_hdr_from_msg(m, &hdr, &hlen) != FX_OK) {
+        fx_metric_inc(ch->m.dropped, 1);
+        dm_reply_error(d, reply, 500, "bridge out of memory");
+        goto out;
+    }
+    size_t lim = dm_max_msg_bytes(d);
+    if (hlen + (size_t)dlen > lim) {
+        static fx_log_slot slot;
+        fx_log_ratelimited(&slot, 5000, FX_LOG_WRN,
+                           "channel %s: message on %s too large (%zu bytes > %zu): rejected",
+                           ch->name, subj, hlen + (size_t)dlen, lim);
+        fx_metric_inc(ch->m.dropped, 1);
+        dm_reply_error(d, reply, 413, "message too large");
+        goto out;
+    }
+    fx_mq_msg rec = {.subject = FX_SLICE_STR(subj),
+                     .headers = {hdr ? hdr : "", hlen},
+                     .publish_ns = fx_wall_ns(),
+                     .data = {data, (size_t)dlen}};
+    size_t rl = 0;
+    pq_item *it = NULL;
+    if (fx_mq_msg_encoded_size(&rec, &rl) != FX_OK || !(it = dm_pq_item_new(PQ_CAPTURE, reply, rl)) ||
+        fx_mq_msg_encode_into(&rec, it->rec, rl, &rl) != FX_OK) {
+        free(it);
+        fx_metric_inc(ch->m.dropped, 1);
+        dm_reply_error(d, reply, 500, "cannot encode message");
+        goto out;
+    }
+    it->rec_len = rl;
+    if (!dm_pq_push(&ch->q, it)) {
+        free(it);
+        static fx_log_slot slot;
+        fx_log_ratelimited(&slot, 5000, FX_LOG_WRN, "channel %s: bridge queue full: message dropped",
+                           ch->name);
+        fx_metric_inc(ch->m.dropped, 1);
+        dm_reply_error(d, reply, 503, "bridge queue full");
+        goto out;
+    }
+    fx_metric_inc(ch->m.captured, 1);
+out:
+    free(hdr);
+    natsMsg_Destroy(m);
+}
+
+/* ---- MPMC id ------------------------------------------------------------------------------------ */
+
+fx_err dm_chan_resolve(dm_chan *ch, bool force, int64_t *out)
+{
+    pthread_mutex_lock(&ch->mu);
+    if (ch->have_mpmc && !force) {
+        *out = ch->mpmc;
+        pthread_mutex_unlock(&ch->mu);
+        return FX_OK;
+    }
+    pthread_mutex_unlock(&ch->mu);
+    fx_mq_chan_cfg cfg = {.capacity = ch->s.capacity, .ttl_s = ch->s.ttl_seconds, .weight = 0};
+    int64_t id = -1;
+    fx_err e = fx_mpmc_resolve(ch->d->mq, ch->name, &cfg, &id);
+    if (e) return e;
+    pthread_mutex_lock(&ch->mu);
+    if (!ch->have_mpmc || ch->mpmc != id)
+        FX_INF("channel %s: MPMC %" PRId64, ch->name, id);
+    ch->mpmc = id;
+    ch->have_mpmc = true;
+    pthread_mutex_unlock(&ch->mu);
+    *out = id;
+    return FX_OK;
+}
+
+void dm_chan_forget_mpmc(dm_chan *ch)
+{
+    pthread_mutex_lock(&ch->mu);
+    ch->have_mpmc = false;
+    pthread_mutex_unlock(&ch->mu);
+}
+
+/* ---- producer thread ---------------------------------------------------------------------------- */
+
+typedef struct prod_state {
+    int64_t backoff_ms;
+    int64_t next_open_ms;
+    bool give_up; /* stopping and a put failed: answer the rest at once (bounded drain) */
+} prod_state;
+
+static void prod_close(dm_chan *ch)
+{
+    if (!ch->prod) return;
+    fx_mpmc_producer_close(ch->prod);
+    fx_mpmc_producer_free(ch->prod);
+    ch->prod = NULL;
+}
+
+/* Interruptible (by stop) wait on the queue condvar until deadline. */
+static void prod_sleep_until(dm_chan *ch, int64_t deadline)
+{
+    pthread_mutex_lock(&ch->q.mu);
+    while (!ch->q.stop && fx_ms_left(deadline) > 0) {
+        struct timespec ts = fx_deadline_ts(deadline);
+        pthread_cond_timedwait(&ch->q.cv, &ch->q.mu, &ts);
+    }
+    pthread_mutex_unlock(&ch->q.mu);
+}
+
+static fx_err prod_open(dm_chan *ch, prod_state *ps)
+{
+    if (ch->prod) return FX_OK;
+    bool stopping;
+    pthread_mutex_lock(&ch->q.mu);
+    stopping = ch->q.stop;
+    pthread_mutex_unlock(&ch->q.mu);
+    if (!stopping && ps->next_open_ms > fx_now_ms()) prod_sleep_until(ch, ps->next_open_ms);
+    int64_t id = -1;
+    fx_err e = dm_chan_resolve(ch, false, &id);
+    if (!e) e = fx_mpmc_producer_open(ch->d->mq, id, 0, &ch->prod);
+    if (e) {
+        char detail[256];
+        snprintf(detail, sizeof detail, "%s", fx_err_detail());
+        dm_chan_forget_mpmc(ch);
+        ch->prod = NULL;
+        ps->backoff_ms = ps->backoff_ms ? ps->backoff_ms * 2 : 100;
+        if (ps->backoff_ms > 2000) ps->backoff_ms = 2000;
+        ps->next_open_ms = fx_now_ms() + ps->backoff_ms;
+        static fx_log_slot slot;
+        fx_log_ratelimited(&slot, 2000, FX_LOG_ERR, "channel %s: cannot open producer: %s (%s)",
+                           ch->name, fx_strerror(e), detail);
+        return e;
+    }
+    ps->backoff_ms = 0;
+    ps->next_open_ms = 0;
+    FX_INF("channel %s: producer open (member %" PRId64 ")", ch->name,
+           fx_mpmc_producer_member(ch->prod));
+    return FX_OK;
+}
+
+static void complete(dm_chan *ch, pq_item *it, fx_err e, const fx_mq_msg_id *id)
+{
+    fx_daemon *d = ch->d;
+    if (it->kind == PQ_DEADLETTER) {
+        it->result = e;
+        dm_claim_dlq_complete(it);
+        return;
+    }
+    if (!e) {
+        fx_metric_inc(ch->m.stored, 1);
+        reply_ok(d, ch, it->reply, id);
+    } else {
+        fx_metric_inc(ch->m.store_errors, 1);
+        if (e == FX_EFULL)
+            dm_reply_error(d, it->reply, 503, "channel full");
+        else
+            dm_reply_error(d, it->reply, 500, fx_strerror(e));
+    }
+    free(it);
+}
+
+static bool prod_stopping(dm_chan *ch)
+{
+    pthread_mutex_lock(&ch->q.mu);
+    bool st = ch->q.stop;
+    pthread_mutex_unlock(&ch->q.mu);
+    return st;
+}
+
+static void process_batch(dm_chan *ch, prod_state *ps, pq_item **batch, size_t n)
+{
+    if (ps->give_up) {
+        for (size_t i = 0; i < n; i++) complete(ch, batch[i], FX_ECANCELED, NULL);
+        return;
+    }
+    fx_slice vals[FX_DM_BATCH_MSGS];
+    fx_mq_msg_id ids[FX_DM_BATCH_MSGS];
+    for (size_t i = 0; i < n; i++) vals[i] = (fx_slice){batch[i]->rec, batch[i]->rec_len};
+    size_t done = 0;
+    int64_t deadline = fx_now_ms() + FX_DM_PUT_TIMEOUT_MS;
+    fx_err e = FX_OK;
+    int reopen = 0;
+    while (done < n) {
+        if ((e = prod_open(ch, ps))) break;
+        size_t np = 0;
+        int left = (int)fx_ms_left(deadline);
+        if (left <= 0) {
+            e = FX_ETIMEDOUT;
+            break;
+        }
+        e = fx_mpmc_put(ch->prod, vals + done, n - done, left, &np, ids + done);
+        if (np > n - done) np = n - done;
+        for (size_t i = done; i < done + np; i++) complete(ch, batch[i], FX_OK, &ids[i]);
+        for (size_t i = done; i < done + np; i++) batch[i] = NULL;
+        done += np;
+        if (!e) break;
+        if ((e == FX_ELEASE_LOST || e == FX_ECLOSED) && reopen++ < 2) {
+            FX_WRN("channel %s: producer closed (%s): reopening", ch->name, fx_strerror(e));
+            prod_close(ch);
+            dm_chan_forget_mpmc(ch);
+            continue;
+        }
+        static fx_log_slot slot;
+        fx_log_ratelimited(&slot, 2000, e == FX_EFULL ? FX_LOG_WRN : FX_LOG_ERR,
+                           "channel %s: put of %zu messages failed: %s (%s)", ch->name, n - done,
+                           fx_strerror(e), fx_err_detail());
+        if (e == FX_ELEASE_LOST || e == FX_ECLOSED) prod_close(ch);
+        break;
+    }
+    for (size_t i = done; i < n; i++)
+        if (batch[i]) complete(ch, batch[i], e ? e : FX_ESERVER, NULL);
+    if (done < n && prod_stopping(ch)) {
+        FX_WRN("channel %s: storing failed while draining: answering the remaining publishes "
+               "with errors", ch->name);
+        ps->give_up = true;
+    }
+}
+
+static void *producer_main(void *arg)
+{
+    dm_chan *ch = arg;
+    dm_pq *q = &ch->q;
+    prod_state ps = {0};
+    pq_item *batch[FX_DM_BATCH_MSGS];
+    for (;;) {
+        size_t n = 0, bytes = 0;
+        pthread_mutex_lock(&q->mu);
+        while (!q->head && !q->stop) pthread_cond_wait(&q->cv, &q->mu);
+        if (!q->head) { /* stop and empty */
+            pthread_mutex_unlock(&q->mu);
+            break;
+        }
+        int64_t linger_until = fx_now_ms() + FX_DM_LINGER_MS;
+        for (;;) {
+            while (q->head && n < FX_DM_BATCH_MSGS &&
+                   (n == 0 || bytes + q->head->rec_len <= FX_DM_BATCH_BYTES)) {
+                pq_item *it = pq_take_locked(q);
+                bytes += it->rec_len;
+                batch[n++] = it;
+            }
+            if (n >= FX_DM_BATCH_MSGS || q->head || bytes >= FX_DM_BATCH_BYTES || q->stop) break;
+            if (fx_ms_left(linger_until) <= 0) break;
+            struct timespec ts = fx_deadline_ts(linger_until);
+            pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+        }
+        pthread_mutex_unlock(&q->mu);
+        process_batch(ch, &ps, batch, n);
+    }
+    prod_close(ch);
+    nats_ReleaseThreadMemory();
+    return NULL;
+}
+
+/* ---- channel lifecycle -------------------------------------------------------------------------- */
+
+static fx_metric *cmetric(fx_daemon *d, const char *name, const char *help, fx_metric_kind k,
+                          const char *label)
+{
+    return fx_metrics_add(d->metrics, name, help, k, label);
+}
+
+dm_chan *dm_chan_new(fx_daemon *d, const fx_chan_config *cc)
+{
+    dm_chan *ch = calloc(1, sizeof *ch);
+    if (!ch) return NULL;
+    ch->d = d;
+    ch->name = dupstr(cc->name);
+    ch->deliver_prefix = dupstr(cc->deliver_prefix);
+    ch->s = cc->s;
+    ch->is_dlq = cc->is_dlq;
+    ch->n_subjects = cc->n_subjects;
+    ch->subjects = calloc(cc->n_subjects ? cc->n_subjects : 1, sizeof *ch->subjects);
+    bool ok = ch->name && ch->deliver_prefix && ch->subjects;
+    for (size_t i = 0; ok && i < cc->n_subjects; i++) ok = (ch->subjects[i] = dupstr(cc->subjects[i]));
+    pthread_mutex_init(&ch->mu, NULL);
+    pthread_mutex_init(&ch->q.mu, NULL);
+    fx_cond_init_monotonic(&ch->q.cv);
+    ch->mpmc = -1;
+    if (!ok) {
+        dm_chan_free(ch);
+        return NULL;
+    }
+    const char *l = ch->name;
+    dm_chan_metrics *m = &ch->m;
+    m->captured = cmetric(d, "fluxon_captured_total", "Messages captured from NATS and queued for storing",
+                          FX_METRIC_COUNTER, l);
+    m->stored = cmetric(d, "fluxon_stored_total", "Messages stored durably (PubAck sent)",
+                        FX_METRIC_COUNTER, l);
+    m->delivered = cmetric(d, "fluxon_delivered_total", "Deliveries published (every attempt)",
+                           FX_METRIC_COUNTER, l);
+    m->acked = cmetric(d, "fluxon_acked_total", "Deliveries acknowledged by subscribers",
+                       FX_METRIC_COUNTER, l);
+    m->redelivered = cmetric(d, "fluxon_redelivered_total", "Redeliveries (attempt > 1)",
+                             FX_METRIC_COUNTER, l);
+    m->dead = cmetric(d, "fluxon_dead_lettered_total", "Messages moved to the dead-letter channel",
+                      FX_METRIC_COUNTER, l);
+    m->dropped = cmetric(d, "fluxon_dropped_total",
+                         "Messages not captured (bridge queue full, too large, slow consumer)",
+                         FX_METRIC_COUNTER, l);
+    m->invalid_acks = cmetric(d, "fluxon_invalid_acks_total", "Malformed ack replies ignored",
+                              FX_METRIC_COUNTER, l);
+    m->backlog = cmetric(d, "fluxon_backlog", "Stored, unconsumed messages (from etcd)",
+                         FX_METRIC_GAUGE, l);
+    m->claims = cmetric(d, "fluxon_claims", "Consumer claims held by this bridge", FX_METRIC_GAUGE, l);
+    m->store_errors = cmetric(d, "fluxon_store_errors_total",
+                              "Captured messages that could not be stored (error PubAck)",
+                              FX_METRIC_COUNTER, l);
+    return ch;
+}
+
+void dm_chan_free(dm_chan *ch)
+{
+    if (!ch) return;
+    for (size_t i = 0; i < ch->n_subs; i++)
+        if (ch->subs[i]) natsSubscription_Destroy(ch->subs[i]);
+    free(ch->subs);
+    free(ch->sub_dropped);
+    pq_item *it = ch->q.head;
+    while (it) {
+        pq_item *nx = it->next;
+        if (it->kind == PQ_DEADLETTER) {
+            it->result = FX_ECLOSED;
+            dm_claim_dlq_complete(it);
+        } else {
+            free(it);
+        }
+        it = nx;
+    }
+    for (size_t i = 0; ch->subjects && i < ch->n_subjects; i++) free(ch->subjects[i]);
+    free(ch->subjects);
+    free(ch->name);
+    free(ch->deliver_prefix);
+    pthread_mutex_destroy(&ch->mu);
+    pthread_mutex_destroy(&ch->q.mu);
+    pthread_cond_destroy(&ch->q.cv);
+    free(ch);
+}
+
+static bool settings_same(const fx_chan_settings *a, const fx_chan_settings *b)
+{
+    if (a->ttl_seconds != b->ttl_seconds || a->capacity != b->capacity || a->ack != b->ack ||
+        a->ack_wait_ms != b->ack_wait_ms || a->max_deliver != b->max_deliver ||
+        a->max_ack_pending != b->max_ack_pending || a->n_backoff != b->n_backoff ||
+        a->release_after_ms != b->release_after_ms || a->interest_poll_ms != b->interest_poll_ms)
+        return false;
+    for (size_t i = 0; i < a->n_backoff && i < FX_CFG_MAX_BACKOFF; i++)
+        if (a->backoff_ms[i] != b->backoff_ms[i]) return false;
+    return true;
+}
+
+bool dm_chan_same(const dm_chan *ch, const fx_chan_config *cc)
+{
+    if (strcmp(ch->name, cc->name) || strcmp(ch->deliver_prefix, cc->deliver_prefix) ||
+        ch->is_dlq != cc->is_dlq || ch->n_subjects != cc->n_subjects || !settings_same(&ch->s, &cc->s))
+        return false;
+    for (size_t i = 0; i < ch->n_subjects; i++)
+        if (strcmp(ch->subjects[i], cc->subjects[i])) return false;
+    return true;
+}
+
+fx_err dm_chan_start(dm_chan *ch)
+{
+    fx_daemon *d = ch->d;
+    if (pthread_create(&ch->prod_thr, NULL, producer_main, ch) != 0)
+        return fx_seterr(FX_ENOMEM, "channel %s: cannot start the producer thread", ch->name);
+    ch->prod_started = true;
+    if (ch->n_subjects) {
+        ch->subs = calloc(ch->n_subjects, sizeof *ch->subs);
+        ch->sub_dropped = calloc(ch->n_subjects, sizeof *ch->sub_dropped);
+        if (!ch->subs || !ch->sub_dropped) return fx_seterr(FX_ENOMEM, "channel: out of memory");
+    }
+    for (size_t i = 0; i < ch->n_subjects; i++) {
+        natsSubscription *sub = NULL;
+        natsStatus s = natsConnection_QueueSubscribe(&sub, d->nc, ch->subjects[i], "fluxon",
+                                                     on_capture, ch);
+        if (s != NATS_OK)
+            return fx_seterr(FX_EUNAVAIL, "channel %s: subscribe %s: %s", ch->name,
+                             ch->subjects[i], natsStatus_GetText(s));
+        natsSubscription_SetPendingLimits(sub, FX_DM_SUB_PENDING_MSGS, FX_DM_SUB_PENDING_BYTES);
+        ch->subs[i] = sub;
+        ch->n_subs = i + 1;
+    }
+    if (ch->is_dlq)
+        FX_INF("channel %s (dead letters): deliver %s.<claim>", ch->name, ch->deliver_prefix);
+    else
+        FX_INF("channel %s: capturing %zu subject(s) (first %s), deliver %s.<claim>, ack %s",
+               ch->name, ch->n_subjects, ch->n_subjects ? ch->subjects[0] : "-",
+               ch->deliver_prefix, ch->s.ack == FX_ACK_NONE ? "none" : "explicit");
+    return FX_OK;
+}
+
+void dm_chan_drain_capture_begin(dm_chan *ch)
+{
+    bool connected = dm_nats_connected(ch->d);
+    for (size_t i = 0; i < ch->n_subs; i++) {
+        if (!ch->subs[i]) continue;
+        /* Drain delivers what the client already holds, after the server stopped sending. It
+         * needs the server (UNSUB + flush): when NATS is down, just unsubscribe. */
+        natsStatus s = connected ? natsSubscription_Drain(ch->subs[i]) : NATS_CONNECTION_DISCONNECTED;
+        if (s != NATS_OK) natsSubscription_Unsubscribe(ch->subs[i]);
+    }
+}
+
+void dm_chan_drain_capture_wait(dm_chan *ch, int64_t deadline_ms)
+{
+    for (size_t i = 0; i < ch->n_subs; i++) {
+        if (!ch->subs[i]) continue;
+        int64_t left = fx_ms_left(deadline_ms);
+        natsStatus s = natsSubscription_WaitForDrainCompletion(ch->subs[i], left > 0 ? left : 1);
+        if (s == NATS_TIMEOUT) {
+            FX_WRN("channel %s: capture drain timed out; unsubscribing", ch->name);
+            natsSubscription_Unsubscribe(ch->subs[i]);
+        }
+    }
+}
+
+void dm_chan_stop_producer_begin(dm_chan *ch)
+{
+    pthread_mutex_lock(&ch->q.mu);
+    ch->q.closed = true;
+    ch->q.stop = true;
+    pthread_cond_broadcast(&ch->q.cv);
+    pthread_mutex_unlock(&ch->q.mu);
+}
+
+void dm_chan_stop_producer_wait(dm_chan *ch)
+{
+    if (!ch->prod_started) return;
+    pthread_join(ch->prod_thr, NULL);
+    ch->prod_started = false;
+}

@@ -1,0 +1,1298 @@
+/* claim.c -- interest polling, consumer claims (one thread each), delivery, acks, redelivery and
+ * dead letters. Contract: daemon_int.h.
+ *
+ * A claim thread owns its fx_mpmc_consumer and an in-flight table of at most max_ack_pending
+ * entries (each a message handed out by fx_mpmc_get and not yet committed). Entry states:
+ *   WAIT_SEND  due for (re)publication at `due` (new, NAKed, expired, publish failed)
+ *   WAIT_ACK   published; `due` is the ack deadline (explicit) or the no-responders grace (none)
+ *   WAIT_DLQ   dead letter queued to the <name>-dlq producer; waiting for its completion
+ *   DLQ_RETRY  dead letter could not be queued/stored; retried at `due`
+ * Every state change happens on the claim thread. Acks reach it through its bounded event queue;
+ * an ack matches an entry by (claim seq, nonce) from the reply subject, so stale acks (of an
+ * earlier attempt) are ignored.
+ *
+ * Interest: while the last interest poll did not see the claim's subject, the claim publishes
+ * nothing (no new deliveries, no redeliveries); after release_after it is released. Every
+ * delivery has a reply subject (the ack subject, FX_DM_ACK_PREFIX, or with ack none
+ * "_FLUXON.NR.<bridge>.<channel>.<claim>.<claim seq>"), so a delivery that found no subscriber
+ * comes back as a no-responders 503 and releases the claim at once, without counting the attempt
+ * (the message stays unacked for the next consumer).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon_int.h"
+#include "flatdict.h"
+#include "fx_time.h"
+#include "interest.h"
+#include "jsack.h"
+#include "subject.h"
+
+#define NIL UINT32_MAX
+
+enum { E_FREE = 0, E_WAIT_SEND, E_WAIT_ACK, E_WAIT_DLQ, E_DLQ_RETRY };
+
+typedef struct ent {
+    uint8_t state;
+    bool hashed;
+    uint64_t gen;
+    fx_mq_delivery dv;
+    fx_mq_msg msg;
+    uint64_t delivered; /* attempts published */
+    uint64_t claim_seq, nonce;
+    int64_t due_ms;
+    int32_t heap_pos; /* -1: not in the heap */
+    uint32_t hnext;
+    const char *dead_reason;
+} ent;
+
+typedef struct cst {
+    dm_claim *cl;
+    dm_chan *ch;
+    fx_daemon *d;
+    fx_mpmc_consumer *cons;
+    bool explicit_ack;
+    uint32_t max_ents;
+    ent *ents;
+    uint32_t n_ents, n_used;
+    uint32_t *freel;
+    uint32_t n_free;
+    uint32_t *buckets;
+    uint32_t nb_mask;
+    uint32_t *heap;
+    uint32_t heap_n;
+    uint32_t *sendq;
+    uint32_t n_send;
+    uint64_t next_cseq, gen_ctr;
+    fx_mq_msg_id *acks;
+    size_t n_acks;
+    size_t dlq_pending;
+    fx_mq_delivery *getbuf;
+    int64_t open_backoff_ms;
+    uint64_t view_gen; /* last sub-MPSC view acted on (adopt_stranded) */
+    bool lost; /* consumer closed under us */
+    fx_log_slot slot_get, slot_pub, slot_open, slot_ack;
+} cst;
+
+/* ---- in-flight table ------------------------------------------------------------------------ */
+
+static void heap_swap(cst *s, uint32_t a, uint32_t b)
+{
+    uint32_t ia = s->heap[a], ib = s->heap[b];
+    s->heap[a] = ib;
+    s->heap[b] = ia;
+    s->ents[ib].heap_pos = (int32_t)a;
+    s->ents[ia].heap_pos = (int32_t)b;
+}
+
+static void heap_up(cst *s, uint32_t i)
+{
+    while (i > 0) {
+        uint32_t p = (i - 1) / 2;
+        if (s->ents[s->heap[p]].due_ms <= s->ents[s->heap[i]].due_ms) break;
+        heap_swap(s, i, p);
+        i = p;
+    }
+}
+
+static void heap_down(cst *s, uint32_t i)
+{
+    for (;;) {
+        uint32_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < s->heap_n && s->ents[s->heap[l]].due_ms < s->ents[s->heap[m]].due_ms) m = l;
+        if (r < s->heap_n && s->ents[s->heap[r]].due_ms < s->ents[s->heap[m]].due_ms) m = r;
+        if (m == i) break;
+        heap_swap(s, i, m);
+        i = m;
+    }
+}
+
+static void heap_del(cst *s, uint32_t idx)
+{
+    ent *e = &s->ents[idx];
+    if (e->heap_pos < 0) return;
+    uint32_t i = (uint32_t)e->heap_pos;
+    e->heap_pos = -1;
+    s->heap_n--;
+    if (i == s->heap_n) return;
+    s->heap[i] = s->heap[s->heap_n];
+    s->ents[s->heap[i]].heap_pos = (int32_t)i;
+    heap_down(s, i);
+    heap_up(s, i);
+}
+
+static void heap_set(cst *s, uint32_t idx, int64_t due)
+{
+    ent *e = &s->ents[idx];
+    heap_del(s, idx);
+    e->due_ms = due;
+    s->heap[s->heap_n] = idx;
+    e->heap_pos = (int32_t)s->heap_n;
+    s->heap_n++;
+    heap_up(s, (uint32_t)e->heap_pos);
+}
+
+static void hash_del(cst *s, uint32_t idx)
+{
+    ent *e = &s->ents[idx];
+    if (!e->hashed) return;
+    uint32_t *pp = &s->buckets[e->claim_seq & s->nb_mask];
+    while (*pp != NIL) {
+        if (*pp == idx) {
+            *pp = e->hnext;
+            break;
+        }
+        pp = &s->ents[*pp].hnext;
+    }
+    e->hashed = false;
+    e->hnext = NIL;
+}
+
+static void hash_add(cst *s, uint32_t idx)
+{
+    ent *e = &s->ents[idx];
+    uint32_t *b = &s->buckets[e->claim_seq & s->nb_mask];
+    e->hnext = *b;
+    *b = idx;
+    e->hashed = true;
+}
+
+static uint32_t hash_find(cst *s, uint64_t cseq)
+{
+    for (uint32_t i = s->buckets[cseq & s->nb_mask]; i != NIL; i = s->ents[i].hnext)
+        if (s->ents[i].claim_seq == cseq) return i;
+    return NIL;
+}
+
+static bool table_init(cst *s)
+{
+    uint64_t m = (uint64_t)s->ch->s.max_ack_pending;
+    if (m < 1) m = 1;
+    if (m > (1u << 24)) m = 1u << 24;
+    s->max_ents = (uint32_t)m;
+    uint32_t nb = 64;
+    while (nb < 2 * s->max_ents && nb < (1u << 17)) nb <<= 1;
+    s->nb_mask = nb - 1;
+    s->buckets = malloc(nb * sizeof *s->buckets);
+    s->getbuf = calloc(FX_DM_FETCH_MAX, sizeof *s->getbuf);
+    if (!s->buckets || !s->getbuf) return false;
+    for (uint32_t i = 0; i < nb; i++) s->buckets[i] = NIL;
+    return true;
+}
+
+static bool table_grow(cst *s)
+{
+    if (s->n_ents >= s->max_ents) return false;
+    uint32_t nn = s->n_ents ? s->n_ents * 2 : 64;
+    if (nn > s->max_ents) nn = s->max_ents;
+    ent *ne = realloc(s->ents, nn * sizeof *ne);
+    if (!ne) return false;
+    s->ents = ne;
+    uint32_t *nf = realloc(s->freel, nn * sizeof *nf);
+    if (!nf) return false;
+    s->freel = nf;
+    uint32_t *nh = realloc(s->heap, nn * sizeof *nh);
+    if (!nh) return false;
+    s->heap = nh;
+    uint32_t *ns = realloc(s->sendq, nn * sizeof *ns);
+    if (!ns) return false;
+    s->sendq = ns;
+    fx_mq_msg_id *na = realloc(s->acks, nn * sizeof *na);
+    if (!na) return false;
+    s->acks = na;
+    for (uint32_t i = nn; i > s->n_ents; i--) {
+        memset(&s->ents[i - 1], 0, sizeof(ent));
+        s->ents[i - 1].heap_pos = -1;
+        s->ents[i - 1].hnext = NIL;
+        s->freel[s->n_free++] = i - 1;
+    }
+    s->n_ents = nn;
+    return true;
+}
+
+static uint32_t ent_alloc(cst *s)
+{
+    if (s->n_free == 0 && !table_grow(s)) return NIL;
+    uint32_t idx = s->freel[--s->n_free];
+    ent *e = &s->ents[idx];
+    memset(e, 0, sizeof *e);
+    e->heap_pos = -1;
+    e->hnext = NIL;
+    e->gen = ++s->gen_ctr;
+    s->n_used++;
+    return idx;
+}
+
+static void ent_release(cst *s, uint32_t idx)
+{
+    ent *e = &s->ents[idx];
+    if (e->state == E_FREE) return;
+    hash_del(s, idx);
+    heap_del(s, idx);
+    fx_mq_delivery_free(&e->dv);
+    e->state = E_FREE;
+    s->freel[s->n_free++] = idx;
+    s->n_used--;
+}
+
+static void release_all(cst *s)
+{
+    for (uint32_t i = 0; i < s->n_ents; i++) ent_release(s, i);
+    s->n_send = 0;
+}
+
+static void ack_add(cst *s, const fx_mq_msg_id *id) { s->acks[s->n_acks++] = *id; }
+
+/* ---- consumer ---------------------------------------------------------------------------------- */
+
+static bool stop_requested(cst *s)
+{
+    return atomic_load(&s->cl->stop) != STOP_NONE || atomic_load(&s->cl->noresp);
+}
+
+static void wait_events(cst *s, int64_t ms)
+{
+    dm_claim *cl = s->cl;
+    if (ms <= 0) return;
+    int64_t deadline = fx_now_ms() + ms;
+    pthread_mutex_lock(&cl->mu);
+    if (cl->ev_n == 0 && !cl->dlq_done && atomic_load(&cl->stop) == STOP_NONE &&
+        !atomic_load(&cl->noresp)) {
+        struct timespec ts = fx_deadline_ts(deadline);
+        pthread_cond_timedwait(&cl->cv, &cl->mu, &ts);
+    }
+    pthread_mutex_unlock(&cl->mu);
+}
+
+static void set_holding(cst *s, bool h);
+
+static void consumer_drop(cst *s)
+{
+    release_all(s);
+    s->n_acks = 0;
+    if (s->cons) {
+        set_holding(s, false);
+        fx_mpmc_consumer_close(s->cons);
+        fx_mpmc_consumer_free(s->cons);
+        s->cons = NULL;
+    }
+    s->lost = false;
+}
+
+static bool open_consumer(cst *s)
+{
+    while (!stop_requested(s) && !atomic_load(&s->d->stopping)) {
+        int64_t id = -1;
+        fx_err e = dm_chan_resolve(s->ch, false, &id);
+        if (!e) e = fx_mpmc_consumer_open(s->d->mq, id, &s->cons);
+        if (!e) {
+            s->open_backoff_ms = 0;
+            set_holding(s, true);
+            FX_INF("claim %s: consumer open (MPMC %" PRId64 ", sub-MPSC %" PRId64 ", member %" PRId64
+                   ")",
+                   s->cl->subject, id, fx_mpmc_consumer_chan(s->cons), fx_mpmc_consumer_member(s->cons));
+            return true;
+        }
+        s->cons = NULL;
+        if (e != FX_EEXISTS) dm_chan_forget_mpmc(s->ch);
+        fx_log_ratelimited(&s->slot_open, 5000, FX_LOG_WRN, "claim %s: cannot open consumer: %s (%s)",
+                           s->cl->subject, fx_strerror(e), fx_err_detail());
+        s->open_backoff_ms = s->open_backoff_ms ? s->open_backoff_ms * 2 : 200;
+        if (s->open_backoff_ms > 5000) s->open_backoff_ms = 5000;
+        wait_events(s, s->open_backoff_ms);
+    }
+    return false;
+}
+
+static void flush_acks(cst *s)
+{
+    if (!s->n_acks || !s->cons) {
+        s->n_acks = 0;
+        return;
+    }
+    fx_err e = fx_mpmc_ack(s->cons, s->acks, s->n_acks);
+    if (e == FX_ECLOSED || e == FX_ELEASE_LOST) {
+        FX_WRN("claim %s: consumer closed (%s): %zu acks lost, reopening", s->cl->subject,
+               fx_strerror(e), s->n_acks);
+        s->lost = true;
+    } else if (e) {
+        fx_log_ratelimited(&s->slot_ack, 5000, FX_LOG_ERR, "claim %s: ack of %zu failed: %s (%s)",
+                           s->cl->subject, s->n_acks, fx_strerror(e), fx_err_detail());
+    }
+    s->n_acks = 0;
+}
+
+/* ---- delivery ----------------------------------------------------------------------------------- */
+
+static bool publish_ent(cst *s, uint32_t idx)
+{
+    fx_daemon *d = s->d;
+    dm_chan *ch = s->ch;
+    ent *e = &s->ents[idx];
+    hash_del(s, idx);
+    e->claim_seq = ++s->next_cseq;
+    e->nonce = dm_rand64() & INT64_MAX;
+    if (!e->nonce) e->nonce = 1;
+    hash_add(s, idx);
+    uint64_t attempt = e->delivered + 1;
+
+    char reply[FX_JSACK_SUBJECT_MAX + 64];
+    if (s->explicit_ack) {
+        fx_ack_meta meta = {0};
+        snprintf(meta.bridge, sizeof meta.bridge, "%s", d->name);
+        snprintf(meta.channel, sizeof meta.channel, "%s", ch->name);
+        snprintf(meta.claim, sizeof meta.claim, "%s", s->cl->token);
+        meta.delivered = attempt;
+        meta.seq = DM_SEQ(&e->dv.id);
+        meta.claim_seq = e->claim_seq;
+        meta.ts_ns = fx_wall_ns();
+        meta.pending = s->n_used > 0 ? s->n_used - 1 : 0;
+        meta.nonce = e->nonce;
+        char js[FX_JSACK_SUBJECT_MAX];
+        if (fx_ack_subject_build(&meta, js, sizeof js) < 0 ||
+            strncmp(js, FX_DM_JS_ACK_PREFIX, sizeof FX_DM_JS_ACK_PREFIX - 1) != 0) {
+            fx_log_ratelimited(&s->slot_pub, 5000, FX_LOG_ERR,
+                               "claim %s: cannot build the ack subject", s->cl->subject);
+            return false;
+        }
+        snprintf(reply, sizeof reply, "%s%s", FX_DM_ACK_PREFIX, js + sizeof FX_DM_JS_ACK_PREFIX - 1);
+    } else {
+        snprintf(reply, sizeof reply, FX_DM_NR_PREFIX "%s.%s.%s.%" PRIu64, d->name, ch->name,
+                 s->cl->token, e->claim_seq);
+    }
+    char orig[FX_SUBJECT_MAX + 1];
+    size_t sl = e->msg.subject.len < FX_SUBJECT_MAX ? e->msg.subject.len : FX_SUBJECT_MAX;
+    memcpy(orig, e->msg.subject.data, sl);
+    orig[sl] = '\0';
+    char seq[32], att[32], fid[96];
+    snprintf(seq, sizeof seq, "%" PRIu64, DM_SEQ(&e->dv.id));
+    snprintf(att, sizeof att, "%" PRIu64, attempt);
+    snprintf(fid, sizeof fid, "%" PRId64 ".%" PRId64 ".%" PRId64, e->dv.id.chan, e->dv.id.pidx,
+             e->dv.id.msg);
+
+    natsMsg *m = NULL;
+    const char *data = e->msg.data.len ? (const char *)e->msg.data.data : "";
+    natsStatus st = natsMsg_Create(&m, s->cl->subject, reply, data, (int)e->msg.data.len);
+    if (st == NATS_OK) st = dm_hdr_apply(m, e->msg.headers);
+    if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_CHANNEL, ch->name);
+    if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_SUBJECT, orig);
+    if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_SEQ, seq);
+    if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_DELIVERED, att);
+    if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_ID, fid);
+    if (st == NATS_OK) st = natsConnection_PublishMsg(d->nc, m);
+    natsMsg_Destroy(m);
+    if (st != NATS_OK) {
+        fx_log_ratelimited(&s->slot_pub, 5000, FX_LOG_WRN, "claim %s: delivery publish failed: %s",
+                           s->cl->subject, natsStatus_GetText(st));
+        return false;
+    }
+    e->delivered = attempt;
+    fx_metric_inc(ch->m.delivered, 1);
+    if (attempt > 1) fx_metric_inc(ch->m.redelivered, 1);
+    return true;
+}
+
+static bool can_publish(cst *s)
+{
+    return atomic_load(&s->cl->present) && !atomic_load(&s->d->stopping) &&
+           atomic_load(&s->cl->stop) == STOP_NONE && dm_nats_connected(s->d);
+}
+
+static void do_sends(cst *s)
+{
+    if (!s->n_send) return;
+    int64_t now = fx_now_ms();
+    bool ok_to_send = can_publish(s);
+    uint32_t n_pub = 0;
+    for (uint32_t i = 0; i < s->n_send; i++) {
+        uint32_t idx = s->sendq[i];
+        ent *e = &s->ents[idx];
+        if (e->state != E_WAIT_SEND) continue;
+        if (!ok_to_send || !publish_ent(s, idx)) {
+            heap_set(s, idx, now + (ok_to_send ? 200 : 100));
+            continue;
+        }
+        e->state = E_WAIT_ACK;
+        if (s->explicit_ack)
+            heap_set(s, idx, now + s->ch->s.ack_wait_ms);
+        else
+            s->sendq[n_pub++] = idx; /* reuse the array: published this round */
+    }
+    s->n_send = 0;
+    if (!s->explicit_ack && n_pub) {
+        /* ack none: the server has processed the publishes once the PONG is back; any 503 for
+         * them is then already in our ack-none subscription. Ack after a short grace. */
+        natsConnection_FlushTimeout(s->d->nc, 1000);
+        int64_t due = fx_now_ms() + FX_DM_NONE_GRACE_MS;
+        for (uint32_t i = 0; i < n_pub; i++) heap_set(s, s->sendq[i], due);
+    }
+}
+
+static void sendq_push(cst *s, uint32_t idx)
+{
+    if (s->n_send < s->n_ents)
+        s->sendq[s->n_send++] = idx;
+    else
+        heap_set(s, idx, fx_now_ms()); /* defensive: picked up by the next round */
+}
+
+static void schedule_send(cst *s, uint32_t idx, int64_t delay_ms)
+{
+    ent *e = &s->ents[idx];
+    e->state = E_WAIT_SEND;
+    if (delay_ms <= 0) {
+        heap_del(s, idx);
+        sendq_push(s, idx);
+    } else {
+        heap_set(s, idx, fx_now_ms() + delay_ms);
+    }
+}
+
+/* ---- dead letters ------------------------------------------------------------------------------ */
+
+static void dead_letter(cst *s, uint32_t idx, const char *reason)
+{
+    fx_daemon *d = s->d;
+    dm_chan *ch = s->ch;
+    ent *e = &s->ents[idx];
+    e->dead_reason = reason;
+    if (ch->is_dlq) {
+        /* A dead letter's own channel has no DLQ: +TERM discards it, max_deliver never drops it. */
+        if (strcmp(reason, "term") == 0) {
+            FX_INF("claim %s: dead letter %" PRId64 ".%" PRId64 ".%" PRId64 " terminated: discarded",
+                   s->cl->subject, e->dv.id.chan, e->dv.id.pidx, e->dv.id.msg);
+            fx_metric_inc(ch->m.acked, 1);
+            ack_add(s, &e->dv.id);
+            ent_release(s, idx);
+        } else {
+            int64_t delay = ch->s.n_backoff ? ch->s.backoff_ms[ch->s.n_backoff - 1] : ch->s.ack_wait_ms;
+            schedule_send(s, idx, delay);
+        }
+        return;
+    }
+    char dlq_name[160];
+    snprintf(dlq_name, sizeof dlq_name, "%s-dlq", ch->name);
+    char att[32], fid[96];
+    snprintf(att, sizeof att, "%" PRIu64, e->delivered);
+    snprintf(fid, sizeof fid, "%" PRId64 ".%" PRId64 ".%" PRId64, e->dv.id.chan, e->dv.id.pidx,
+             e->dv.id.msg);
+    const char *kv[] = {FX_DM_HDR_DEAD_REASON, reason, "Fluxon-Dead-Delivered", att,
+                        "Fluxon-Dead-Id", fid};
+    char *hdr = NULL;
+    size_t hlen = 0;
+    pq_item *it = NULL;
+    fx_err err = dm_hdr_append(e->msg.headers, kv, 3, &hdr, &hlen);
+    if (!err) {
+        fx_mq_msg rec = {.subject = e->msg.subject,
+                         .headers = {hdr, hlen},
+                         .publish_ns = e->msg.publish_ns,
+                         .data = e->msg.data};
+        size_t rl = 0;
+        err = fx_mq_msg_encoded_size(&rec, &rl);
+        if (!err && !(it = dm_pq_item_new(PQ_DEADLETTER, NULL, rl))) err = FX_ENOMEM;
+        if (!err) err = fx_mq_msg_encode_into(&rec, it->rec, rl, &it->rec_len);
+    }
+    free(hdr);
+    bool queued = false, no_dlq = false;
+    if (!err) {
+        it->claim = s->cl;
+        it->ent_idx = idx;
+        it->ent_gen = e->gen;
+        atomic_fetch_add(&s->cl->refs, 1);
+        pthread_rwlock_rdlock(&d->reg);
+        dm_chan *dq = dm_find_chan_locked(d, dlq_name);
+        if (!dq)
+            no_dlq = true;
+        else
+            queued = dm_pq_push(&dq->q, it);
+        pthread_rwlock_unlock(&d->reg);
+        if (!queued) {
+            atomic_fetch_sub(&s->cl->refs, 1); /* the registry and the thread still hold refs */
+            free(it);
+        }
+    } else {
+        free(it);
+    }
+    if (queued) {
+        heap_del(s, idx);
+        e->state = E_WAIT_DLQ;
+        s->dlq_pending++;
+        return;
+    }
+    if (no_dlq) {
+        FX_ERR("claim %s: no dead-letter channel %s: message %s dropped (%s)", s->cl->subject,
+               dlq_name, fid, reason);
+        fx_metric_inc(ch->m.dropped, 1);
+        ack_add(s, &e->dv.id);
+        ent_release(s, idx);
+        return;
+    }
+    static fx_log_slot slot;
+    fx_log_ratelimited(&slot, 5000, FX_LOG_WRN, "claim %s: cannot queue dead letter %s (%s): retrying",
+                       s->cl->subject, fid, err ? fx_strerror(err) : "queue full");
+    e->state = E_DLQ_RETRY;
+    heap_set(s, idx, fx_now_ms() + 1000);
+}
+
+/* Redeliver now / after delay, or dead-letter when the attempts are used up. */
+static void redeliver_or_dlq(cst *s, uint32_t idx, int64_t delay_ms)
+{
+    ent *e = &s->ents[idx];
+    if ((int64_t)e->delivered >= s->ch->s.max_deliver && !s->ch->is_dlq) {
+        dead_letter(s, idx, "max_deliver");
+        return;
+    }
+    schedule_send(s, idx, delay_ms);
+}
+
+/* ---- events ------------------------------------------------------------------------------------ */
+
+static void handle_ev(cst *s, const dm_ev *ev)
+{
+    fx_daemon *d = s->d;
+    uint32_t idx = hash_find(s, ev->claim_seq);
+    ent *e = idx == NIL ? NULL : &s->ents[idx];
+    if (ev->kind == EV_NORESP) {
+        if (e && (ev->nonce == 0 || e->nonce == ev->nonce)) {
+            if (!atomic_exchange(&s->cl->noresp, true))
+                FX_INF("claim %s: no responders: releasing the claim", s->cl->subject);
+            /* not an attempt: the message stays unacked for the next consumer */
+            if (e->delivered) e->delivered--;
+        }
+        return;
+    }
+    if (!e || e->nonce != ev->nonce || !s->explicit_ack) {
+        fx_metric_inc(d->g_stale_acks, 1);
+        return;
+    }
+    switch (ev->kind) {
+    case EV_ACK:
+        if (e->state != E_WAIT_ACK && e->state != E_WAIT_SEND) break;
+        fx_metric_inc(s->ch->m.acked, 1);
+        ack_add(s, &e->dv.id);
+        ent_release(s, idx);
+        break;
+    case EV_NAK:
+        if (e->state != E_WAIT_ACK) break;
+        {
+            int64_t delay = ev->delay_ns > 0 ? ev->delay_ns / 1000000 : -1;
+            if (delay < 0) {
+                const fx_chan_settings *cs = &s->ch->s;
+                if (cs->n_backoff) {
+                    size_t i = e->delivered ? (size_t)e->delivered - 1 : 0;
+                    if (i >= cs->n_backoff) i = cs->n_backoff - 1;
+                    delay = cs->backoff_ms[i];
+                } else {
+                    delay = 0;
+                }
+            }
+            redeliver_or_dlq(s, idx, delay);
+        }
+        break;
+    case EV_WPI:
+        if (e->state != E_WAIT_ACK) break;
+        heap_set(s, idx, fx_now_ms() + s->ch->s.ack_wait_ms);
+        break;
+    case EV_TERM:
+        if (e->state != E_WAIT_ACK && e->state != E_WAIT_SEND) break;
+        dead_letter(s, idx, "term");
+        break;
+    default:
+        break;
+    }
+}
+
+static void handle_dlq_done(cst *s, pq_item *it)
+{
+    uint32_t idx = it->ent_idx;
+    if (s->dlq_pending) s->dlq_pending--;
+    if (idx < s->n_ents && s->ents[idx].state == E_WAIT_DLQ && s->ents[idx].gen == it->ent_gen) {
+        ent *e = &s->ents[idx];
+        if (it->result == FX_OK) {
+            FX_INF("claim %s: message %" PRId64 ".%" PRId64 ".%" PRId64 " dead-lettered (%s)",
+                   s->cl->subject, e->dv.id.chan, e->dv.id.pidx, e->dv.id.msg, e->dead_reason);
+            fx_metric_inc(s->ch->m.dead, 1);
+            ack_add(s, &e->dv.id);
+            ent_release(s, idx);
+        } else {
+            static fx_log_slot slot;
+            fx_log_ratelimited(&slot, 5000, FX_LOG_WRN, "claim %s: dead letter not stored (%s): retrying",
+                               s->cl->subject, fx_strerror(it->result));
+            e->state = E_DLQ_RETRY;
+            heap_set(s, idx, fx_now_ms() + 1000);
+        }
+    }
+    dm_claim *cl = it->claim;
+    free(it);
+    dm_claim_unref(cl);
+}
+
+/* Process queued events and dead-letter completions; returns how many were handled. */
+static size_t drain_events(cst *s)
+{
+    dm_claim *cl = s->cl;
+    size_t total = 0;
+    for (int round = 0; round < 64; round++) {
+        dm_ev local[256];
+        size_t n = 0;
+        pthread_mutex_lock(&cl->mu);
+        while (cl->ev_n && n < 256) {
+            local[n++] = cl->evs[cl->ev_head];
+            cl->ev_head = (cl->ev_head + 1) % cl->ev_cap;
+            cl->ev_n--;
+        }
+        pq_item *done = cl->dlq_done;
+        cl->dlq_done = NULL;
+        pthread_mutex_unlock(&cl->mu);
+        for (size_t i = 0; i < n; i++) handle_ev(s, &local[i]);
+        while (done) {
+            pq_item *nx = done->next;
+            handle_dlq_done(s, done);
+            done = nx;
+        }
+        total += n;
+        if (n < 256) break;
+    }
+    return total;
+}
+
+static bool events_pending(dm_claim *cl)
+{
+    pthread_mutex_lock(&cl->mu);
+    bool p = cl->ev_n > 0 || cl->dlq_done;
+    pthread_mutex_unlock(&cl->mu);
+    return p;
+}
+
+/* ---- timers ------------------------------------------------------------------------------------ */
+
+static void run_due(cst *s)
+{
+    int64_t now = fx_now_ms();
+    while (s->heap_n && s->ents[s->heap[0]].due_ms <= now) {
+        uint32_t idx = s->heap[0];
+        ent *e = &s->ents[idx];
+        heap_del(s, idx);
+        switch (e->state) {
+        case E_WAIT_ACK:
+            if (!s->explicit_ack) { /* ack none: no no-responders came back */
+                ack_add(s, &e->dv.id);
+                ent_release(s, idx);
+            } else if (!atomic_load(&s->cl->present)) {
+                heap_set(s, idx, now + 200); /* nobody listens: hold, do not count */
+            } else {
+                redeliver_or_dlq(s, idx, 0);
+            }
+            break;
+        case E_WAIT_SEND:
+            sendq_push(s, idx);
+            break;
+        case E_DLQ_RETRY:
+            dead_letter(s, idx, e->dead_reason ? e->dead_reason : "max_deliver");
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+static int64_t next_due_in(cst *s)
+{
+    if (!s->heap_n) return INT64_MAX;
+    int64_t left = s->ents[s->heap[0]].due_ms - fx_now_ms();
+    return left < 0 ? 0 : left;
+}
+
+/* ---- fetch ------------------------------------------------------------------------------------- */
+
+static void accept_msgs(cst *s, size_t got)
+{
+    for (size_t i = 0; i < got; i++) {
+        fx_mq_delivery *dv = &s->getbuf[i];
+        uint32_t idx = ent_alloc(s);
+        if (idx == NIL) { /* cannot happen: we never fetch past the window */
+            fx_mq_delivery_free(dv);
+            continue;
+        }
+        ent *e = &s->ents[idx];
+        e->dv = *dv;
+        *dv = (fx_mq_delivery){0};
+        if (fx_mq_msg_decode(e->dv.value.data, e->dv.value.len, e->dv.value.len + 1, &e->msg) !=
+            FX_OK) {
+            FX_ERR("claim %s: message %" PRId64 ".%" PRId64 ".%" PRId64
+                   " is not a valid record (%s): dropped",
+                   s->cl->subject, e->dv.id.chan, e->dv.id.pidx, e->dv.id.msg, fx_err_detail());
+            fx_metric_inc(s->ch->m.dropped, 1);
+            ack_add(s, &e->dv.id);
+            ent_release(s, idx);
+            continue;
+        }
+        e->state = E_WAIT_SEND;
+        sendq_push(s, idx);
+    }
+}
+
+/* ---- stranded backlog ---------------------------------------------------------------------------- */
+
+static bool in_set(const int64_t *set, size_t n, int64_t v)
+{
+    for (size_t i = 0; i < n; i++)
+        if (set[i] == v) return true;
+    return false;
+}
+
+/* An idle claim (nothing in flight) whose own sub-MPSC is empty adopts an unready sub-MPSC that
+ * still holds messages (left by a released claim or a killed bridge whose member lease expired).
+ * fx_mpmc_consumer_open claims the first unready sub-MPSC in list order, so the claim opens
+ * consumers while holding the previous ones (each open then steps past the sub-MPSCs held) until
+ * one lands on a stranded sub-MPSC; that one replaces the current consumer, the rest are closed.
+ * At most min(unready, FX_DM_SWEEP_MAX) opens per view refresh. */
+static void adopt_stranded(cst *s)
+{
+    dm_chan *ch = s->ch;
+    int64_t unready[FX_DM_SWEEP_MAX], stranded[FX_DM_SWEEP_MAX];
+    size_t nu, ns;
+    uint64_t gen;
+    pthread_mutex_lock(&ch->mu);
+    gen = ch->view_gen;
+    nu = ch->n_unready;
+    ns = ch->n_stranded;
+    memcpy(unready, ch->unready, nu * sizeof *unready);
+    memcpy(stranded, ch->stranded, ns * sizeof *stranded);
+    pthread_mutex_unlock(&ch->mu);
+    if (!ns || gen == s->view_gen || !s->cons) return;
+    s->view_gen = gen;
+    int64_t own = fx_mpmc_consumer_chan(s->cons);
+    if (in_set(stranded, ns, own)) return;
+    int64_t mpmc = -1;
+    if (dm_chan_resolve(ch, false, &mpmc)) return;
+    fx_mpmc_consumer *held[FX_DM_SWEEP_MAX], *target = NULL;
+    size_t nh = 0;
+    for (size_t i = 0; i < nu && !stop_requested(s); i++) {
+        fx_mpmc_consumer *c = NULL;
+        if (fx_mpmc_consumer_open(s->d->mq, mpmc, &c)) break;
+        int64_t chan = fx_mpmc_consumer_chan(c);
+        if (in_set(stranded, ns, chan)) {
+            target = c;
+            break;
+        }
+        held[nh++] = c;
+        if (!in_set(unready, nu, chan)) break; /* a new sub-MPSC: no unready one left */
+    }
+    for (size_t i = 0; i < nh; i++) {
+        fx_mpmc_consumer_close(held[i]);
+        fx_mpmc_consumer_free(held[i]);
+    }
+    if (!target) return;
+    fx_mpmc_consumer *old = s->cons;
+    s->cons = target;
+    fx_mpmc_flush(old, 2000);
+    fx_mpmc_consumer_close(old);
+    fx_mpmc_consumer_free(old);
+    FX_INF("claim %s: adopted sub-MPSC %" PRId64 " with stranded backlog (left sub-MPSC %" PRId64 ")",
+           s->cl->subject, fx_mpmc_consumer_chan(target), own);
+}
+
+/* ---- the claim thread -------------------------------------------------------------------------- */
+
+static size_t count_state(cst *s, uint8_t st)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < s->n_ents; i++)
+        if (s->ents[i].state == st) n++;
+    return n;
+}
+
+static void claim_loop(cst *s)
+{
+    dm_claim *cl = s->cl;
+    for (;;) {
+        if (stop_requested(s)) return;
+        if (!s->cons && !open_consumer(s)) return;
+        drain_events(s);
+        flush_acks(s);
+        if (s->lost) {
+            consumer_drop(s);
+            continue;
+        }
+        run_due(s);
+        do_sends(s);
+        flush_acks(s);
+        if (s->lost) {
+            consumer_drop(s);
+            continue;
+        }
+        if (stop_requested(s)) return;
+        int64_t next = next_due_in(s);
+        bool can_fetch = s->n_used < s->max_ents && can_publish(s);
+        if (!can_fetch) {
+            wait_events(s, next < 50 ? next : 50);
+            continue;
+        }
+        size_t want = s->max_ents - s->n_used;
+        if (want > FX_DM_FETCH_MAX) want = FX_DM_FETCH_MAX;
+        int to = events_pending(cl) ? 0 : (int)(next < 20 ? next : 20);
+        size_t got = 0;
+        fx_err e = fx_mpmc_get(s->cons, s->getbuf, want, &got, to);
+        if (e == FX_OK) {
+            accept_msgs(s, got);
+            do_sends(s);
+        } else if (e == FX_ETIMEDOUT) {
+            if (s->n_used == 0 && s->dlq_pending == 0 && s->n_acks == 0) adopt_stranded(s);
+        } else if (e == FX_ECLOSED || e == FX_ELEASE_LOST) {
+            FX_WRN("claim %s: consumer closed (%s): reopening", cl->subject, fx_strerror(e));
+            consumer_drop(s);
+        } else {
+            fx_log_ratelimited(&s->slot_get, 5000, FX_LOG_WRN, "claim %s: get failed: %s (%s)",
+                               cl->subject, fx_strerror(e), fx_err_detail());
+            wait_events(s, 200);
+        }
+    }
+}
+
+static void claim_release(cst *s)
+{
+    dm_claim *cl = s->cl;
+    if (s->cons) {
+        int mode = atomic_load(&cl->stop);
+        if (mode == STOP_DRAIN && s->explicit_ack && atomic_load(&cl->present) &&
+            !atomic_load(&cl->noresp)) {
+            int64_t deadline = fx_now_ms() + FX_DM_DRAIN_LINGER_MS;
+            while (count_state(s, E_WAIT_ACK) > 0 && fx_ms_left(deadline) > 0 && !s->lost) {
+                size_t handled = drain_events(s);
+                s->n_send = 0; /* nothing is (re)published while draining */
+                if (!handled) {
+                    flush_acks(s);
+                    pthread_mutex_lock(&cl->mu);
+                    if (cl->ev_n == 0 && !cl->dlq_done) {
+                        struct timespec ts = fx_deadline_ts(fx_now_ms() + 50);
+                        pthread_cond_timedwait(&cl->cv, &cl->mu, &ts);
+                    }
+                    pthread_mutex_unlock(&cl->mu);
+                }
+            }
+        }
+        int64_t deadline = fx_now_ms() + FX_DM_DLQ_WAIT_MS;
+        while (s->dlq_pending > 0 && fx_ms_left(deadline) > 0) {
+            size_t handled = drain_events(s);
+            s->n_send = 0;
+            if (!handled) {
+                pthread_mutex_lock(&cl->mu);
+                if (cl->ev_n == 0 && !cl->dlq_done) {
+                    struct timespec ts = fx_deadline_ts(fx_now_ms() + 50);
+                    pthread_cond_timedwait(&cl->cv, &cl->mu, &ts);
+                }
+                pthread_mutex_unlock(&cl->mu);
+            }
+        }
+        flush_acks(s);
+        if (!s->lost) {
+            fx_err e = fx_mpmc_flush(s->cons, 2000);
+            if (e && e != FX_ECLOSED && e != FX_ELEASE_LOST)
+                FX_WRN("claim %s: ack flush: %s", cl->subject, fx_strerror(e));
+        }
+        size_t unacked = s->n_used;
+        consumer_drop(s);
+        FX_INF("claim %s: released (%zu unacked message(s) left for the next consumer)",
+               cl->subject, unacked);
+    }
+    release_all(s);
+}
+
+static void *claim_main(void *arg)
+{
+    dm_claim *cl = arg;
+    cst s = {0};
+    s.cl = cl;
+    s.ch = cl->ch;
+    s.d = cl->ch->d;
+    s.explicit_ack = cl->ch->s.ack == FX_ACK_EXPLICIT;
+    if (table_init(&s)) {
+        claim_loop(&s);
+        claim_release(&s);
+    } else {
+        FX_ERR("claim %s: out of memory", cl->subject);
+    }
+    /* completions of dead letters still in flight are freed by the producer side from now on */
+    pthread_mutex_lock(&cl->mu);
+    cl->dlq_closed = true;
+    pq_item *done = cl->dlq_done;
+    cl->dlq_done = NULL;
+    pthread_mutex_unlock(&cl->mu);
+    while (done) {
+        pq_item *nx = done->next;
+        free(done);
+        dm_claim_unref(cl);
+        done = nx;
+    }
+    free(s.ents);
+    free(s.freel);
+    free(s.heap);
+    free(s.sendq);
+    free(s.acks);
+    free(s.buckets);
+    for (size_t i = 0; s.getbuf && i < FX_DM_FETCH_MAX; i++) fx_mq_delivery_free(&s.getbuf[i]);
+    free(s.getbuf);
+    nats_ReleaseThreadMemory();
+    atomic_store(&cl->finished, true);
+    dm_claim_unref(cl);
+    return NULL;
+}
+
+/* ---- claim objects ----------------------------------------------------------------------------- */
+
+void dm_claim_unref(dm_claim *cl)
+{
+    if (!cl || atomic_fetch_sub(&cl->refs, 1) != 1) return;
+    pq_item *it = cl->dlq_done;
+    while (it) { /* cannot hold refs (each would keep cl alive); defensive */
+        pq_item *nx = it->next;
+        free(it);
+        it = nx;
+    }
+    free(cl->evs);
+    pthread_mutex_destroy(&cl->mu);
+    pthread_cond_destroy(&cl->cv);
+    free(cl);
+}
+
+void dm_claim_dlq_complete(pq_item *it)
+{
+    dm_claim *cl = it->claim;
+    pthread_mutex_lock(&cl->mu);
+    if (cl->dlq_closed) {
+        pthread_mutex_unlock(&cl->mu);
+        free(it);
+        dm_claim_unref(cl);
+        return;
+    }
+    it->next = cl->dlq_done;
+    cl->dlq_done = it;
+    pthread_cond_signal(&cl->cv);
+    pthread_mutex_unlock(&cl->mu);
+}
+
+static bool ev_push(dm_claim *cl, const dm_ev *ev)
+{
+    pthread_mutex_lock(&cl->mu);
+    if (cl->ev_n >= cl->ev_cap) {
+        pthread_mutex_unlock(&cl->mu);
+        return false;
+    }
+    cl->evs[(cl->ev_head + cl->ev_n) % cl->ev_cap] = *ev;
+    cl->ev_n++;
+    pthread_cond_signal(&cl->cv);
+    pthread_mutex_unlock(&cl->mu);
+    return true;
+}
+
+static void request_stop(dm_claim *cl, int mode)
+{
+    int cur = STOP_NONE;
+    atomic_compare_exchange_strong(&cl->stop, &cur, mode); /* the first reason wins */
+    pthread_mutex_lock(&cl->mu);
+    pthread_cond_broadcast(&cl->cv);
+    pthread_mutex_unlock(&cl->mu);
+}
+
+static dm_claim *claim_new(dm_chan *ch, const char *token)
+{
+    dm_claim *cl = calloc(1, sizeof *cl);
+    if (!cl) return NULL;
+    cl->ch = ch;
+    snprintf(cl->token, sizeof cl->token, "%s", token);
+    snprintf(cl->subject, sizeof cl->subject, "%s.%s", ch->deliver_prefix, token);
+    uint64_t cap = (uint64_t)ch->s.max_ack_pending * 2;
+    if (cap < FX_DM_EVQ_MIN) cap = FX_DM_EVQ_MIN;
+    if (cap > FX_DM_EVQ_MAX) cap = FX_DM_EVQ_MAX;
+    cl->ev_cap = (size_t)cap;
+    cl->evs = malloc(cl->ev_cap * sizeof *cl->evs);
+    if (!cl->evs) {
+        free(cl);
+        return NULL;
+    }
+    pthread_mutex_init(&cl->mu, NULL);
+    fx_cond_init_monotonic(&cl->cv);
+    atomic_init(&cl->refs, 2); /* the registry and the thread */
+    atomic_init(&cl->stop, STOP_NONE);
+    atomic_init(&cl->present, true);
+    cl->started = true;
+    if (pthread_create(&cl->thr, NULL, claim_main, cl) != 0) {
+        atomic_store(&cl->refs, 1);
+        dm_claim_unref(cl);
+        return NULL;
+    }
+    return cl;
+}
+
+/* ---- ack routing (NATS callbacks: parse, look up, enqueue; never block) ------------------------- */
+
+static void route(fx_daemon *d, const char *chan, const char *claim, const dm_ev *ev, bool invalid)
+{
+    pthread_rwlock_rdlock(&d->reg);
+    dm_chan *ch = dm_find_chan_locked(d, chan);
+    if (!ch) {
+        pthread_rwlock_unlock(&d->reg);
+        fx_metric_inc(invalid ? d->g_invalid_acks : d->g_stale_acks, 1);
+        return;
+    }
+    if (invalid) {
+        fx_metric_inc(ch->m.invalid_acks, 1);
+        pthread_rwlock_unlock(&d->reg);
+        return;
+    }
+    bool routed = false;
+    for (dm_claim *cl = ch->claims; cl; cl = cl->next) {
+        if (strcmp(cl->token, claim) != 0 || atomic_load(&cl->finished)) continue;
+        routed = true;
+        if (!ev_push(cl, ev)) {
+            static fx_log_slot slot;
+            fx_log_ratelimited(&slot, 5000, FX_LOG_WRN, "claim %s: ack queue full: ack dropped",
+                               cl->subject);
+            fx_metric_inc(d->g_acks_dropped, 1);
+        }
+    }
+    pthread_rwlock_unlock(&d->reg);
+    if (!routed) fx_metric_inc(d->g_stale_acks, 1);
+}
+
+void dm_on_ack(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
+{
+    (void)nc;
+    (void)sub;
+    fx_daemon *d = arg;
+    fx_ack_meta meta;
+    const char *subj = natsMsg_GetSubject(m);
+    char js[FX_JSACK_SUBJECT_MAX + 64];
+    bool ok = false;
+    if (subj && strncmp(subj, FX_DM_ACK_PREFIX, sizeof FX_DM_ACK_PREFIX - 1) == 0) {
+        int n = snprintf(js, sizeof js, "%s%s", FX_DM_JS_ACK_PREFIX, subj + sizeof FX_DM_ACK_PREFIX - 1);
+        ok = n > 0 && (size_t)n < sizeof js;
+    } else if (subj && strncmp(subj, FX_DM_JS_ACK_PREFIX, sizeof FX_DM_JS_ACK_PREFIX - 1) == 0) {
+        int n = snprintf(js, sizeof js, "%s", subj); /* an ack sent to the JetStream form */
+        ok = n > 0 && (size_t)n < sizeof js;
+    }
+    if (!ok || fx_ack_subject_parse(js, &meta) != 0 || strcmp(meta.bridge, d->name) != 0) {
+        static fx_log_slot slot;
+        fx_log_ratelimited(&slot, 10000, FX_LOG_WRN, "invalid ack subject ignored");
+        fx_metric_inc(d->g_invalid_acks, 1);
+        natsMsg_Destroy(m);
+        return;
+    }
+    dm_ev ev = {.claim_seq = meta.claim_seq, .nonce = meta.nonce};
+    bool invalid = false;
+    if (natsMsg_IsNoResponders(m)) {
+        ev.kind = EV_NORESP;
+    } else {
+        int64_t delay = 0;
+        const char *data = natsMsg_GetData(m);
+        int len = natsMsg_GetDataLength(m);
+        fx_ack_kind k = fx_ack_body_parse(data ? data : "", len > 0 ? (size_t)len : 0, &delay);
+        switch (k) {
+        case FX_ACK_ACK: ev.kind = EV_ACK; break;
+        case FX_ACK_NAK: ev.kind = EV_NAK; ev.delay_ns = delay; break;
+        case FX_ACK_WPI: ev.kind = EV_WPI; break;
+        case FX_ACK_TERM: ev.kind = EV_TERM; break;
+        default: invalid = true; break;
+        }
+        if (invalid) {
+            static fx_log_slot slot;
+            fx_log_ratelimited(&slot, 10000, FX_LOG_WRN, "channel %s: invalid ack body ignored",
+                               meta.channel);
+        }
+    }
+    route(d, meta.channel, meta.claim, &ev, invalid);
+    natsMsg_Destroy(m);
+}
+
+/* "_FLUXON.NR.<bridge>.<channel>.<claim>.<claim seq>": only no-responders statuses matter. */
+void dm_on_nr(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
+{
+    (void)nc;
+    (void)sub;
+    fx_daemon *d = arg;
+    const char *subj = natsMsg_GetSubject(m);
+    if (!natsMsg_IsNoResponders(m) || !subj || strncmp(subj, FX_DM_NR_PREFIX, sizeof FX_DM_NR_PREFIX - 1)) {
+        natsMsg_Destroy(m);
+        return;
+    }
+    char buf[FX_JSACK_SUBJECT_MAX + 64];
+    snprintf(buf, sizeof buf, "%s", subj + sizeof FX_DM_NR_PREFIX - 1);
+    char *tok[4] = {0};
+    char *save = NULL;
+    int n = 0;
+    for (char *t = strtok_r(buf, ".", &save); t && n < 5; t = strtok_r(NULL, ".", &save)) {
+        if (n < 4) tok[n] = t;
+        n++;
+    }
+    if (n == 4 && strcmp(tok[0], d->name) == 0) {
+        char *end = NULL;
+        uint64_t cseq = strtoull(tok[3], &end, 10);
+        if (end && !*end) {
+            dm_ev ev = {.kind = EV_NORESP, .claim_seq = cseq, .nonce = 0};
+            route(d, tok[1], tok[2], &ev, false);
+        }
+    }
+    natsMsg_Destroy(m);
+}
+
+/* ---- interest thread --------------------------------------------------------------------------- */
+
+/* fluxon_claims: claims that hold a sub-MPSC (consumer open) and are not being released. */
+static size_t count_live(dm_chan *ch)
+{
+    size_t n = 0;
+    for (dm_claim *cl = ch->claims; cl; cl = cl->next)
+        if (atomic_load(&cl->stop) == STOP_NONE && atomic_load(&cl->holding)) n++;
+    return n;
+}
+
+/* Called by the claim thread when its consumer opens or closes: refresh the gauge at once. */
+static void set_holding(cst *s, bool h)
+{
+    atomic_store(&s->cl->holding, h);
+    fx_daemon *d = s->d;
+    pthread_rwlock_rdlock(&d->reg);
+    size_t n = 0;
+    for (dm_claim *cl = s->ch->claims; cl; cl = cl->next)
+        if (atomic_load(&cl->stop) == STOP_NONE && atomic_load(&cl->holding)) n++;
+    fx_metric_set(s->ch->m.claims, (int64_t)n);
+    pthread_rwlock_unlock(&d->reg);
+}
+
+static void apply_interest(fx_daemon *d, const fx_interest *set)
+{
+    int64_t now = fx_now_ms();
+    pthread_rwlock_wrlock(&d->reg);
+    for (size_t c = 0; c < d->n_chans; c++) {
+        dm_chan *ch = d->chans[c];
+        if (atomic_load(&ch->draining)) continue;
+        for (size_t i = 0; i < set->n && !atomic_load(&d->stopping); i++) {
+            const char *tok = fx_interest_claim_token(ch->deliver_prefix, set->subjects[i]);
+            if (!tok || !fx_subject_token_valid(tok) || strlen(tok) >= sizeof ((dm_claim *)0)->token)
+                continue;
+            dm_claim *cl = ch->claims;
+            while (cl && (strcmp(cl->token, tok) != 0 || atomic_load(&cl->stop) != STOP_NONE ||
+                          atomic_load(&cl->noresp)))
+                cl = cl->next;
+            if (!cl) {
+                cl = claim_new(ch, tok);
+                if (!cl) {
+                    FX_ERR("claim %s.%s: cannot start (out of resources)", ch->deliver_prefix, tok);
+                    continue;
+                }
+                cl->next = ch->claims;
+                ch->claims = cl;
+                FX_INF("claim %s: interest appeared: claiming", cl->subject);
+            }
+            cl->last_seen_ms = now;
+            atomic_store(&cl->present, true);
+        }
+        for (dm_claim *cl = ch->claims; cl; cl = cl->next) {
+            if (atomic_load(&cl->stop) != STOP_NONE || cl->last_seen_ms == now) continue;
+            if (atomic_exchange(&cl->present, false))
+                FX_DBG("claim %s: no subscriber seen", cl->subject);
+            if (now - cl->last_seen_ms >= ch->s.release_after_ms) {
+                FX_INF("claim %s: no interest for %" PRId64 " ms: releasing", cl->subject,
+                       now - cl->last_seen_ms);
+                request_stop(cl, STOP_RELEASE);
+            }
+        }
+        fx_metric_set(ch->m.claims, (int64_t)count_live(ch));
+    }
+    pthread_rwlock_unlock(&d->reg);
+}
+
+static void reap(fx_daemon *d)
+{
+    pthread_rwlock_wrlock(&d->reg);
+    for (size_t c = 0; c < d->n_chans; c++) {
+        dm_chan *ch = d->chans[c];
+        dm_claim **pp = &ch->claims;
+        while (*pp) {
+            dm_claim *cl = *pp;
+            if (atomic_load(&cl->finished)) {
+                *pp = cl->next;
+                if (cl->started) pthread_join(cl->thr, NULL);
+                dm_claim_unref(cl);
+            } else {
+                pp = &cl->next;
+            }
+        }
+        fx_metric_set(ch->m.claims, (int64_t)count_live(ch));
+    }
+    pthread_rwlock_unlock(&d->reg);
+}
+
+void *dm_interest_main(void *arg)
+{
+    fx_daemon *d = arg;
+    char *url = NULL, *acc = NULL;
+    pthread_mutex_lock(&d->cfg_mu);
+    url = strdup(d->cfg->nats.monitor_url ? d->cfg->nats.monitor_url : "http://127.0.0.1:8222");
+    acc = d->cfg->nats.account ? strdup(d->cfg->nats.account) : NULL;
+    pthread_mutex_unlock(&d->cfg_mu);
+    fx_log_slot slot = {0};
+    bool failing = false;
+    for (;;) {
+        int64_t period = 1000;
+        pthread_rwlock_rdlock(&d->reg);
+        for (size_t c = 0; c < d->n_chans; c++)
+            if (d->chans[c]->s.interest_poll_ms > 0 && d->chans[c]->s.interest_poll_ms < period)
+                period = d->chans[c]->s.interest_poll_ms;
+        pthread_rwlock_unlock(&d->reg);
+        int64_t t0 = fx_now_ms();
+        if (url && dm_nats_connected(d)) {
+            uint64_t cid = 0;
+            natsConnection_GetClientID(d->nc, &cid);
+            fx_interest set = {0};
+            fx_err e = fx_interest_fetch(url, acc, &cid, 1, 2000, &set);
+            if (!e) {
+                if (failing) FX_INF("interest: %s/subsz reachable again", url);
+                failing = false;
+                apply_interest(d, &set);
+            } else {
+                failing = true;
+                fx_log_ratelimited(&slot, 10000, FX_LOG_WRN, "interest: poll failed: %s (%s)",
+                                   fx_strerror(e), fx_err_detail());
+            }
+            fx_interest_free(&set);
+        }
+        reap(d);
+        int64_t wait = period - (fx_now_ms() - t0);
+        if (dm_bg_wait(d, wait > 10 ? wait : 10)) break;
+    }
+    free(url);
+    free(acc);
+    return NULL;
+}
+
+void dm_claims_request_stop(fx_daemon *d, dm_chan *ch, int mode)
+{
+    pthread_rwlock_rdlock(&d->reg);
+    for (dm_claim *cl = ch->claims; cl; cl = cl->next) request_stop(cl, mode);
+    pthread_rwlock_unlock(&d->reg);
+}
+
+void dm_claims_stop_all(fx_daemon *d, dm_chan *ch, int mode)
+{
+    dm_claims_request_stop(d, ch, mode);
+    /* Only this thread changes ch->claims now (the interest thread is stopped or ch is retired). */
+    for (dm_claim *cl = ch->claims; cl; cl = cl->next)
+        if (cl->started) {
+            pthread_join(cl->thr, NULL);
+            cl->started = false;
+        }
+    pthread_rwlock_wrlock(&d->reg);
+    dm_claim *list = ch->claims;
+    ch->claims = NULL;
+    pthread_rwlock_unlock(&d->reg);
+    while (list) {
+        dm_claim *nx = list->next;
+        dm_claim_unref(list);
+        list = nx;
+    }
+    fx_metric_set(ch->m.claims, 0);
+}

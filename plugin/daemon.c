@@ -1,0 +1,989 @@
+/* daemon.c -- fluxon-bridge lifecycle: NATS connection, MQ client, channels, admin, house-keeping,
+ * health, reload and drain. Contracts: daemon.h (public), daemon_int.h (internal). */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "admin.h"
+#include "daemon_int.h"
+#include "fx_time.h"
+#include "jsack.h"
+
+typedef struct dm_admin_req {
+    struct dm_admin_req *next;
+    char *subject;
+    char *reply;
+} dm_admin_req;
+
+/* ---- small helpers ------------------------------------------------------------------------- */
+
+uint64_t dm_rand64(void)
+{
+    static _Thread_local uint64_t st;
+    if (!st) {
+        if (getrandom(&st, sizeof st, 0) != (ssize_t)sizeof st)
+            st = (uint64_t)fx_wall_ns() ^ (uint64_t)(uintptr_t)&st;
+        st |= 1;
+    }
+    st ^= st >> 12;
+    st ^= st << 25;
+    st ^= st >> 27;
+    return st * 0x2545F4914F6CDD1DULL;
+}
+
+dm_chan *dm_find_chan_locked(fx_daemon *d, const char *name)
+{
+    for (size_t i = 0; i < d->n_chans; i++)
+        if (strcmp(d->chans[i]->name, name) == 0) return d->chans[i];
+    return NULL;
+}
+
+bool dm_nats_connected(fx_daemon *d)
+{
+    return d->nc && natsConnection_Status(d->nc) == NATS_CONN_STATUS_CONNECTED;
+}
+
+static bool wait_flag(fx_daemon *d, const bool *flag, int64_t ms)
+{
+    int64_t deadline = fx_now_ms() + (ms > 0 ? ms : 0);
+    pthread_mutex_lock(&d->mu);
+    while (!*flag && fx_ms_left(deadline) > 0) {
+        struct timespec ts = fx_deadline_ts(deadline);
+        pthread_cond_timedwait(&d->cv, &d->mu, &ts);
+    }
+    bool r = *flag;
+    pthread_mutex_unlock(&d->mu);
+    return r;
+}
+
+bool dm_bg_wait(fx_daemon *d, int64_t ms) { return wait_flag(d, &d->stop_interest, ms); }
+
+static void set_flag(fx_daemon *d, bool *flag)
+{
+    pthread_mutex_lock(&d->mu);
+    *flag = true;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* Strip the userinfo of a URL before logging it (never log credentials). */
+static void redact_url(const char *url, char *out, size_t cap)
+{
+    if (!url) {
+        snprintf(out, cap, "-");
+        return;
+    }
+    const char *at = strchr(url, '@');
+    const char *scheme = strstr(url, "://");
+    if (at && scheme && at > scheme)
+        snprintf(out, cap, "%.*s***%s", (int)(scheme + 3 - url), url, at);
+    else
+        snprintf(out, cap, "%s", url);
+}
+
+static const char *conn_status_text(natsConnStatus s)
+{
+    switch (s) {
+    case NATS_CONN_STATUS_DISCONNECTED: return "disconnected";
+    case NATS_CONN_STATUS_CONNECTING: return "connecting";
+    case NATS_CONN_STATUS_CONNECTED: return "connected";
+    case NATS_CONN_STATUS_CLOSED: return "closed";
+    case NATS_CONN_STATUS_RECONNECTING: return "reconnecting";
+    case NATS_CONN_STATUS_DRAINING_SUBS: return "draining subscriptions";
+    case NATS_CONN_STATUS_DRAINING_PUBS: return "draining publications";
+    }
+    return "unknown";
+}
+
+/* ---- NATS connection callbacks (cnats threads: log, flags, never block) ------------------ */
+
+static void update_max_payload(fx_daemon *d, natsConnection *nc)
+{
+    int64_t mp = natsConnection_GetMaxPayload(nc);
+    if (mp > 0) atomic_store(&d->max_payload, mp);
+}
+
+static void on_connected(natsConnection *nc, void *arg)
+{
+    fx_daemon *d = arg;
+    char url[256] = "";
+    natsConnection_GetConnectedUrl(nc, url, sizeof url);
+    char red[300];
+    redact_url(url, red, sizeof red);
+    update_max_payload(d, nc);
+    FX_INF("nats: connected to %s", red);
+}
+
+static void on_disconnected(natsConnection *nc, void *arg)
+{
+    (void)nc;
+    fx_daemon *d = arg;
+    if (!atomic_load(&d->stopping)) FX_WRN("nats: disconnected; reconnecting");
+}
+
+static void on_reconnected(natsConnection *nc, void *arg)
+{
+    fx_daemon *d = arg;
+    char url[256] = "";
+    natsConnection_GetConnectedUrl(nc, url, sizeof url);
+    char red[300];
+    redact_url(url, red, sizeof red);
+    update_max_payload(d, nc);
+    fx_metric_inc(d->g_reconnects, 1);
+    FX_INF("nats: reconnected to %s", red);
+}
+
+static void on_closed(natsConnection *nc, void *arg)
+{
+    (void)nc;
+    fx_daemon *d = arg;
+    if (atomic_load(&d->stopping)) return;
+    FX_ERR("nats: connection closed permanently");
+    atomic_store(&d->fatal, true);
+    set_flag(d, &d->ctl_stop);
+}
+
+static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, void *arg)
+{
+    (void)nc;
+    (void)sub;
+    fx_daemon *d = arg;
+    static fx_log_slot slot_sc, slot_other;
+    if (err == NATS_SLOW_CONSUMER) {
+        fx_metric_inc(d->g_slow, 1);
+        fx_log_ratelimited(&slot_sc, 5000, FX_LOG_WRN,
+                           "nats: slow consumer: messages dropped by the client library");
+    } else {
+        fx_log_ratelimited(&slot_other, 5000, FX_LOG_WRN, "nats: async error: %s",
+                           natsStatus_GetText(err));
+    }
+}
+
+static fx_err nats_setup(fx_daemon *d)
+{
+    const fx_config *c = d->cfg;
+    natsStatus s = nats_Open(-1);
+    if (s != NATS_OK) return fx_seterr(FX_EUNAVAIL, "nats: library init: %s", natsStatus_GetText(s));
+    d->nats_opened = true;
+    nats_SetMessageDeliveryPoolSize(FX_DM_DELIVERY_THREADS);
+    if ((s = natsOptions_Create(&d->opts)) != NATS_OK)
+        return fx_seterr(FX_ENOMEM, "nats: options: %s", natsStatus_GetText(s));
+    natsOptions *o = d->opts;
+    char cname[200];
+    snprintf(cname, sizeof cname, "fluxon-bridge-%s", d->name);
+    const char *url = c->nats.url ? c->nats.url : "nats://127.0.0.1:4222";
+    s = natsOptions_SetURL(o, url);
+    if (s == NATS_OK) s = natsOptions_SetName(o, cname);
+    if (s == NATS_OK) s = natsOptions_SetNoEcho(o, true);
+    if (s == NATS_OK) s = natsOptions_SetSendAsap(o, true);
+    if (s == NATS_OK) s = natsOptions_UseGlobalMessageDelivery(o, true);
+    if (s == NATS_OK) s = natsOptions_SetRetryOnFailedConnect(o, true, on_connected, d);
+    if (s == NATS_OK) s = natsOptions_SetAllowReconnect(o, true);
+    if (s == NATS_OK) s = natsOptions_SetMaxReconnect(o, -1);
+    if (s == NATS_OK) s = natsOptions_SetReconnectWait(o, 1000);
+    if (s == NATS_OK) s = natsOptions_SetReconnectJitter(o, 200, 1000);
+    if (s == NATS_OK) s = natsOptions_SetTimeout(o, 2000);
+    if (s == NATS_OK) s = natsOptions_SetPingInterval(o, 10000);
+    if (s == NATS_OK) s = natsOptions_SetMaxPingsOut(o, 3);
+    if (s == NATS_OK) s = natsOptions_SetReconnectBufSize(o, 8 * 1024 * 1024);
+    if (s == NATS_OK) s = natsOptions_SetMaxPendingMsgs(o, FX_DM_SUB_PENDING_MSGS);
+    if (s == NATS_OK) s = natsOptions_SetDisconnectedCB(o, on_disconnected, d);
+    if (s == NATS_OK) s = natsOptions_SetReconnectedCB(o, on_reconnected, d);
+    if (s == NATS_OK) s = natsOptions_SetClosedCB(o, on_closed, d);
+    if (s == NATS_OK) s = natsOptions_SetErrorHandler(o, on_error, d);
+    if (s != NATS_OK) return fx_seterr(FX_EINVAL, "nats: options: %s", natsStatus_GetText(s));
+    /* credentials and TLS (never logged) */
+    if (c->nats.user && (s = natsOptions_SetUserInfo(o, c->nats.user, c->nats.password)) != NATS_OK)
+        return fx_seterr(FX_EINVAL, "nats.user: %s", natsStatus_GetText(s));
+    if (c->nats.token && (s = natsOptions_SetToken(o, c->nats.token)) != NATS_OK)
+        return fx_seterr(FX_EINVAL, "nats.token: %s", natsStatus_GetText(s));
+    if (c->nats.creds_file &&
+        (s = natsOptions_SetUserCredentialsFromFiles(o, c->nats.creds_file, NULL)) != NATS_OK)
+        return fx_seterr(FX_EINVAL, "nats.creds_file: %s", natsStatus_GetText(s));
+    if (c->nats.nkey_seed_file)
+        return fx_seterr(FX_EINVAL, "nats.nkey_seed_file: not supported by this build; use "
+                                    "nats.creds_file");
+    if (c->nats.ca_file) {
+        if ((s = natsOptions_SetSecure(o, true)) != NATS_OK ||
+            (s = natsOptions_LoadCATrustedCertificates(o, c->nats.ca_file)) != NATS_OK)
+            return fx_seterr(FX_EINVAL, "nats.ca_file: %s", natsStatus_GetText(s));
+    }
+    if (c->nats.cert_file || c->nats.key_file) {
+        if ((s = natsOptions_SetSecure(o, true)) != NATS_OK ||
+            (s = natsOptions_LoadCertificatesChain(o, c->nats.cert_file, c->nats.key_file)) != NATS_OK)
+            return fx_seterr(FX_EINVAL, "nats.cert_file: %s", natsStatus_GetText(s));
+    }
+    if (c->nats.tls_insecure && (s = natsOptions_SkipServerVerification(o, true)) != NATS_OK)
+        return fx_seterr(FX_EINVAL, "nats.tls_insecure: %s", natsStatus_GetText(s));
+
+    s = natsConnection_Connect(&d->nc, o);
+    char red[300];
+    redact_url(url, red, sizeof red);
+    if (s == NATS_NOT_YET_CONNECTED) {
+        FX_WRN("nats: %s not reachable yet; retrying in the background", red);
+    } else if (s != NATS_OK) {
+        d->nc = NULL;
+        return fx_seterr(FX_EUNAVAIL, "nats: connect %s: %s", red, natsStatus_GetText(s));
+    } else {
+        update_max_payload(d, d->nc);
+        FX_INF("nats: connected to %s as %s", red, cname);
+    }
+    return FX_OK;
+}
+
+/* ---- MQ client -------------------------------------------------------------------------------- */
+
+static bool same_endpoints(char **a, size_t na, char **b, size_t nb)
+{
+    if (na != nb) return false;
+    for (size_t i = 0; i < na; i++) {
+        bool found = false;
+        for (size_t j = 0; j < nb && !found; j++) found = strcmp(a[i], b[j]) == 0;
+        if (!found) return false;
+    }
+    return true;
+}
+
+static fx_err mq_setup(fx_daemon *d)
+{
+    const fx_config *c = d->cfg;
+    fx_mq_client_opts o = {0};
+    o.etcd.endpoints = (const char *const *)c->etcd.endpoints;
+    o.etcd.n_endpoints = c->etcd.n_endpoints;
+    o.etcd.username = c->etcd.username;
+    o.etcd.password = c->etcd.password;
+    o.etcd.ca_file = c->etcd.ca_file;
+    o.etcd.cert_file = c->etcd.cert_file;
+    o.etcd.key_file = c->etcd.key_file;
+    o.etcd.insecure_skip_verify = c->etcd.tls_insecure;
+    o.root = c->etcd.prefix;
+    if (c->kv.n_endpoints &&
+        !same_endpoints(c->kv.endpoints, c->kv.n_endpoints, c->etcd.endpoints, c->etcd.n_endpoints)) {
+        o.kv_endpoints = (const char *const *)c->kv.endpoints;
+        o.n_kv_endpoints = c->kv.n_endpoints;
+    }
+    int64_t min_ttl = 90; /* the MQ's default product minimum */
+    for (size_t i = 0; i < c->n_channels; i++)
+        if (c->channels[i].s.ttl_seconds > 0 && c->channels[i].s.ttl_seconds < min_ttl)
+            min_ttl = c->channels[i].s.ttl_seconds;
+    if (c->defaults.ttl_seconds > 0 && c->defaults.ttl_seconds < min_ttl)
+        min_ttl = c->defaults.ttl_seconds;
+    o.min_ttl_s = min_ttl;
+    o.op_timeout_ms = 5000;
+    fx_err e = fx_mq_client_new(&o, &d->mq);
+    if (e) return e;
+    FX_INF("etcd: %zu endpoint(s), prefix %s%s", c->etcd.n_endpoints,
+           c->etcd.prefix ? c->etcd.prefix : "/fluxon",
+           o.kv_endpoints ? ", separate KV payload endpoints" : "");
+    return FX_OK;
+}
+
+/* ---- health and metrics ----------------------------------------------------------------------- */
+
+static int health_cb(void *arg, char *err, size_t errlen)
+{
+    fx_daemon *d = arg;
+    if (!d->nc) {
+        snprintf(err, errlen, "nats: no connection");
+        return -1;
+    }
+    natsConnStatus st = natsConnection_Status(d->nc);
+    if (st != NATS_CONN_STATUS_CONNECTED) {
+        snprintf(err, errlen, "nats: %s", conn_status_text(st));
+        return -1;
+    }
+    pthread_mutex_lock(&d->health_mu);
+    bool ok = d->etcd_ok;
+    if (!ok) snprintf(err, errlen, "etcd: %s", d->etcd_err);
+    pthread_mutex_unlock(&d->health_mu);
+    return ok ? 0 : -1;
+}
+
+static void metrics_setup(fx_daemon *d)
+{
+    fx_metrics *m = d->metrics;
+    d->g_invalid_acks = fx_metrics_add(m, "fluxon_invalid_acks_total",
+                                       "Malformed ack replies ignored", FX_METRIC_COUNTER, "");
+    d->g_stale_acks = fx_metrics_add(m, "fluxon_stale_acks_total",
+                                     "Acks for no delivery in flight (late, duplicate or of an earlier attempt)",
+                                     FX_METRIC_COUNTER, "");
+    d->g_acks_dropped = fx_metrics_add(m, "fluxon_acks_dropped_total",
+                                       "Acks dropped because a claim's ack queue was full",
+                                       FX_METRIC_COUNTER, "");
+    d->g_lease_ka_fail = fx_metrics_add(m, "fluxon_lease_keepalive_failures_total",
+                                        "Failed lease keepalive calls", FX_METRIC_COUNTER, "");
+    d->g_etcd_req = fx_metrics_add(m, "fluxon_etcd_requests_total", "etcd HTTP requests sent",
+                                   FX_METRIC_COUNTER, "");
+    d->g_etcd_lat = fx_metrics_add(m, "fluxon_etcd_latency_avg_us",
+                                   "Average latency of successful etcd calls (microseconds)",
+                                   FX_METRIC_GAUGE, "");
+    d->g_reconnects = fx_metrics_add(m, "fluxon_nats_reconnects_total", "NATS reconnections",
+                                     FX_METRIC_COUNTER, "");
+    d->g_slow = fx_metrics_add(m, "fluxon_slow_consumer_events_total",
+                               "NATS slow-consumer episodes (messages dropped by the client library)",
+                               FX_METRIC_COUNTER, "");
+}
+
+/* ---- house-keeping thread ------------------------------------------------------------------- */
+
+static void hk_probe_etcd(fx_daemon *d, bool *was_ok)
+{
+    fx_etcd_status st;
+    memset(&st, 0, sizeof st);
+    fx_err e = fx_etcd_status_get(fx_mq_client_etcd(d->mq), &st, 1500);
+    char why[256] = "";
+    if (e) snprintf(why, sizeof why, "%s", fx_err_detail()[0] ? fx_err_detail() : fx_strerror(e));
+    pthread_mutex_lock(&d->health_mu);
+    d->etcd_ok = !e;
+    snprintf(d->etcd_err, sizeof d->etcd_err, "%s", e ? why : "");
+    pthread_mutex_unlock(&d->health_mu);
+    if (e && *was_ok) FX_WRN("etcd: unreachable: %s", why);
+    if (!e && !*was_ok) FX_INF("etcd: reachable (version %s)", st.version);
+    *was_ok = !e;
+}
+
+static void hk_stats(fx_daemon *d)
+{
+    fx_etcd_stats es;
+    fx_etcd_get_stats(fx_mq_client_etcd(d->mq), &es);
+    fx_metric_set(d->g_etcd_req, (int64_t)es.requests);
+    fx_metric_set(d->g_etcd_lat, es.latency_count ? (int64_t)(es.latency_us_sum / es.latency_count) : 0);
+    fx_lease_mgr_stats ls;
+    fx_lease_mgr_get_stats(fx_mq_client_leases(d->mq), &ls);
+    fx_metric_set(d->g_lease_ka_fail, (int64_t)ls.keepalive_failures);
+    pthread_rwlock_rdlock(&d->reg);
+    for (size_t c = 0; c < d->n_chans; c++) {
+        dm_chan *ch = d->chans[c];
+        for (size_t i = 0; i < ch->n_subs; i++) {
+            int64_t dropped = 0;
+            if (ch->subs[i] && natsSubscription_GetDropped(ch->subs[i], &dropped) == NATS_OK &&
+                dropped > ch->sub_dropped[i]) {
+                fx_metric_inc(ch->m.dropped, dropped - ch->sub_dropped[i]);
+                ch->sub_dropped[i] = dropped;
+            }
+        }
+    }
+    pthread_rwlock_unlock(&d->reg);
+}
+
+/* Backlog gauge and the sub-MPSC view of one channel, from the admin info document. */
+static void hk_chan_view(fx_daemon *d, const fx_config *cfg, dm_chan *ch)
+{
+    char *js = fx_admin_channel_info_json(d->mq, cfg, ch->name);
+    cJSON *o = js ? cJSON_Parse(js) : NULL;
+    free(js);
+    if (!o) return;
+    cJSON *err = cJSON_GetObjectItemCaseSensitive(o, "error");
+    if (err) {
+        cJSON *code = cJSON_GetObjectItemCaseSensitive(err, "code");
+        if (cJSON_IsNumber(code) && code->valuedouble == 404) fx_metric_set(ch->m.backlog, 0);
+        cJSON_Delete(o);
+        return;
+    }
+    cJSON *bl = cJSON_GetObjectItemCaseSensitive(o, "backlog");
+    if (cJSON_IsNumber(bl)) fx_metric_set(ch->m.backlog, (int64_t)bl->valuedouble);
+    int64_t unready[FX_DM_SWEEP_MAX], stranded[FX_DM_SWEEP_MAX];
+    size_t nu = 0, ns = 0;
+    cJSON *subs = cJSON_GetObjectItemCaseSensitive(o, "sub_mpscs");
+    cJSON *it;
+    cJSON_ArrayForEach(it, subs)
+    {
+        cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "chan_id");
+        cJSON *rd = cJSON_GetObjectItemCaseSensitive(it, "ready");
+        cJSON *b = cJSON_GetObjectItemCaseSensitive(it, "backlog");
+        if (!cJSON_IsNumber(id) || cJSON_IsTrue(rd)) continue;
+        if (nu < FX_DM_SWEEP_MAX) unready[nu++] = (int64_t)id->valuedouble;
+        if (cJSON_IsNumber(b) && b->valuedouble > 0 && ns < FX_DM_SWEEP_MAX)
+            stranded[ns++] = (int64_t)id->valuedouble;
+    }
+    cJSON_Delete(o);
+    pthread_mutex_lock(&ch->mu);
+    bool changed = nu != ch->n_unready || ns != ch->n_stranded ||
+                   memcmp(unready, ch->unready, nu * sizeof *unready) != 0 ||
+                   memcmp(stranded, ch->stranded, ns * sizeof *stranded) != 0;
+    memcpy(ch->unready, unready, nu * sizeof *unready);
+    ch->n_unready = nu;
+    memcpy(ch->stranded, stranded, ns * sizeof *stranded);
+    ch->n_stranded = ns;
+    if (changed || ns) ch->view_gen++;
+    pthread_mutex_unlock(&ch->mu);
+}
+
+static void hk_backlog(fx_daemon *d)
+{
+    dm_chan *list[256];
+    size_t n = 0;
+    pthread_rwlock_rdlock(&d->reg);
+    for (size_t c = 0; c < d->n_chans && n < 256; c++) list[n++] = d->chans[c];
+    pthread_rwlock_unlock(&d->reg);
+    const fx_config *cfg;
+    pthread_mutex_lock(&d->cfg_mu);
+    cfg = d->cfg;
+    pthread_mutex_unlock(&d->cfg_mu);
+    for (size_t i = 0; i < n; i++) { /* channels are never freed while the daemon lives */
+        hk_chan_view(d, cfg, list[i]);
+        if (wait_flag(d, &d->stop_late, 0)) return;
+    }
+}
+
+static void *hk_main(void *arg)
+{
+    fx_daemon *d = arg;
+    bool etcd_was_ok = true;
+    int64_t next_backlog = 0;
+    for (;;) {
+        hk_probe_etcd(d, &etcd_was_ok);
+        hk_stats(d);
+        if (fx_now_ms() >= next_backlog) {
+            hk_backlog(d);
+            next_backlog = fx_now_ms() + FX_DM_VIEW_MS;
+        }
+        if (wait_flag(d, &d->stop_late, 1000)) break;
+    }
+    return NULL;
+}
+
+/* ---- admin ----------------------------------------------------------------------------------- */
+
+static void on_admin(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
+{
+    (void)nc;
+    (void)sub;
+    fx_daemon *d = arg;
+    const char *reply = natsMsg_GetReply(m);
+    const char *subj = natsMsg_GetSubject(m);
+    if (!reply || !*reply || !subj) {
+        natsMsg_Destroy(m);
+        return;
+    }
+    dm_admin_req *r = calloc(1, sizeof *r);
+    if (r) {
+        r->subject = strdup(subj);
+        r->reply = strdup(reply);
+    }
+    bool queued = false;
+    if (r && r->subject && r->reply) {
+        pthread_mutex_lock(&d->mu);
+        if (d->aq_n < FX_DM_ADMINQ_MAX && !d->stop_late) {
+            if (d->aq_tail)
+                d->aq_tail->next = r;
+            else
+                d->aq_head = r;
+            d->aq_tail = r;
+            d->aq_n++;
+            queued = true;
+            pthread_cond_broadcast(&d->cv);
+        }
+        pthread_mutex_unlock(&d->mu);
+    }
+    if (!queued) {
+        dm_reply_error(d, reply, 503, "admin busy");
+        if (r) {
+            free(r->subject);
+            free(r->reply);
+            free(r);
+        }
+    }
+    natsMsg_Destroy(m);
+}
+
+static void add_counter(cJSON *o, const char *k, fx_metric *m)
+{
+    cJSON_AddNumberToObject(o, k, m ? (double)atomic_load(&m->value) : 0.0);
+}
+
+static char *info_json(fx_daemon *d)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddStringToObject(o, "server", "fluxon-bridge");
+    cJSON_AddStringToObject(o, "name", d->name);
+    cJSON_AddStringToObject(o, "version", FX_BRIDGE_VERSION);
+    int64_t up = fx_now_ms() - d->start_ms;
+    cJSON_AddNumberToObject(o, "uptime_ms", (double)up);
+    char ubuf[64];
+    snprintf(ubuf, sizeof ubuf, "%" PRId64 "h%" PRId64 "m%" PRId64 "s", up / 3600000,
+             (up / 60000) % 60, (up / 1000) % 60);
+    cJSON_AddStringToObject(o, "uptime", ubuf);
+    cJSON *n = cJSON_AddObjectToObject(o, "nats");
+    bool conn = dm_nats_connected(d);
+    cJSON_AddBoolToObject(n, "connected", conn);
+    uint64_t cid = 0;
+    if (conn && natsConnection_GetClientID(d->nc, &cid) == NATS_OK)
+        cJSON_AddNumberToObject(n, "client_id", (double)cid);
+    cJSON *e = cJSON_AddObjectToObject(o, "etcd");
+    pthread_mutex_lock(&d->health_mu);
+    cJSON_AddBoolToObject(e, "ok", d->etcd_ok);
+    if (!d->etcd_ok) cJSON_AddStringToObject(e, "error", d->etcd_err);
+    pthread_mutex_unlock(&d->health_mu);
+    cJSON *arr = cJSON_AddArrayToObject(o, "channels");
+    pthread_rwlock_rdlock(&d->reg);
+    for (size_t i = 0; i < d->n_chans; i++) {
+        dm_chan *ch = d->chans[i];
+        cJSON *c = cJSON_CreateObject();
+        if (!c) break;
+        cJSON_AddItemToArray(arr, c);
+        cJSON_AddStringToObject(c, "name", ch->name);
+        cJSON_AddBoolToObject(c, "dlq", ch->is_dlq);
+        cJSON *subs = cJSON_AddArrayToObject(c, "subjects");
+        for (size_t k = 0; k < ch->n_subjects; k++)
+            cJSON_AddItemToArray(subs, cJSON_CreateString(ch->subjects[k]));
+        cJSON_AddStringToObject(c, "deliver_prefix", ch->deliver_prefix);
+        cJSON_AddStringToObject(c, "ack", ch->s.ack == FX_ACK_NONE ? "none" : "explicit");
+        pthread_mutex_lock(&ch->mu);
+        cJSON_AddNumberToObject(c, "mpmc_id", ch->have_mpmc ? (double)ch->mpmc : -1.0);
+        pthread_mutex_unlock(&ch->mu);
+        cJSON *cl = cJSON_AddArrayToObject(c, "claims");
+        for (dm_claim *x = ch->claims; x; x = x->next)
+            if (atomic_load(&x->stop) == STOP_NONE) cJSON_AddItemToArray(cl, cJSON_CreateString(x->token));
+        pthread_mutex_lock(&ch->q.mu);
+        cJSON_AddNumberToObject(c, "queued", (double)ch->q.n);
+        pthread_mutex_unlock(&ch->q.mu);
+        add_counter(c, "captured", ch->m.captured);
+        add_counter(c, "stored", ch->m.stored);
+        add_counter(c, "store_errors", ch->m.store_errors);
+        add_counter(c, "delivered", ch->m.delivered);
+        add_counter(c, "acked", ch->m.acked);
+        add_counter(c, "redelivered", ch->m.redelivered);
+        add_counter(c, "dead_lettered", ch->m.dead);
+        add_counter(c, "dropped", ch->m.dropped);
+        add_counter(c, "invalid_acks", ch->m.invalid_acks);
+        add_counter(c, "backlog", ch->m.backlog);
+    }
+    pthread_rwlock_unlock(&d->reg);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+#define API_PREFIX "$FLUXON.API."
+
+static void admin_answer(fx_daemon *d, dm_admin_req *r)
+{
+    const fx_config *cfg;
+    pthread_mutex_lock(&d->cfg_mu);
+    cfg = d->cfg; /* kept alive until fx_daemon_free */
+    pthread_mutex_unlock(&d->cfg_mu);
+    const char *op = r->subject + (strncmp(r->subject, API_PREFIX, sizeof API_PREFIX - 1) == 0
+                                       ? sizeof API_PREFIX - 1
+                                       : 0);
+    char *body = NULL;
+    if (strcmp(op, "INFO") == 0 || strncmp(op, "INFO.", 5) == 0)
+        body = info_json(d);
+    else if (strcmp(op, "CHANNEL.LIST") == 0)
+        body = fx_admin_channel_list_json(d->mq, cfg);
+    else if (strncmp(op, "CHANNEL.INFO.", 13) == 0)
+        body = fx_admin_channel_info_json(d->mq, cfg, op + 13);
+    if (!body) {
+        dm_reply_error(d, r->reply, strncmp(op, "CHANNEL.", 8) == 0 || strncmp(op, "INFO", 4) == 0
+                                        ? 500
+                                        : 404,
+                       "cannot answer");
+        return;
+    }
+    natsConnection_PublishString(d->nc, r->reply, body);
+    free(body);
+}
+
+static void *admin_main(void *arg)
+{
+    fx_daemon *d = arg;
+    for (;;) {
+        pthread_mutex_lock(&d->mu);
+        while (!d->aq_head && !d->stop_late) pthread_cond_wait(&d->cv, &d->mu);
+        dm_admin_req *r = d->aq_head;
+        if (r) {
+            d->aq_head = r->next;
+            if (!d->aq_head) d->aq_tail = NULL;
+            d->aq_n--;
+        }
+        pthread_mutex_unlock(&d->mu);
+        if (!r) break;
+        admin_answer(d, r);
+        free(r->subject);
+        free(r->reply);
+        free(r);
+    }
+    nats_ReleaseThreadMemory();
+    return NULL;
+}
+
+/* ---- channels --------------------------------------------------------------------------------- */
+
+static bool chans_append(dm_chan ***arr, size_t *n, dm_chan *ch)
+{
+    dm_chan **na = realloc(*arr, (*n + 1) * sizeof *na);
+    if (!na) return false;
+    na[(*n)++] = ch;
+    *arr = na;
+    return true;
+}
+
+/* Create, register (active) and start one channel. */
+static fx_err chan_add(fx_daemon *d, const fx_chan_config *cc)
+{
+    dm_chan *ch = dm_chan_new(d, cc);
+    if (!ch) return fx_seterr(FX_ENOMEM, "channel %s: out of memory", cc->name);
+    pthread_rwlock_wrlock(&d->reg);
+    bool ok = chans_append(&d->chans, &d->n_chans, ch);
+    pthread_rwlock_unlock(&d->reg);
+    if (!ok) {
+        dm_chan_free(ch);
+        return fx_seterr(FX_ENOMEM, "channel %s: out of memory", cc->name);
+    }
+    return dm_chan_start(ch);
+}
+
+/* Take channels out of the active list (no new claims, no ack routing) and drain them:
+ * capture first, then claims, then the producer (which answers every queued publish). */
+static void chans_retire(fx_daemon *d, dm_chan **list, size_t n)
+{
+    pthread_rwlock_wrlock(&d->reg);
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = 0; j < d->n_chans; j++)
+            if (d->chans[j] == list[i]) {
+                d->chans[j] = d->chans[--d->n_chans];
+                break;
+            }
+        atomic_store(&list[i]->draining, true);
+        if (!chans_append(&d->retired, &d->n_retired, list[i]))
+            FX_ERR("channel %s: out of memory while retiring (leaked)", list[i]->name);
+    }
+    pthread_rwlock_unlock(&d->reg);
+    for (size_t i = 0; i < n; i++) dm_chan_drain_capture_begin(list[i]);
+    int64_t cap_deadline = fx_now_ms() + 5000;
+    for (size_t i = 0; i < n; i++) dm_chan_drain_capture_wait(list[i], cap_deadline);
+    for (size_t i = 0; i < n; i++) dm_claims_request_stop(d, list[i], STOP_RELEASE);
+    for (size_t i = 0; i < n; i++) dm_claims_stop_all(d, list[i], STOP_RELEASE);
+    for (size_t i = 0; i < n; i++) dm_chan_stop_producer_begin(list[i]);
+    for (size_t i = 0; i < n; i++) {
+        dm_chan_stop_producer_wait(list[i]);
+        FX_INF("channel %s: stopped", list[i]->name);
+    }
+}
+
+static void reload(fx_daemon *d)
+{
+    fx_config *nc = calloc(1, sizeof *nc);
+    if (!nc) {
+        FX_ERR("reload: out of memory");
+        return;
+    }
+    char err[512] = "";
+    if (fx_config_load_file(d->cfg_path, nc, err, sizeof err) != 0) {
+        FX_ERR("reload: %s (keeping the running configuration)", err);
+        free(nc);
+        return;
+    }
+    const fx_config *oc = d->cfg;
+#define SAME_STR(a, b) (((a) == NULL && (b) == NULL) || ((a) && (b) && strcmp((a), (b)) == 0))
+    if (!SAME_STR(oc->name, nc->name)) FX_WRN("reload: name changed: needs a restart (ignored)");
+    if (!SAME_STR(oc->nats.url, nc->nats.url) || !SAME_STR(oc->nats.monitor_url, nc->nats.monitor_url) ||
+        !SAME_STR(oc->nats.account, nc->nats.account) || !SAME_STR(oc->nats.user, nc->nats.user) ||
+        !SAME_STR(oc->nats.password, nc->nats.password) || !SAME_STR(oc->nats.token, nc->nats.token) ||
+        !SAME_STR(oc->nats.creds_file, nc->nats.creds_file))
+        FX_WRN("reload: nats settings changed: need a restart (ignored)");
+    if (!same_endpoints(oc->etcd.endpoints, oc->etcd.n_endpoints, nc->etcd.endpoints,
+                        nc->etcd.n_endpoints) ||
+        !SAME_STR(oc->etcd.prefix, nc->etcd.prefix) ||
+        !same_endpoints(oc->kv.endpoints, oc->kv.n_endpoints, nc->kv.endpoints, nc->kv.n_endpoints))
+        FX_WRN("reload: etcd/kv settings changed: need a restart (ignored)");
+    if (!SAME_STR(oc->http.listen, nc->http.listen))
+        FX_WRN("reload: http.listen changed: needs a restart (ignored)");
+#undef SAME_STR
+
+    /* What goes: channels absent from the new file or changed. Non-DLQ first: their claims may
+     * still dead-letter into a DLQ channel that is leaving too. */
+    dm_chan **gone = NULL;
+    size_t removed = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        pthread_rwlock_rdlock(&d->reg);
+        size_t ns = d->n_chans;
+        dm_chan **snap = malloc((ns + 1) * sizeof *snap);
+        if (snap) memcpy(snap, d->chans, ns * sizeof *snap);
+        pthread_rwlock_unlock(&d->reg);
+        size_t n_gone = 0;
+        gone = malloc((ns + 1) * sizeof *gone);
+        for (size_t i = 0; snap && gone && i < ns; i++) {
+            dm_chan *ch = snap[i];
+            if (ch->is_dlq != (pass == 1)) continue;
+            const fx_chan_config *cc = fx_config_channel(nc, ch->name);
+            if (!cc || !dm_chan_same(ch, cc)) gone[n_gone++] = ch;
+        }
+        free(snap);
+        if (n_gone) chans_retire(d, gone, n_gone);
+        removed += n_gone;
+        free(gone);
+        gone = NULL;
+    }
+    /* What comes: DLQ channels first (so a new channel's claims find their DLQ). */
+    size_t added = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < nc->n_channels; i++) {
+            const fx_chan_config *cc = &nc->channels[i];
+            if (cc->is_dlq != (pass == 0)) continue;
+            pthread_rwlock_rdlock(&d->reg);
+            bool have = dm_find_chan_locked(d, cc->name) != NULL;
+            pthread_rwlock_unlock(&d->reg);
+            if (have) continue;
+            fx_err e = chan_add(d, cc);
+            if (e)
+                FX_ERR("reload: channel %s: %s (%s)", cc->name, fx_strerror(e), fx_err_detail());
+            added++;
+        }
+    }
+    pthread_mutex_lock(&d->cfg_mu);
+    fx_config **na = realloc(d->old_cfgs, (d->n_old_cfgs + 1) * sizeof *na);
+    if (na) {
+        d->old_cfgs = na;
+        d->old_cfgs[d->n_old_cfgs++] = d->cfg;
+        d->cfg = nc;
+    }
+    pthread_mutex_unlock(&d->cfg_mu);
+    if (!na) {
+        fx_config_free(nc);
+        free(nc);
+    }
+    pthread_rwlock_rdlock(&d->reg);
+    size_t active = d->n_chans;
+    pthread_rwlock_unlock(&d->reg);
+    FX_INF("reload: %zu channel(s) stopped, %zu started, %zu active", removed, added, active);
+}
+
+/* ---- drain ------------------------------------------------------------------------------------- */
+
+static void drain(fx_daemon *d)
+{
+    if (d->drained) return;
+    d->drained = true;
+    atomic_store(&d->stopping, true);
+    int64_t t0 = fx_now_ms();
+    FX_INF("draining: stopping capture, releasing claims, flushing batches");
+    /* 1. no new claims */
+    set_flag(d, &d->stop_interest);
+    if (d->interest_started) {
+        pthread_join(d->interest_thr, NULL);
+        d->interest_started = false;
+    }
+    /* Only this thread changes the channel list from here on. */
+    dm_chan **chans = d->chans;
+    size_t n = d->n_chans;
+    for (size_t i = 0; i < n; i++) atomic_store(&chans[i]->draining, true);
+    /* 2. capture: pending messages still reach the producer queues */
+    for (size_t i = 0; i < n; i++) dm_chan_drain_capture_begin(chans[i]);
+    int64_t cap_deadline = fx_now_ms() + 5000; /* one budget for every capture subscription */
+    for (size_t i = 0; i < n; i++) dm_chan_drain_capture_wait(chans[i], cap_deadline);
+    for (size_t i = 0; i < d->n_admin_subs; i++) natsSubscription_Unsubscribe(d->admin_subs[i]);
+    /* 3. claims: every channel in parallel (acks still routed while they linger) */
+    for (size_t i = 0; i < n; i++) dm_claims_request_stop(d, chans[i], STOP_DRAIN);
+    for (size_t i = 0; i < n; i++) dm_claims_stop_all(d, chans[i], STOP_DRAIN);
+    /* 4. producers: store what is queued and answer every publish */
+    for (size_t i = 0; i < n; i++) dm_chan_stop_producer_begin(chans[i]);
+    for (size_t i = 0; i < n; i++) dm_chan_stop_producer_wait(chans[i]);
+    /* 5. replies out */
+    if (d->ack_sub) natsSubscription_Unsubscribe(d->ack_sub);
+    if (d->js_ack_sub) natsSubscription_Unsubscribe(d->js_ack_sub);
+    if (d->nr_sub) natsSubscription_Unsubscribe(d->nr_sub);
+    if (d->nc && dm_nats_connected(d)) natsConnection_FlushTimeout(d->nc, 2000);
+    /* 6. house-keeping and admin */
+    set_flag(d, &d->stop_late);
+    if (d->hk_started) {
+        pthread_join(d->hk_thr, NULL);
+        d->hk_started = false;
+    }
+    if (d->admin_started) {
+        pthread_join(d->admin_thr, NULL);
+        d->admin_started = false;
+    }
+    /* 7. endpoints and backends */
+    if (d->mq) {
+        fx_err e = fx_mq_client_close(d->mq);
+        if (e) FX_WRN("mq: close: %s (%s)", fx_strerror(e), fx_err_detail());
+    }
+    fx_http_stop(d->http);
+    d->http = NULL;
+    if (d->nc) natsConnection_Close(d->nc);
+    FX_INF("drained in %" PRId64 " ms", fx_now_ms() - t0);
+}
+
+/* ---- control thread ---------------------------------------------------------------------------- */
+
+static void *ctl_main(void *arg)
+{
+    fx_daemon *d = arg;
+    for (;;) {
+        pthread_mutex_lock(&d->mu);
+        while (!d->ctl_reload && !d->ctl_stop) pthread_cond_wait(&d->cv, &d->mu);
+        bool stop = d->ctl_stop, rl = d->ctl_reload;
+        d->ctl_reload = false;
+        pthread_mutex_unlock(&d->mu);
+        if (stop) break;
+        if (rl) {
+            FX_INF("reload: reading %s", d->cfg_path);
+            reload(d);
+        }
+    }
+    drain(d);
+    atomic_store(&d->exit_code, atomic_load(&d->fatal) ? 1 : 0);
+    uint64_t one = 1;
+    ssize_t w = write(d->done_fd, &one, sizeof one);
+    (void)w;
+    return NULL;
+}
+
+/* ---- public --------------------------------------------------------------------------------- */
+
+fx_err fx_daemon_new(fx_config *cfg, const char *cfg_path, fx_daemon **out)
+{
+    *out = NULL;
+    fx_daemon *d = calloc(1, sizeof *d);
+    if (!d) return fx_seterr(FX_ENOMEM, "daemon: out of memory");
+    d->cfg = calloc(1, sizeof *d->cfg);
+    d->cfg_path = strdup(cfg_path ? cfg_path : "");
+    d->done_fd = eventfd(0, EFD_CLOEXEC);
+    if (!d->cfg || !d->cfg_path || d->done_fd < 0) {
+        if (d->done_fd >= 0) close(d->done_fd);
+        free(d->cfg);
+        free(d->cfg_path);
+        free(d);
+        return fx_seterr(FX_ENOMEM, "daemon: out of resources");
+    }
+    *d->cfg = *cfg;
+    memset(cfg, 0, sizeof *cfg);
+    snprintf(d->name, sizeof d->name, "%s", d->cfg->name ? d->cfg->name : "fluxon");
+    pthread_mutex_init(&d->cfg_mu, NULL);
+    pthread_mutex_init(&d->mu, NULL);
+    fx_cond_init_monotonic(&d->cv);
+    pthread_mutex_init(&d->health_mu, NULL);
+    pthread_rwlock_init(&d->reg, NULL);
+    snprintf(d->etcd_err, sizeof d->etcd_err, "not probed yet");
+    atomic_init(&d->max_payload, 0);
+    *out = d;
+    return FX_OK;
+}
+
+fx_err fx_daemon_start(fx_daemon *d)
+{
+    fx_err e;
+    d->start_ms = fx_now_ms();
+    d->metrics = fx_metrics_new(8192);
+    if (!d->metrics) return fx_seterr(FX_ENOMEM, "metrics: out of memory");
+    metrics_setup(d);
+    if ((e = mq_setup(d))) return e;
+    if ((e = nats_setup(d))) return e;
+    if (d->cfg->http.listen && *d->cfg->http.listen) {
+        if ((e = fx_http_start(d->cfg->http.listen, health_cb, d, d->metrics, &d->http)))
+            return e;
+    }
+    for (size_t i = 0; i < d->cfg->n_channels; i++)
+        if ((e = chan_add(d, &d->cfg->channels[i]))) return e;
+
+    char subj[300];
+    natsStatus s;
+    snprintf(subj, sizeof subj, FX_DM_ACK_PREFIX "FLUXON.%s.>", d->name);
+    if ((s = natsConnection_Subscribe(&d->ack_sub, d->nc, subj, dm_on_ack, d)) != NATS_OK)
+        return fx_seterr(FX_EUNAVAIL, "nats: subscribe %s: %s", subj, natsStatus_GetText(s));
+    natsSubscription_SetPendingLimits(d->ack_sub, FX_DM_SUB_PENDING_MSGS, FX_DM_SUB_PENDING_BYTES);
+    /* Acks sent to the JetStream form of the subject are accepted too (same layout). */
+    snprintf(subj, sizeof subj, FX_JSACK_PREFIX "%s.>", d->name);
+    if ((s = natsConnection_Subscribe(&d->js_ack_sub, d->nc, subj, dm_on_ack, d)) != NATS_OK)
+        return fx_seterr(FX_EUNAVAIL, "nats: subscribe %s: %s", subj, natsStatus_GetText(s));
+    natsSubscription_SetPendingLimits(d->js_ack_sub, FX_DM_SUB_PENDING_MSGS, FX_DM_SUB_PENDING_BYTES);
+    snprintf(subj, sizeof subj, FX_DM_NR_PREFIX "%s.>", d->name);
+    if ((s = natsConnection_Subscribe(&d->nr_sub, d->nc, subj, dm_on_nr, d)) != NATS_OK)
+        return fx_seterr(FX_EUNAVAIL, "nats: subscribe %s: %s", subj, natsStatus_GetText(s));
+    natsSubscription_SetPendingLimits(d->nr_sub, FX_DM_SUB_PENDING_MSGS, FX_DM_SUB_PENDING_BYTES);
+    const char *admin_q[] = {API_PREFIX "INFO", API_PREFIX "CHANNEL.LIST", API_PREFIX "CHANNEL.INFO.*"};
+    for (size_t i = 0; i < 3; i++) {
+        if ((s = natsConnection_QueueSubscribe(&d->admin_subs[d->n_admin_subs], d->nc, admin_q[i],
+                                               "fluxon-admin", on_admin, d)) != NATS_OK)
+            return fx_seterr(FX_EUNAVAIL, "nats: subscribe %s: %s", admin_q[i], natsStatus_GetText(s));
+        d->n_admin_subs++;
+    }
+    snprintf(subj, sizeof subj, API_PREFIX "INFO.%s", d->name);
+    if ((s = natsConnection_Subscribe(&d->admin_subs[d->n_admin_subs], d->nc, subj, on_admin, d)) !=
+        NATS_OK)
+        return fx_seterr(FX_EUNAVAIL, "nats: subscribe %s: %s", subj, natsStatus_GetText(s));
+    d->n_admin_subs++;
+
+    if (pthread_create(&d->hk_thr, NULL, hk_main, d) != 0)
+        return fx_seterr(FX_ENOMEM, "cannot start the house-keeping thread");
+    d->hk_started = true;
+    if (pthread_create(&d->admin_thr, NULL, admin_main, d) != 0)
+        return fx_seterr(FX_ENOMEM, "cannot start the admin thread");
+    d->admin_started = true;
+    if (pthread_create(&d->interest_thr, NULL, dm_interest_main, d) != 0)
+        return fx_seterr(FX_ENOMEM, "cannot start the interest thread");
+    d->interest_started = true;
+    if (pthread_create(&d->ctl_thr, NULL, ctl_main, d) != 0)
+        return fx_seterr(FX_ENOMEM, "cannot start the control thread");
+    d->ctl_started = true;
+    FX_INF("fluxon-bridge %s started: name %s, %zu channel(s)", FX_BRIDGE_VERSION, d->name,
+           d->cfg->n_channels);
+    return FX_OK;
+}
+
+void fx_daemon_request_reload(fx_daemon *d) { set_flag(d, &d->ctl_reload); }
+
+void fx_daemon_request_stop(fx_daemon *d) { set_flag(d, &d->ctl_stop); }
+
+int fx_daemon_done_fd(const fx_daemon *d) { return d->done_fd; }
+
+int fx_daemon_exit_code(const fx_daemon *d) { return atomic_load(&((fx_daemon *)d)->exit_code); }
+
+void fx_daemon_free(fx_daemon *d)
+{
+    if (!d) return;
+    if (d->ctl_started) {
+        set_flag(d, &d->ctl_stop);
+        pthread_join(d->ctl_thr, NULL);
+        d->ctl_started = false;
+    } else {
+        drain(d);
+    }
+    for (size_t i = 0; i < d->n_chans; i++) dm_chan_free(d->chans[i]);
+    for (size_t i = 0; i < d->n_retired; i++) dm_chan_free(d->retired[i]);
+    free(d->chans);
+    free(d->retired);
+    if (d->ack_sub) natsSubscription_Destroy(d->ack_sub);
+    if (d->js_ack_sub) natsSubscription_Destroy(d->js_ack_sub);
+    if (d->nr_sub) natsSubscription_Destroy(d->nr_sub);
+    for (size_t i = 0; i < d->n_admin_subs; i++) natsSubscription_Destroy(d->admin_subs[i]);
+    dm_admin_req *r = d->aq_head;
+    while (r) {
+        dm_admin_req *nx = r->next;
+        free(r->subject);
+        free(r->reply);
+        free(r);
+        r = nx;
+    }
+    if (d->nc) natsConnection_Destroy(d->nc);
+    if (d->opts) natsOptions_Destroy(d->opts);
+    fx_mq_client_free(d->mq);
+    fx_metrics_free(d->metrics);
+    for (size_t i = 0; i < d->n_old_cfgs; i++) {
+        fx_config_free(d->old_cfgs[i]);
+        free(d->old_cfgs[i]);
+    }
+    free(d->old_cfgs);
+    if (d->cfg) {
+        fx_config_free(d->cfg);
+        free(d->cfg);
+    }
+    if (d->nats_opened) nats_CloseAndWait(2000);
+    close(d->done_fd);
+    pthread_mutex_destroy(&d->cfg_mu);
+    pthread_mutex_destroy(&d->mu);
+    pthread_cond_destroy(&d->cv);
+    pthread_mutex_destroy(&d->health_mu);
+    pthread_rwlock_destroy(&d->reg);
+    free(d->cfg_path);
+    free(d);
+}

@@ -1,0 +1,54 @@
+/* daemon.h -- the fluxon-bridge daemon core (DESIGN.md §5, §6; issue 4).
+ *
+ * Lifecycle (driven by main.c):
+ *   fx_daemon_new(cfg)     takes ownership of a validated config; no I/O, no threads.
+ *   fx_daemon_start(d)     starts everything: NATS connection (retry on failed connect, unlimited
+ *                          reconnect), MQ client, HTTP, metrics, capture subscriptions, producer
+ *                          threads, ack/admin subscriptions, interest, house-keeping, admin and
+ *                          control threads. Returns FX_OK, or an error after which only
+ *                          fx_daemon_free() may be called (main exits 1).
+ *   fx_daemon_request_reload(d)  SIGHUP: reload the config file on the control thread; added
+ *                          channels start, removed (or changed) ones drain; an invalid file is
+ *                          logged and ignored. Non-channel fields are not reloaded (WRN).
+ *   fx_daemon_request_stop(d)    SIGTERM/SIGINT: drain on the control thread (stop interest,
+ *                          drain capture subscriptions, release claims, flush producer queues and
+ *                          answer every pending publish, close producers, close the MQ client).
+ *   fx_daemon_done_fd(d)   an fd that becomes readable when the daemon has finished (drain
+ *                          complete or fatal error); then fx_daemon_exit_code() is 0 or 1.
+ *   fx_daemon_free(d)      after done (or after a failed start).
+ *
+ * Threads (all created after main blocked SIGINT/SIGTERM/SIGHUP):
+ *   cnats: reader, flusher, timers and a global delivery pool of FX_DM_DELIVERY_THREADS; NATS
+ *          callbacks only copy and enqueue (never etcd).
+ *   producer (one per channel, DLQ channels included): capture queue -> batches (127 msgs,
+ *          1 MiB, 1 ms linger) -> fx_mpmc_put -> PubAck replies / dead-letter completions.
+ *   claim (one per claim): fx_mpmc_get -> deliver -> in-flight table -> acks, redelivery,
+ *          dead letters; owns its MPMC consumer.
+ *   interest (one): polls /subsz, opens and releases claims.
+ *   house-keeping (one): etcd status probe (health), backlog/claims/etcd/lease metrics.
+ *   admin (one): answers $FLUXON.API.* requests (etcd reads).
+ *   control (one): reload and drain, so main keeps handling signals.
+ *
+ * Thread rules: every function here is called from the main thread only.
+ */
+#ifndef FX_PLUGIN_DAEMON_H
+#define FX_PLUGIN_DAEMON_H
+
+#include "config.h"
+#include "fx_err.h"
+
+#define FX_BRIDGE_VERSION "0.1.0"
+
+typedef struct fx_daemon fx_daemon;
+
+/* Takes ownership of *cfg (the struct content is moved; *cfg is zeroed). cfg_path is copied
+ * (used by reload). */
+fx_err fx_daemon_new(fx_config *cfg, const char *cfg_path, fx_daemon **out);
+fx_err fx_daemon_start(fx_daemon *d);
+void fx_daemon_request_reload(fx_daemon *d);
+void fx_daemon_request_stop(fx_daemon *d);
+int fx_daemon_done_fd(const fx_daemon *d);
+int fx_daemon_exit_code(const fx_daemon *d);
+void fx_daemon_free(fx_daemon *d);
+
+#endif

@@ -1,0 +1,300 @@
+/* daemon_int.h -- internal contract between daemon.c, capture.c and claim.c (not a public API).
+ *
+ * Ownership and threads (DESIGN.md §6: one owner per piece of state, bounded queues):
+ *  - fx_daemon: created and freed by main; `reg` (rwlock) guards the active channel list and
+ *    every channel's claim list. Writers: the interest thread (claims) and the control thread
+ *    (channels, drain). Readers: NATS callbacks (ack routing), house-keeping, admin.
+ *    Lock order: reg -> claim.mu / pq.mu / chan.mu. Nobody takes reg while holding another lock.
+ *  - dm_chan: one configured (or DLQ) channel. Its producer queue `q` is written by NATS capture
+ *    callbacks and by claims (dead letters) and read by its producer thread only. Channels are
+ *    never freed before fx_daemon_free (removed ones move to `retired`), so NATS callbacks may
+ *    hold a dm_chan pointer for the daemon's lifetime.
+ *  - dm_claim: reference counted (registry, its thread, each dead-letter item in a producer
+ *    queue). Its event queue is written by the ack callbacks (bounded, full -> dropped and
+ *    counted; the message is redelivered after ack_wait) and read by the claim thread; completed
+ *    dead letters come back through `dlq_done` (never dropped; bounded by the in-flight table).
+ *
+ * Stored message form: bridge/flatdict.h fx_mq_msg. The "headers" entry is a canonical NATS header
+ * block rebuilt from cnats' parsed headers: "NATS/1.0\r\n" + one "Key: Value\r\n" line per value
+ * (keys in cnats order, values in arrival order) + "\r\n"; empty when the message had none.
+ * Dead letters carry the original block plus Fluxon-Dead-Reason, Fluxon-Dead-Delivered and
+ * Fluxon-Dead-Id lines.
+ */
+#ifndef FX_PLUGIN_DAEMON_INT_H
+#define FX_PLUGIN_DAEMON_INT_H
+
+#include <nats/nats.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "daemon.h"
+#include "fluxon_mq.h"
+#include "fx_log.h"
+#include "http.h"
+#include "metrics.h"
+
+/* ---- bounds ------------------------------------------------------------------------------------ */
+#define FX_DM_DELIVERY_THREADS 4           /* cnats global delivery pool */
+#define FX_DM_CAPQ_MAX_MSGS 16384          /* producer queue per channel: messages ... */
+#define FX_DM_CAPQ_MAX_BYTES (64u << 20)   /* ... and bytes; full -> 503 "bridge queue full" */
+#define FX_DM_SUB_PENDING_MSGS 65536       /* cnats pending per capture sub (slow consumer) */
+#define FX_DM_SUB_PENDING_BYTES (128 << 20)
+#define FX_DM_BATCH_MSGS 127               /* one etcd txn: 127 payload puts + 1 offset put */
+#define FX_DM_BATCH_BYTES (1u << 20)
+#define FX_DM_LINGER_MS 1
+#define FX_DM_PUT_TIMEOUT_MS 4000          /* under the 5 s default publish timeout of clients */
+#define FX_DM_MAX_MSG_BYTES (1u << 20)     /* payload + header block, before the headroom */
+#define FX_DM_DELIVERY_HEADROOM 4096       /* room for the Fluxon-* delivery headers */
+#define FX_DM_FETCH_MAX 128                /* messages per fx_mpmc_get */
+#define FX_DM_EVQ_MIN 1024                 /* claim ack queue: max(2 * max_ack_pending, this) */
+#define FX_DM_EVQ_MAX (1u << 20)
+#define FX_DM_ADMINQ_MAX 64                /* admin requests waiting; full -> 503 */
+#define FX_DM_NONE_GRACE_MS 20             /* ack none: wait for a no-responders before acking */
+#define FX_DM_DRAIN_LINGER_MS 1000         /* drain: wait this long for outstanding acks */
+#define FX_DM_DLQ_WAIT_MS 5000             /* release: wait for dead letters being stored */
+#define FX_DM_SWEEP_MAX 16                 /* sub-MPSCs an idle claim steps over to adopt backlog */
+#define FX_DM_VIEW_MS 2000                 /* house-keeping refresh of backlog and sub-MPSC view */
+
+#define FX_DM_HDR_CHANNEL "Fluxon-Channel"
+#define FX_DM_HDR_SUBJECT "Fluxon-Subject"
+#define FX_DM_HDR_SEQ "Fluxon-Seq"
+#define FX_DM_HDR_DELIVERED "Fluxon-Delivered"
+#define FX_DM_HDR_ID "Fluxon-Id"
+#define FX_DM_HDR_DEAD_REASON "Fluxon-Dead-Reason"
+#define FX_DM_NR_PREFIX "_FLUXON.NR." /* ack none reply: _FLUXON.NR.<bridge>.<chan>.<claim>.<cseq> */
+/* Ack reply subjects. nats-server (2.9.10 verified) refuses a client PUB whose reply starts with
+ * "$JS.ACK." ("Publish Violation": reserved reply) and never sends a no-responders status for
+ * one, so deliveries carry the jsack.h 12-token layout with "$JS.ACK." replaced by this prefix:
+ *   $FLUXON.ACK.FLUXON.<bridge>.<channel>.<claim>.<delivered>.<seq>.<claim seq>.<ts>.<pending>.<nonce>
+ * (a client recovers JetStream metadata by swapping the first two tokens back to "$JS.ACK"). */
+#define FX_DM_ACK_PREFIX "$FLUXON.ACK."
+#define FX_DM_JS_ACK_PREFIX "$JS.ACK."
+
+/* The sequence shown to clients (PubAck "seq", Fluxon-Seq, the ack subject's stream seq). A stored
+ * message is identified by (sub-MPSC chan, producer idx, msg id); msg ids restart per producer, so
+ * the id alone repeats across sub-MPSCs and producers. The seq packs the three into 53 bits (exact
+ * as a JSON/JavaScript number): chan mod 2^13 << 40 | pidx mod 2^8 << 32 | (msg + 1) mod 2^32.
+ * Distinct within a channel unless 8192 sub-MPSCs or 256 producers of one sub-MPSC apart, never
+ * 0 in practice (chan and pidx start at 1). The exact identity is "<chan>.<pidx>.<msg>" (PubAck
+ * "fluxon_id", Fluxon-Id header). */
+static inline uint64_t dm_seq(int64_t chan, int64_t pidx, int64_t msg)
+{
+    return ((uint64_t)chan & 0x1FFFu) << 40 | ((uint64_t)pidx & 0xFFu) << 32 |
+           (((uint64_t)msg + 1) & 0xFFFFFFFFu);
+}
+#define DM_SEQ(id) dm_seq((id)->chan, (id)->pidx, (id)->msg)
+
+typedef struct dm_chan dm_chan;
+typedef struct dm_claim dm_claim;
+
+typedef struct dm_chan_metrics {
+    fx_metric *captured, *stored, *delivered, *acked, *redelivered, *dead, *dropped,
+        *invalid_acks, *backlog, *claims, *store_errors;
+} dm_chan_metrics;
+
+/* ---- producer queue ----------------------------------------------------------------------------- */
+enum { PQ_CAPTURE = 0, PQ_DEADLETTER = 1 };
+
+typedef struct pq_item {
+    struct pq_item *next;
+    int kind;
+    char *reply;         /* capture: reply subject or NULL (points into the allocation) */
+    uint8_t *rec;        /* encoded fx_mq_msg (points into the allocation) */
+    size_t rec_len;
+    /* dead letter: */
+    dm_claim *claim;     /* reference held while the item lives */
+    uint32_t ent_idx;
+    uint64_t ent_gen;
+    fx_err result;       /* set by the producer thread */
+} pq_item;
+
+typedef struct dm_pq {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pq_item *head, *tail;
+    size_t n, bytes;
+    bool closed; /* refuse new items */
+    bool stop;   /* producer: exit once empty */
+} dm_pq;
+
+/* ---- channel ------------------------------------------------------------------------------------- */
+struct dm_chan {
+    fx_daemon *d;
+    char *name;
+    char *deliver_prefix;
+    char **subjects;
+    size_t n_subjects;
+    fx_chan_settings s;
+    bool is_dlq;
+    dm_chan_metrics m;
+
+    natsSubscription **subs; /* capture subs (kept until fx_daemon_free) */
+    int64_t *sub_dropped;    /* last natsSubscription_GetDropped seen (house-keeping) */
+    size_t n_subs;
+
+    dm_pq q;
+    pthread_t prod_thr;
+    bool prod_started;
+    fx_mpmc_producer *prod; /* producer thread only */
+
+    pthread_mutex_t mu; /* mpmc id cache */
+    int64_t mpmc;
+    bool have_mpmc;
+
+    /* Sub-MPSC view refreshed by house-keeping (under mu): unready sub-MPSCs (no consumer) and
+     * those of them holding backlog ("stranded": e.g. left by a released or killed claim). An
+     * idle claim adopts stranded backlog (claim.c, adopt_stranded). */
+    int64_t unready[FX_DM_SWEEP_MAX];
+    size_t n_unready;
+    int64_t stranded[FX_DM_SWEEP_MAX];
+    size_t n_stranded;
+    uint64_t view_gen;
+
+    dm_claim *claims; /* under d->reg */
+    atomic_bool draining;
+};
+
+/* ---- claim ----------------------------------------------------------------------------------------- */
+enum { EV_ACK = 0, EV_NAK, EV_WPI, EV_TERM, EV_NORESP };
+enum { STOP_NONE = 0, STOP_RELEASE, STOP_DRAIN };
+
+typedef struct dm_ev {
+    uint8_t kind;
+    uint64_t claim_seq;
+    uint64_t nonce; /* 0 for EV_NORESP on the ack none subject (no nonce there) */
+    int64_t delay_ns;
+} dm_ev;
+
+struct dm_claim {
+    dm_chan *ch;
+    dm_claim *next; /* ch->claims, under d->reg */
+    char token[128];
+    char subject[1100];
+    atomic_int refs;
+    pthread_t thr;
+    bool started;
+    atomic_int stop;        /* STOP_* */
+    atomic_bool finished;   /* thread done (join is immediate) */
+    atomic_bool present;    /* interest seen in the last successful poll */
+    atomic_bool noresp;     /* a no-responders arrived: release now */
+    atomic_bool holding;    /* its consumer is open (a sub-MPSC is claimed): fluxon_claims */
+    int64_t last_seen_ms;   /* interest thread only */
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    dm_ev *evs; /* ring */
+    size_t ev_cap, ev_head, ev_n;
+    pq_item *dlq_done;
+    bool dlq_closed; /* thread gone: completions are freed by the producer side */
+};
+
+/* ---- daemon ----------------------------------------------------------------------------------- */
+struct fx_daemon {
+    char *cfg_path;
+    fx_config *cfg; /* current; older ones stay in old_cfgs until free (admin may hold one) */
+    fx_config **old_cfgs;
+    size_t n_old_cfgs;
+    pthread_mutex_t cfg_mu;
+    char name[128];
+    int64_t start_ms;
+
+    natsOptions *opts;
+    natsConnection *nc;
+    bool nats_opened;
+    natsSubscription *ack_sub, *js_ack_sub, *nr_sub;
+    natsSubscription *admin_subs[4];
+    size_t n_admin_subs;
+    atomic_int_fast64_t max_payload;
+
+    fx_mq_client *mq;
+    fx_metrics *metrics;
+    fx_http *http;
+    fx_metric *g_invalid_acks, *g_stale_acks, *g_acks_dropped, *g_lease_ka_fail, *g_etcd_req,
+        *g_etcd_lat, *g_reconnects, *g_slow, *g_claims_total;
+
+    pthread_rwlock_t reg;
+    dm_chan **chans; /* active */
+    size_t n_chans;
+    dm_chan **retired;
+    size_t n_retired;
+
+    /* background threads (interest, house-keeping, admin) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop_interest; /* interest thread (first step of a drain) */
+    bool stop_late;     /* house-keeping and admin threads (just before the MQ client closes) */
+    pthread_t interest_thr, hk_thr, admin_thr, ctl_thr;
+    bool interest_started, hk_started, admin_started, ctl_started;
+
+    /* admin queue (under mu) */
+    struct dm_admin_req *aq_head, *aq_tail;
+    size_t aq_n;
+
+    /* control (under mu) */
+    bool ctl_reload, ctl_stop, ctl_exit;
+
+    /* health (under health_mu) */
+    pthread_mutex_t health_mu;
+    bool etcd_ok;
+    char etcd_err[256];
+
+    atomic_bool stopping; /* drain started: no new claims, no new deliveries */
+    atomic_bool fatal;
+    bool drained;
+    int done_fd;
+    atomic_int exit_code; /* written by the control thread, read by main after done_fd */
+};
+
+/* ---- capture.c ---------------------------------------------------------------------------------- */
+dm_chan *dm_chan_new(fx_daemon *d, const fx_chan_config *cc);
+void dm_chan_free(dm_chan *ch);
+bool dm_chan_same(const dm_chan *ch, const fx_chan_config *cc);
+fx_err dm_chan_start(dm_chan *ch);          /* producer thread + capture subscriptions */
+/* Drain the capture subscriptions (unsubscribe when NATS is down), then wait until deadline. */
+void dm_chan_drain_capture_begin(dm_chan *ch);
+void dm_chan_drain_capture_wait(dm_chan *ch, int64_t deadline_ms);
+void dm_chan_stop_producer_begin(dm_chan *ch);
+void dm_chan_stop_producer_wait(dm_chan *ch);
+/* Resolve the channel's MPMC id (cached; force re-resolves). */
+fx_err dm_chan_resolve(dm_chan *ch, bool force, int64_t *out);
+void dm_chan_forget_mpmc(dm_chan *ch);
+/* Queue a dead letter. false when the queue is full or closed (item not taken). */
+bool dm_pq_push(dm_pq *q, pq_item *it);
+pq_item *dm_pq_item_new(int kind, const char *reply, size_t rec_len);
+void dm_pq_item_free(pq_item *it);
+/* Header block helpers. */
+fx_err dm_hdr_from_msg(natsMsg *m, char **out, size_t *out_len); /* NULL/0 when none */
+/* Append "Key: Value\r\n" lines to a block (creating it when empty); out is malloc'd. */
+fx_err dm_hdr_append(fx_slice block, const char *const *kv, size_t n_pairs, char **out,
+                     size_t *out_len);
+/* Add the lines of a stored block to a message (natsMsgHeader_Add). */
+natsStatus dm_hdr_apply(natsMsg *m, fx_slice block);
+size_t dm_max_msg_bytes(fx_daemon *d);
+void dm_reply_error(fx_daemon *d, const char *reply, int code, const char *desc);
+
+/* ---- claim.c ------------------------------------------------------------------------------------ */
+void *dm_interest_main(void *arg);
+/* Ask every claim of ch to stop (mode STOP_*) and wait for them; removes them from ch->claims.
+ * Caller holds no lock; ch must no longer be in the active list (or stopping must be set). */
+void dm_claims_stop_all(fx_daemon *d, dm_chan *ch, int mode);
+/* Only ask (no wait): lets a drain stop the claims of every channel in parallel. */
+void dm_claims_request_stop(fx_daemon *d, dm_chan *ch, int mode);
+void dm_claim_unref(dm_claim *cl);
+/* A dead letter came back from the producer (result set). Takes the item. */
+void dm_claim_dlq_complete(pq_item *it);
+void dm_on_ack(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg);
+void dm_on_nr(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg);
+
+/* ---- daemon.c ----------------------------------------------------------------------------------- */
+/* Active channel by name (caller holds reg). */
+dm_chan *dm_find_chan_locked(fx_daemon *d, const char *name);
+/* Interruptible wait on d->cv for ms; returns true when the interest thread must stop. */
+bool dm_bg_wait(fx_daemon *d, int64_t ms);
+bool dm_nats_connected(fx_daemon *d);
+uint64_t dm_rand64(void);
+
+#endif
