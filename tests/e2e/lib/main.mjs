@@ -1,0 +1,39 @@
+// main.mjs -- entry of the e2e suite: sets up the temp root and exit handlers, imports every
+// *.test.mjs (sorted by file name) and runs the tests sequentially.
+//   node lib/main.mjs [name-regex]        (or FXE2E_FILTER=regex)
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
+import { runAll, trapAsyncErrors } from "./runner.mjs";
+import { installExitHandlers, setRoot } from "./stack.mjs";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const suiteDir = path.resolve(here, "..");
+
+let root = process.env.FXT_TMPDIR;
+let ownRoot = false;
+if (root) {
+  root = path.join(root, "e2e");
+  fs.mkdirSync(root, { recursive: true });
+} else {
+  root = fs.mkdtempSync(path.join(os.tmpdir(), "fluxon-e2e-"));
+  ownRoot = true;
+}
+setRoot(root);
+const keep = !!process.env.FXE2E_KEEP;
+if (keep) console.log(`e2e: FXE2E_KEEP set: test directories stay under ${root}`);
+installExitHandlers(() => {
+  if (ownRoot && !keep) fs.rmSync(root, { recursive: true, force: true });
+});
+trapAsyncErrors();
+
+const pattern = process.argv[2] || process.env.FXE2E_FILTER;
+const filter = pattern ? new RegExp(pattern) : null;
+
+const files = fs.readdirSync(suiteDir).filter((f) => f.endsWith(".test.mjs")).sort();
+for (const f of files) await import(pathToFileURL(path.join(suiteDir, f)).href);
+
+const failed = await runAll({ root, filter });
+if (!ownRoot && !keep) fs.rmSync(root, { recursive: true, force: true });
+process.exit(failed ? 1 : 0);

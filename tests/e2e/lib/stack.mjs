@@ -1,0 +1,638 @@
+// stack.mjs -- real processes for the end-to-end tests: etcd, nats-server, fluxon-bridge and
+// fluxonctl, on free loopback ports, with pidfiles under the temp root (tests/run.sh kills
+// leftovers from them), logs captured to files, bounded waits (polling with deadlines, never a
+// fixed sleep for synchronisation) and a SIGTERM -> SIGKILL stop. Every process is registered
+// with the test context, so it is stopped when the test ends, and with a process-wide set, so it
+// is killed when the runner exits for any reason.
+
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import net from "node:net";
+import path from "node:path";
+import { setTimeout as delay } from "node:timers/promises";
+
+export const BUILD = process.env.FXE2E_BUILD || path.resolve(process.cwd(), "build");
+export const BRIDGE_BIN = path.join(BUILD, "fluxon-bridge");
+export const CTL_BIN = path.join(BUILD, "fluxonctl");
+
+/**
+ * Deadline multiplier: sanitizer builds (FXT_SANITIZED=1, as `make check` sets) run several times
+ * slower; there the suite checks correctness, so every bounded wait is stretched (FXE2E_SLOW
+ * overrides the factor).
+ */
+export const SLOW = Number(process.env.FXE2E_SLOW || (process.env.FXT_SANITIZED ? 3 : 1));
+
+/** Sanitizer reports in a log (ASan, LSan, TSan, UBSan). */
+export const SANITIZER_RE = /ERROR: (Address|Leak|Thread|Memory)Sanitizer|WARNING: ThreadSanitizer|runtime error:/;
+
+let ROOT = null;
+export function setRoot(dir) {
+  ROOT = dir;
+}
+export function root() {
+  return ROOT;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waiting
+
+/**
+ * Poll `probe` (sync or async) until it returns a truthy value, which is returned. Throws after
+ * `timeout` ms with `what` and the last value or error. `interval` is the polling period. An error
+ * with `fatal` set that the probe throws ends the wait at once.
+ */
+export async function waitFor(probe, { timeout = 10_000, interval = 50, what = "condition" } = {}) {
+  timeout *= SLOW;
+  const deadline = Date.now() + timeout;
+  let last;
+  let lastErr;
+  for (;;) {
+    try {
+      last = await probe();
+      lastErr = undefined;
+      if (last) return last;
+    } catch (e) {
+      if (e && e.fatal) throw e; // no point in waiting any longer
+      lastErr = e;
+    }
+    if (Date.now() >= deadline) {
+      const detail = lastErr ? `last error: ${lastErr.message || lastErr}` : `last value: ${fmt(last)}`;
+      throw new Error(`timed out after ${timeout} ms waiting for ${typeof what === "function" ? what() : what} (${detail})`);
+    }
+    await delay(interval);
+  }
+}
+
+function fmt(v) {
+  try {
+    const s = typeof v === "string" ? v : JSON.stringify(v);
+    return s && s.length > 300 ? s.slice(0, 300) + "..." : s;
+  } catch {
+    return String(v);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ports
+
+const handedOut = new Set();
+
+/** A free TCP port on 127.0.0.1 (bind port 0), never the same one twice in this run. */
+export async function freePort() {
+  for (let i = 0; i < 50; i++) {
+    const port = await new Promise((resolve, reject) => {
+      const srv = net.createServer();
+      srv.unref();
+      srv.on("error", reject);
+      srv.listen(0, "127.0.0.1", () => {
+        const p = srv.address().port;
+        srv.close(() => resolve(p));
+      });
+    });
+    if (!handedOut.has(port)) {
+      handedOut.add(port);
+      return port;
+    }
+  }
+  throw new Error("no free port");
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP
+
+/** GET url; returns {status, text, json} (json null if the body is not JSON). */
+export async function httpGet(url, timeout = 3000) {
+  const res = await fetch(url, { signal: AbortSignal.timeout(timeout) });
+  const text = await res.text();
+  let json = null;
+  try {
+    json = JSON.parse(text);
+  } catch {
+    /* not JSON */
+  }
+  return { status: res.status, text, json };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+
+const live = new Set();
+
+function killAllSync() {
+  for (const p of live) {
+    try {
+      process.kill(p.pid, "SIGCONT");
+      process.kill(p.pid, "SIGKILL");
+    } catch {
+      /* gone */
+    }
+    try {
+      fs.unlinkSync(p.pidfile);
+    } catch {
+      /* none */
+    }
+  }
+  live.clear();
+}
+
+let handlersInstalled = false;
+/** Kill every child on exit, SIGINT or SIGTERM; cleanupRoot removes our own temp root. */
+export function installExitHandlers(cleanupRoot) {
+  if (handlersInstalled) return;
+  handlersInstalled = true;
+  process.on("exit", () => {
+    killAllSync();
+    if (cleanupRoot) cleanupRoot();
+  });
+  for (const sig of ["SIGINT", "SIGTERM", "SIGHUP"]) {
+    process.on(sig, () => {
+      console.log(`e2e: caught ${sig}, killing children`);
+      killAllSync();
+      process.exit(sig === "SIGINT" ? 130 : 143);
+    });
+  }
+}
+
+export class Proc {
+  /**
+   * Start `cmd args` with stdout and stderr appended to logPath; writes <root>/<tag>.pid.
+   */
+  constructor(tag, cmd, args, { logPath, cwd, env } = {}) {
+    this.tag = tag;
+    this.cmd = cmd;
+    this.args = args;
+    this.logPath = logPath;
+    this.pidfile = path.join(ROOT, `${tag}-${process.pid}-${Proc.seq++}.pid`);
+    const fd = fs.openSync(logPath, "a");
+    fs.writeSync(fd, `---- ${new Date().toISOString()} start: ${cmd} ${args.join(" ")}\n`);
+    this.child = spawn(cmd, args, { stdio: ["ignore", fd, fd], cwd, env: env || process.env });
+    fs.closeSync(fd);
+    this.pid = this.child.pid;
+    this.exit = null; // {code, signal}
+    this.exited = new Promise((resolve) => {
+      this.child.on("exit", (code, signal) => {
+        this.exit = { code, signal };
+        live.delete(this);
+        try {
+          fs.unlinkSync(this.pidfile);
+        } catch {
+          /* none */
+        }
+        resolve(this.exit);
+      });
+      this.child.on("error", (e) => {
+        this.exit = { code: 127, signal: null, error: e };
+        live.delete(this);
+        resolve(this.exit);
+      });
+    });
+    if (this.pid) {
+      fs.writeFileSync(this.pidfile, `${this.pid}\n`);
+      live.add(this);
+    }
+  }
+  get running() {
+    return this.exit === null;
+  }
+  signal(sig) {
+    if (this.running) {
+      try {
+        process.kill(this.pid, sig);
+      } catch {
+        /* already gone */
+      }
+    }
+  }
+  /** Wait for exit within timeout ms; returns the exit or null. */
+  async waitExit(timeout) {
+    if (!this.running) return this.exit;
+    let t;
+    const r = await Promise.race([this.exited, new Promise((res) => (t = setTimeout(() => res(null), timeout)))]);
+    clearTimeout(t);
+    return r;
+  }
+  /** SIGTERM (or sig), wait up to timeout, then SIGKILL. Returns {code, signal, killed}. */
+  async stop({ sig = "SIGTERM", timeout = 10_000 } = {}) {
+    if (!this.running) return { ...this.exit, killed: false };
+    this.signal("SIGCONT");
+    this.signal(sig);
+    const r = await this.waitExit(timeout);
+    if (r) return { ...r, killed: false };
+    this.signal("SIGKILL");
+    const r2 = await this.waitExit(10_000);
+    return { ...(r2 || { code: null, signal: "SIGKILL" }), killed: true };
+  }
+  async kill9() {
+    return this.stop({ sig: "SIGKILL", timeout: 10_000 });
+  }
+  /** The last `lines` lines of the log; with `filter` (a RegExp) only lines matching it. */
+  logTail(lines = 40, filter = null) {
+    try {
+      let all = fs.readFileSync(this.logPath, "utf8").split("\n");
+      if (filter) all = all.filter((l) => filter.test(l));
+      return all.slice(-lines - 1).join("\n");
+    } catch (e) {
+      return `(no log: ${e.message})`;
+    }
+  }
+  log() {
+    try {
+      return fs.readFileSync(this.logPath, "utf8");
+    } catch {
+      return "";
+    }
+  }
+}
+Proc.seq = 0;
+
+/** Run a command to completion (bounded); returns {code, signal, stdout, stderr}. */
+export function runCmd(cmd, args, { timeout = 20_000, input } = {}) {
+  return new Promise((resolve) => {
+    const child = spawn(cmd, args, { stdio: ["pipe", "pipe", "pipe"] });
+    let stdout = "";
+    let stderr = "";
+    let timedOut = false;
+    child.stdout.on("data", (d) => (stdout += d));
+    child.stderr.on("data", (d) => (stderr += d));
+    const t = setTimeout(() => {
+      timedOut = true;
+      child.kill("SIGKILL");
+    }, timeout);
+    child.on("error", (e) => {
+      clearTimeout(t);
+      resolve({ code: 127, signal: null, stdout, stderr: stderr + String(e), timedOut });
+    });
+    child.on("close", (code, signal) => {
+      clearTimeout(t);
+      resolve({ code, signal, stdout, stderr, timedOut });
+    });
+    if (input !== undefined) child.stdin.end(input);
+    else child.stdin.end();
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// etcd
+
+export class Etcd {
+  constructor(ctx, name = "etcd") {
+    this.ctx = ctx;
+    this.name = name;
+    this.dir = path.join(ctx.dir, name);
+    this.proc = null;
+  }
+  get url() {
+    return `http://127.0.0.1:${this.clientPort}`;
+  }
+  async start() {
+    for (let attempt = 0; attempt < 3; attempt++) {
+      if (!this.clientPort) {
+        this.clientPort = await freePort();
+        this.peerPort = await freePort();
+      }
+      const fresh = !fs.existsSync(path.join(this.dir, "member"));
+      fs.mkdirSync(this.dir, { recursive: true });
+      const client = `http://127.0.0.1:${this.clientPort}`;
+      const peer = `http://127.0.0.1:${this.peerPort}`;
+      this.proc = new Proc(`${this.ctx.name}-${this.name}`, "etcd", [
+        `--name=${this.name}`,
+        `--data-dir=${path.join(this.dir, "data")}`,
+        `--listen-client-urls=${client}`,
+        `--advertise-client-urls=${client}`,
+        `--listen-peer-urls=${peer}`,
+        `--initial-advertise-peer-urls=${peer}`,
+        `--initial-cluster=${this.name}=${peer}`,
+        `--initial-cluster-state=${fresh ? "new" : "existing"}`,
+        "--logger=zap",
+        "--log-level=warn",
+      ], { logPath: path.join(this.ctx.dir, `${this.name}.log`) });
+      if (!this._registered) {
+        this._registered = true;
+        this.ctx.defer(() => this.stop());
+        this.ctx.onFailure(() => `---- ${this.name} log (warnings and errors, last 10):\n${this.proc ? this.proc.logTail(10, /"level":"(warn|error|fatal|panic)"|^----/) : ""}`);
+      }
+      try {
+        await waitFor(async () => {
+          if (!this.proc.running) throw new Error(`etcd exited: ${JSON.stringify(this.proc.exit)}`);
+          const r = await httpGet(`${client}/health`, 1000);
+          return r.status === 200 && r.json && r.json.health === "true";
+        }, { timeout: 20_000, what: "etcd /health" });
+        return this;
+      } catch (e) {
+        await this.proc.stop({ timeout: 2000 });
+        if (fresh && attempt < 2) {
+          // a port race: try fresh ports
+          this.clientPort = null;
+          fs.rmSync(this.dir, { recursive: true, force: true });
+          continue;
+        }
+        throw new Error(`etcd did not start: ${e.message}\n${this.proc.logTail(20)}`);
+      }
+    }
+    throw new Error("etcd did not start");
+  }
+  async stop() {
+    if (this.proc) await this.proc.stop({ timeout: 5000 });
+  }
+  async restart() {
+    await this.stop();
+    return this.start();
+  }
+
+  /** Range over a key prefix: [{key, value, lease}] (value as a utf8 string). */
+  async range(prefix) {
+    const b64 = (s) => Buffer.from(s).toString("base64");
+    const end = Buffer.from(prefix);
+    end[end.length - 1] += 1;
+    const res = await fetch(`${this.url}/v3/kv/range`, {
+      method: "POST",
+      body: JSON.stringify({ key: b64(prefix), range_end: end.toString("base64") }),
+      signal: AbortSignal.timeout(3000),
+    });
+    if (res.status !== 200) throw new Error(`etcd range ${prefix}: HTTP ${res.status}`);
+    const j = await res.json();
+    return (j.kvs || []).map((kv) => ({
+      key: Buffer.from(kv.key, "base64").toString(),
+      value: kv.value ? Buffer.from(kv.value, "base64").toString() : "",
+      lease: kv.lease || "0",
+    }));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// nats-server
+
+export class NatsServer {
+  /** opts.maxPayload: bytes (written into a config file). JetStream stays off (no -js). */
+  constructor(ctx, name = "nats", opts = {}) {
+    this.ctx = ctx;
+    this.name = name;
+    this.opts = opts;
+    this.proc = null;
+  }
+  get url() {
+    return `nats://127.0.0.1:${this.port}`;
+  }
+  get monitorUrl() {
+    return `http://127.0.0.1:${this.monitorPort}`;
+  }
+  async start() {
+    if (!this.port) {
+      this.port = await freePort();
+      this.monitorPort = await freePort();
+    }
+    const conf = path.join(this.ctx.dir, `${this.name}.conf`);
+    const lines = [
+      `listen: "127.0.0.1:${this.port}"`,
+      `http: "127.0.0.1:${this.monitorPort}"`,
+      "jetstream: disabled",
+    ];
+    if (this.opts.maxPayload) lines.push(`max_payload: ${this.opts.maxPayload}`);
+    fs.writeFileSync(conf, lines.join("\n") + "\n");
+    this.proc = new Proc(`${this.ctx.name}-${this.name}`, "nats-server", ["-c", conf], {
+      logPath: path.join(this.ctx.dir, `${this.name}.log`),
+    });
+    if (!this._registered) {
+      this._registered = true;
+      this.ctx.defer(() => this.stop());
+      this.ctx.onFailure(() => `---- ${this.name} log (warnings and errors, last 10):\n${this.proc ? this.proc.logTail(10, /\[(WRN|ERR|FTL)\]|^----/) : ""}`);
+    }
+    await waitFor(async () => {
+      if (!this.proc.running) throw new Error(`nats-server exited: ${JSON.stringify(this.proc.exit)}`);
+      const r = await httpGet(`${this.monitorUrl}/healthz`, 1000);
+      return r.status === 200;
+    }, { timeout: 20_000, what: "nats-server /healthz" });
+    return this;
+  }
+  async stop() {
+    if (this.proc) await this.proc.stop({ timeout: 5000 });
+  }
+  async restart() {
+    await this.stop();
+    return this.start();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// fluxon-bridge
+
+export const DEFAULTS = {
+  ttl_seconds: 5,
+  capacity: 100000,
+  ack: "explicit",
+  ack_wait: "30s",
+  max_deliver: 5,
+  max_ack_pending: 1000,
+  backoff: ["200ms"],
+  release_after: "1s",
+  interest_poll: "200ms",
+};
+
+export const ORDERS = { name: "orders", subjects: ["orders.>"], deliver_prefix: "q.orders" };
+
+/** The config object of a bridge (DESIGN.md §7). */
+export function bridgeConfig({ name, nats, etcd, httpPort, prefix, defaults = {}, channels = [ORDERS] }) {
+  return {
+    name,
+    nats: { url: nats.url, monitor_url: nats.monitorUrl, account: "$G" },
+    etcd: { endpoints: [etcd.url], prefix },
+    kv: { backend: "etcd", endpoints: [etcd.url] },
+    http: { listen: `127.0.0.1:${httpPort}` },
+    defaults: { ...DEFAULTS, ...defaults },
+    channels,
+  };
+}
+
+export function requireBinaries() {
+  for (const b of [BRIDGE_BIN, CTL_BIN]) {
+    if (!fs.existsSync(b)) throw new Error(`${b} is not built (set BUILD, run make)`);
+  }
+}
+
+export class Bridge {
+  /**
+   * opts: name, nats (NatsServer), etcd (Etcd), prefix (etcd root), defaults, channels, config
+   * (a function that may edit the config object before it is written).
+   */
+  constructor(ctx, opts) {
+    this.ctx = ctx;
+    this.opts = opts;
+    this.name = opts.name || "b1";
+    this.proc = null;
+    this.starts = 0;
+  }
+  get healthUrl() {
+    return `http://127.0.0.1:${this.httpPort}/healthz`;
+  }
+  get metricsUrl() {
+    return `http://127.0.0.1:${this.httpPort}/metrics`;
+  }
+  async writeConfig() {
+    if (!this.httpPort) this.httpPort = await freePort();
+    const cfg = bridgeConfig({
+      name: this.name,
+      nats: this.opts.nats,
+      etcd: this.opts.etcd,
+      httpPort: this.httpPort,
+      prefix: this.opts.prefix || "/fxe2e",
+      defaults: this.opts.defaults,
+      channels: this.opts.channels,
+    });
+    if (this.opts.config) this.opts.config(cfg);
+    this.configPath = path.join(this.ctx.dir, `bridge-${this.name}.json`);
+    fs.writeFileSync(this.configPath, JSON.stringify(cfg, null, 2));
+    return cfg;
+  }
+  /** Start and wait until /healthz is 200 (deadline 20 s). */
+  async start() {
+    requireBinaries();
+    await this.writeConfig();
+    this.starts++;
+    this.proc = new Proc(`${this.ctx.name}-bridge-${this.name}`, BRIDGE_BIN, ["-c", this.configPath], {
+      logPath: path.join(this.ctx.dir, `bridge-${this.name}.log`),
+    });
+    if (!this._registered) {
+      this._registered = true;
+      this.ctx.defer(() => this.stop());
+      this.ctx.onFailure(() => `---- bridge ${this.name} log tail (${this.proc.logPath}):\n${this.proc.logTail(40)}`);
+    }
+    // A sanitizer report in the bridge's output fails the test, whenever the process ends.
+    const proc = this.proc;
+    proc.exited.then(() => {
+      const log = proc.log();
+      const at = log.search(SANITIZER_RE);
+      if (at >= 0) {
+        this.ctx.fail(new Error(`sanitizer report from bridge ${this.name}:\n${log.slice(Math.max(0, at - 200), at + 3000)}`));
+      }
+    });
+    await this.waitHealthy(20_000);
+    return this;
+  }
+  async waitHealthy(timeout = 20_000) {
+    await waitFor(async () => {
+      if (!this.proc.running) throw new Error(`fluxon-bridge ${this.name} exited: ${JSON.stringify(this.proc.exit)}`);
+      const r = await httpGet(this.healthUrl, 1000);
+      return r.status === 200 && r.json && r.json.status === "ok";
+    }, { timeout, what: `bridge ${this.name} /healthz ok` });
+  }
+  async health() {
+    return httpGet(this.healthUrl, 2000);
+  }
+  async metrics() {
+    const r = await httpGet(this.metricsUrl, 3000);
+    if (r.status !== 200) throw new Error(`/metrics: HTTP ${r.status}`);
+    return parseMetrics(r.text);
+  }
+  async metricsText() {
+    return (await httpGet(this.metricsUrl, 3000)).text;
+  }
+  /** SIGTERM and wait (deadline); returns the exit {code, signal, killed}. */
+  async stop({ timeout = 20_000 } = {}) {
+    if (!this.proc) return null;
+    return this.proc.stop({ timeout });
+  }
+  async kill9() {
+    return this.proc.kill9();
+  }
+  log() {
+    return this.proc ? this.proc.log() : "";
+  }
+  /**
+   * For graceful runs: every line of the bridge's output (all its runs) is in the NATS log style
+   * ("[pid] date time [INF|WRN|ERR|DBG] text") and none is an error.
+   */
+  assertLogClean() {
+    const lines = this.log().split("\n").filter((l) => l && !l.startsWith("---- ") && !l.startsWith("=="));
+    const style = /^\[\d+\] \d{4}\/\d{2}\/\d{2} \d{2}:\d{2}:\d{2}\.\d{6} \[(INF|WRN|ERR|DBG)\] /;
+    const odd = lines.filter((l) => !style.test(l));
+    if (odd.length) throw new Error(`bridge ${this.name}: ${odd.length} log line(s) not in the NATS style, e.g. ${odd[0]}`);
+    const errs = lines.filter((l) => l.includes("[ERR]"));
+    if (errs.length) throw new Error(`bridge ${this.name}: ${errs.length} [ERR] line(s) in a graceful run, e.g. ${errs[0]}`);
+  }
+}
+
+/** Run fluxonctl with args (the caller places --server); returns {code, stdout, stderr}. */
+export function fluxonctl(args, timeout = 15_000) {
+  return runCmd(CTL_BIN, args, { timeout });
+}
+
+/** Run fluxon-bridge with args to completion (for --check, --version, bad configs). */
+export function bridgeRun(args, timeout = 15_000) {
+  return runCmd(BRIDGE_BIN, args, { timeout });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prometheus text
+
+/** Parse Prometheus text into [{name, labels, value}] (comments skipped). */
+export function parseMetrics(text) {
+  const out = [];
+  for (const line of text.split("\n")) {
+    const l = line.trim();
+    if (!l || l.startsWith("#")) continue;
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s+(\S+)/.exec(l);
+    if (!m) continue;
+    const labels = {};
+    if (m[3]) {
+      const re = /([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g;
+      let lm;
+      while ((lm = re.exec(m[3]))) labels[lm[1]] = lm[2];
+    }
+    out.push({ name: m[1], labels, value: Number(m[4]) });
+  }
+  return out;
+}
+
+/** Sum of series `name` whose labels include `labels`; undefined if there is no such series. */
+export function metricValue(series, name, labels = {}) {
+  let found = false;
+  let sum = 0;
+  for (const s of series) {
+    if (s.name !== name) continue;
+    if (!Object.entries(labels).every(([k, v]) => s.labels[k] === v)) continue;
+    found = true;
+    sum += s.value;
+  }
+  return found ? sum : undefined;
+}
+
+/** A whole test stack: etcd + nats-server (+ bridges added by the caller). */
+export async function startStack(ctx, { natsOpts } = {}) {
+  requireBinaries();
+  const etcd = new Etcd(ctx);
+  const nats = new NatsServer(ctx, "nats", natsOpts);
+  await Promise.all([etcd.start(), nats.start()]);
+  const prefix = `/fxe2e-${ctx.name}`;
+  return {
+    etcd,
+    nats,
+    prefix,
+    bridge(opts = {}) {
+      return new Bridge(ctx, { nats, etcd, prefix, ...opts });
+    },
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fluxon MQ keys in etcd (bridge/keys.h), read directly to check claims and memberships
+
+/** The MPMC id of channel `name` (R/mq_unique_keys/<name>), or null. */
+export async function mpmcId(etcd, prefix, name) {
+  const kvs = await etcd.range(`${prefix}/mq_unique_keys/${name}`);
+  const kv = kvs.find((k) => k.key === `${prefix}/mq_unique_keys/${name}`);
+  return kv ? kv.value.trim() : null;
+}
+
+/** Ready keys (claims) of channel `name`: [{key, value (claiming member), lease}]. */
+export async function readyKeys(etcd, prefix, name) {
+  const id = await mpmcId(etcd, prefix, name);
+  if (id === null) return [];
+  return etcd.range(`${prefix}/mpmc_channels/ready/${id}/`);
+}
+
+/** Membership-like keys (role keys, sub-MPSC memberships, ready keys) under the root. */
+export async function membershipKeys(etcd, prefix) {
+  const all = await etcd.range(`${prefix}/`);
+  const re = new RegExp(`^${prefix.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}/(mpmc_channels/(producer|consumer|ready)/|channels/\\d+/(producer|consumer)/)`);
+  return all.filter((kv) => re.test(kv.key));
+}
