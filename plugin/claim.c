@@ -17,6 +17,13 @@
  * "_FLUXON.NR.<bridge>.<channel>.<claim>.<claim seq>"), so a delivery that found no subscriber
  * comes back as a no-responders 503 and releases the claim at once, without counting the attempt
  * (the message stays unacked for the next consumer).
+ *
+ * Leaf path (nats.leaf_url set, ack explicit): deliveries are published over the leafnode
+ * connection (leaf.h) with the exact "$JS.ACK.FLUXON...." reply, which a client connection may
+ * not use. The header block is the same (built on a natsMsg, then serialised). A leaf connection
+ * gets no no-responders status: a delivery to a subscriber that just left is lost until ack_wait
+ * redelivers it, and the claim relies on interest polling alone. While the leaf connection is
+ * down, or its write buffer is full, deliveries wait (retried like a failed publish).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -54,6 +61,7 @@ typedef struct cst {
     fx_daemon *d;
     fx_mpmc_consumer *cons;
     bool explicit_ack;
+    bool use_leaf; /* explicit ack and d->leaf: deliveries over the leaf connection */
     uint32_t max_ents;
     ent *ents;
     uint32_t n_ents, n_used;
@@ -357,7 +365,11 @@ static bool publish_ent(cst *s, uint32_t idx)
                                "claim %s: cannot build the ack subject", s->cl->subject);
             return false;
         }
-        snprintf(reply, sizeof reply, "%s%s", FX_DM_ACK_PREFIX, js + sizeof FX_DM_JS_ACK_PREFIX - 1);
+        if (s->use_leaf)
+            snprintf(reply, sizeof reply, "%s", js); /* the exact JetStream form */
+        else
+            snprintf(reply, sizeof reply, "%s%s", FX_DM_ACK_PREFIX,
+                     js + sizeof FX_DM_JS_ACK_PREFIX - 1);
     } else {
         snprintf(reply, sizeof reply, FX_DM_NR_PREFIX "%s.%s.%s.%" PRIu64, d->name, ch->name,
                  s->cl->token, e->claim_seq);
@@ -381,8 +393,25 @@ static bool publish_ent(cst *s, uint32_t idx)
     if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_SEQ, seq);
     if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_DELIVERED, att);
     if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_ID, fid);
-    if (st == NATS_OK) st = natsConnection_PublishMsg(d->nc, m);
-    natsMsg_Destroy(m);
+    if (st == NATS_OK && s->use_leaf) {
+        char *hdr = NULL;
+        size_t hlen = 0;
+        fx_err fe = dm_hdr_from_msg(m, &hdr, &hlen);
+        if (!fe)
+            fe = fx_leaf_publish(d->leaf, s->cl->subject, reply, hdr, hlen, e->msg.data.data,
+                                 e->msg.data.len);
+        free(hdr);
+        natsMsg_Destroy(m);
+        if (fe) {
+            fx_log_ratelimited(&s->slot_pub, 5000, FX_LOG_WRN,
+                               "claim %s: delivery publish (leaf) failed: %s (%s)", s->cl->subject,
+                               fx_strerror(fe), fx_err_detail());
+            return false;
+        }
+    } else {
+        if (st == NATS_OK) st = natsConnection_PublishMsg(d->nc, m);
+        natsMsg_Destroy(m);
+    }
     if (st != NATS_OK) {
         fx_log_ratelimited(&s->slot_pub, 5000, FX_LOG_WRN, "claim %s: delivery publish failed: %s",
                            s->cl->subject, natsStatus_GetText(st));
@@ -397,7 +426,8 @@ static bool publish_ent(cst *s, uint32_t idx)
 static bool can_publish(cst *s)
 {
     return atomic_load(&s->cl->present) && !atomic_load(&s->d->stopping) &&
-           atomic_load(&s->cl->stop) == STOP_NONE && dm_nats_connected(s->d);
+           atomic_load(&s->cl->stop) == STOP_NONE && dm_nats_connected(s->d) &&
+           (!s->use_leaf || fx_leaf_connected(s->d->leaf));
 }
 
 static void do_sends(cst *s)
@@ -909,6 +939,7 @@ static void *claim_main(void *arg)
     s.ch = cl->ch;
     s.d = cl->ch->d;
     s.explicit_ack = cl->ch->s.ack == FX_ACK_EXPLICIT;
+    s.use_leaf = s.explicit_ack && s.d->leaf != NULL;
     if (table_init(&s)) {
         claim_loop(&s);
         claim_release(&s);

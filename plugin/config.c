@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "leaf.h"
 #include "subject.h"
 
 /* ---- Limits ----------------------------------------------------------------------------- */
@@ -198,6 +199,7 @@ void fx_config_free(fx_config *c)
     free_str(c->nats.url);
     free_str(c->nats.monitor_url);
     free_str(c->nats.account);
+    free_str(c->nats.leaf_url);
     free_str(c->nats.user);
     free_str(c->nats.password);
     free_str(c->nats.token);
@@ -572,12 +574,13 @@ static int check_name(pctx *p, const char *path, const char *name, bool channel)
 
 static int read_nats(pctx *p, const cJSON *node, fx_config *c)
 {
-    enum { URL, MONITOR, ACCOUNT, USER, PASSWORD, TOKEN, CREDS, NKEY, CA, CERT, KEY, INSECURE, NK };
+    enum { URL, MONITOR, ACCOUNT, USER, PASSWORD, TOKEN, CREDS, NKEY, CA, CERT, KEY, INSECURE,
+           LEAF, NK };
     static const char *const keys[NK] = {
         [URL] = "url", [MONITOR] = "monitor_url", [ACCOUNT] = "account", [USER] = "user",
         [PASSWORD] = "password", [TOKEN] = "token", [CREDS] = "creds_file",
         [NKEY] = "nkey_seed_file", [CA] = "ca_file", [CERT] = "cert_file", [KEY] = "key_file",
-        [INSECURE] = "tls_insecure",
+        [INSECURE] = "tls_insecure", [LEAF] = "leaf_url",
     };
     const cJSON *v[NK];
     if (!node) return 0;
@@ -585,7 +588,7 @@ static int read_nats(pctx *p, const cJSON *node, fx_config *c)
     char **opt[NK] = {
         [USER] = &c->nats.user, [PASSWORD] = &c->nats.password, [TOKEN] = &c->nats.token,
         [CREDS] = &c->nats.creds_file, [NKEY] = &c->nats.nkey_seed_file, [CA] = &c->nats.ca_file,
-        [CERT] = &c->nats.cert_file, [KEY] = &c->nats.key_file,
+        [CERT] = &c->nats.cert_file, [KEY] = &c->nats.key_file, [LEAF] = &c->nats.leaf_url,
     };
     if (read_nonempty_string(p, v[URL], "nats.url", &c->nats.url) != 0 ||
         read_nonempty_string(p, v[MONITOR], "nats.monitor_url", &c->nats.monitor_url) != 0 ||
@@ -918,6 +921,14 @@ static int check_sections(pctx *p, fx_config *c)
     if (check_name(p, "name", c->name, false) != 0) return -1;
     if (check_nats_url(p, "nats.url", c->nats.url) != 0) return -1;
     if (check_http_url(p, "nats.monitor_url", c->nats.monitor_url) != 0) return -1;
+    if (c->nats.leaf_url) {
+        fx_leaf_url lu;
+        char why[160];
+        int rc = fx_leaf_url_parse(c->nats.leaf_url, &lu, why, sizeof why);
+        explicit_bzero(lu.user, sizeof lu.user);
+        explicit_bzero(lu.pass, sizeof lu.pass);
+        if (rc != 0) return fail(p, "nats.leaf_url", "%s", why);
+    }
     if (has_bad_byte(c->nats.account) || strlen(c->nats.account) > CFG_NAME_MAX * 2)
         return fail(p, "nats.account", "must be a name without whitespace, at most %d bytes",
                     CFG_NAME_MAX * 2);

@@ -46,6 +46,10 @@ typedef struct fx_config {
         char *url;         /* default nats://127.0.0.1:4222 */
         char *monitor_url; /* default http://127.0.0.1:8222 */
         char *account;     /* default "$G" */
+        char *leaf_url;    /* optional "nats://[user:pass@]host:port" of the server's leafnode
+                              listener: explicit-ack deliveries then go over a leaf connection
+                              with true "$JS.ACK." replies (leaf.h); NULL: over the client
+                              connection with "$FLUXON.ACK." replies */
         char *user, *password, *token, *creds_file, *nkey_seed_file;
         char *ca_file, *cert_file, *key_file;
         bool tls_insecure;

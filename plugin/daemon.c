@@ -166,6 +166,25 @@ static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, 
     }
 }
 
+/* nats.leaf_url: the leaf connection that carries explicit-ack deliveries with "$JS.ACK."
+ * replies. It connects (and reconnects) in the background; until it is up those deliveries wait
+ * and /healthz says 503. */
+static fx_err leaf_setup(fx_daemon *d, const char *cname)
+{
+    const fx_config *c = d->cfg;
+    if (!c->nats.leaf_url) return FX_OK;
+    fx_leaf_opts lo = {.url = c->nats.leaf_url, .name = cname};
+    fx_err e = fx_leaf_new(&lo, &d->leaf);
+    if (!e) e = fx_leaf_start(d->leaf);
+    if (e) return e;
+    char red[300];
+    redact_url(c->nats.leaf_url, red, sizeof red);
+    FX_INF("nats leaf: explicit-ack deliveries go over the leafnode connection to %s with "
+           "$JS.ACK.FLUXON.%s.* replies",
+           red, d->name);
+    return FX_OK;
+}
+
 static fx_err nats_setup(fx_daemon *d)
 {
     const fx_config *c = d->cfg;
@@ -235,7 +254,7 @@ static fx_err nats_setup(fx_daemon *d)
         update_max_payload(d, d->nc);
         FX_INF("nats: connected to %s as %s", red, cname);
     }
-    return FX_OK;
+    return leaf_setup(d, cname);
 }
 
 /* ---- MQ client -------------------------------------------------------------------------------- */
@@ -299,6 +318,12 @@ static int health_cb(void *arg, char *err, size_t errlen)
         snprintf(err, errlen, "nats: %s", conn_status_text(st));
         return -1;
     }
+    if (d->leaf && !fx_leaf_connected(d->leaf)) {
+        char why[256];
+        fx_leaf_status(d->leaf, why, sizeof why);
+        snprintf(err, errlen, "nats leaf: %s", why);
+        return -1;
+    }
     pthread_mutex_lock(&d->health_mu);
     bool ok = d->etcd_ok;
     if (!ok) snprintf(err, errlen, "etcd: %s", d->etcd_err);
@@ -329,6 +354,14 @@ static void metrics_setup(fx_daemon *d)
     d->g_slow = fx_metrics_add(m, "fluxon_slow_consumer_events_total",
                                "NATS slow-consumer episodes (messages dropped by the client library)",
                                FX_METRIC_COUNTER, "");
+    if (d->cfg->nats.leaf_url) {
+        d->g_leaf_up = fx_metrics_add(m, "fluxon_nats_leaf_connected",
+                                      "1 when the leafnode connection for deliveries is up",
+                                      FX_METRIC_GAUGE, "");
+        d->g_leaf_connects = fx_metrics_add(m, "fluxon_nats_leaf_connects_total",
+                                            "Leafnode connections established (first and reconnects)",
+                                            FX_METRIC_COUNTER, "");
+    }
 }
 
 /* ---- house-keeping thread ------------------------------------------------------------------- */
@@ -358,6 +391,12 @@ static void hk_stats(fx_daemon *d)
     fx_lease_mgr_stats ls;
     fx_lease_mgr_get_stats(fx_mq_client_leases(d->mq), &ls);
     fx_metric_set(d->g_lease_ka_fail, (int64_t)ls.keepalive_failures);
+    if (d->leaf) {
+        fx_leaf_stats st;
+        fx_leaf_get_stats(d->leaf, &st);
+        fx_metric_set(d->g_leaf_up, fx_leaf_connected(d->leaf) ? 1 : 0);
+        fx_metric_set(d->g_leaf_connects, (int64_t)st.connects);
+    }
     pthread_rwlock_rdlock(&d->reg);
     for (size_t c = 0; c < d->n_chans; c++) {
         dm_chan *ch = d->chans[c];
@@ -688,7 +727,8 @@ static void reload(fx_daemon *d)
     if (!SAME_STR(oc->nats.url, nc->nats.url) || !SAME_STR(oc->nats.monitor_url, nc->nats.monitor_url) ||
         !SAME_STR(oc->nats.account, nc->nats.account) || !SAME_STR(oc->nats.user, nc->nats.user) ||
         !SAME_STR(oc->nats.password, nc->nats.password) || !SAME_STR(oc->nats.token, nc->nats.token) ||
-        !SAME_STR(oc->nats.creds_file, nc->nats.creds_file))
+        !SAME_STR(oc->nats.creds_file, nc->nats.creds_file) ||
+        !SAME_STR(oc->nats.leaf_url, nc->nats.leaf_url))
         FX_WRN("reload: nats settings changed: need a restart (ignored)");
     if (!same_endpoints(oc->etcd.endpoints, oc->etcd.n_endpoints, nc->etcd.endpoints,
                         nc->etcd.n_endpoints) ||
@@ -792,6 +832,7 @@ static void drain(fx_daemon *d)
     if (d->js_ack_sub) natsSubscription_Unsubscribe(d->js_ack_sub);
     if (d->nr_sub) natsSubscription_Unsubscribe(d->nr_sub);
     if (d->nc && dm_nats_connected(d)) natsConnection_FlushTimeout(d->nc, 2000);
+    if (d->leaf && fx_leaf_connected(d->leaf)) fx_leaf_flush(d->leaf, 2000);
     /* 6. house-keeping and admin */
     set_flag(d, &d->stop_late);
     if (d->hk_started) {
@@ -809,6 +850,7 @@ static void drain(fx_daemon *d)
     }
     fx_http_stop(d->http);
     d->http = NULL;
+    fx_leaf_stop(d->leaf);
     if (d->nc) natsConnection_Close(d->nc);
     FX_INF("drained in %" PRId64 " ms", fx_now_ms() - t0);
 }
@@ -964,6 +1006,8 @@ void fx_daemon_free(fx_daemon *d)
         free(r);
         r = nx;
     }
+    fx_leaf_free(d->leaf);
+    d->leaf = NULL;
     if (d->nc) natsConnection_Destroy(d->nc);
     if (d->opts) natsOptions_Destroy(d->opts);
     fx_mq_client_free(d->mq);

@@ -35,6 +35,7 @@
 #include "fluxon_mq.h"
 #include "fx_log.h"
 #include "http.h"
+#include "leaf.h"
 #include "metrics.h"
 
 /* ---- bounds ------------------------------------------------------------------------------------ */
@@ -67,10 +68,13 @@
 #define FX_DM_HDR_DEAD_REASON "Fluxon-Dead-Reason"
 #define FX_DM_NR_PREFIX "_FLUXON.NR." /* ack none reply: _FLUXON.NR.<bridge>.<chan>.<claim>.<cseq> */
 /* Ack reply subjects. nats-server (2.9.10 verified) refuses a client PUB whose reply starts with
- * "$JS.ACK." ("Publish Violation": reserved reply) and never sends a no-responders status for
- * one, so deliveries carry the jsack.h 12-token layout with "$JS.ACK." replaced by this prefix:
+ * "$JS.ACK." ("Publish Violation": reserved reply); a LEAFNODE connection is not checked. So:
+ *  - with nats.leaf_url set, explicit-ack deliveries go over the leaf connection (leaf.h) with the
+ *    exact jsack.h reply "$JS.ACK.FLUXON.<bridge>...." (the contract of DESIGN.md §5);
+ *  - without it they go over the client connection with "$JS.ACK." replaced by this prefix:
  *   $FLUXON.ACK.FLUXON.<bridge>.<channel>.<claim>.<delivered>.<seq>.<claim seq>.<ts>.<pending>.<nonce>
- * (a client recovers JetStream metadata by swapping the first two tokens back to "$JS.ACK"). */
+ *    (a client recovers JetStream metadata by swapping the first two tokens back to "$JS.ACK").
+ * The bridge subscribes to both prefixes (dm_on_ack). */
 #define FX_DM_ACK_PREFIX "$FLUXON.ACK."
 #define FX_DM_JS_ACK_PREFIX "$JS.ACK."
 
@@ -204,6 +208,8 @@ struct fx_daemon {
 
     natsOptions *opts;
     natsConnection *nc;
+    fx_leaf *leaf; /* nats.leaf_url set: explicit-ack deliveries go through it (read-only after
+                      start; thread-safe) */
     bool nats_opened;
     natsSubscription *ack_sub, *js_ack_sub, *nr_sub;
     natsSubscription *admin_subs[4];
@@ -214,7 +220,7 @@ struct fx_daemon {
     fx_metrics *metrics;
     fx_http *http;
     fx_metric *g_invalid_acks, *g_stale_acks, *g_acks_dropped, *g_lease_ka_fail, *g_etcd_req,
-        *g_etcd_lat, *g_reconnects, *g_slow, *g_claims_total;
+        *g_etcd_lat, *g_reconnects, *g_slow, *g_claims_total, *g_leaf_up, *g_leaf_connects;
 
     pthread_rwlock_t reg;
     dm_chan **chans; /* active */

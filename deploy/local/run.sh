@@ -6,6 +6,7 @@ cd "$(dirname "$0")/../.."
 NATS_PORT=${FX_NATS_PORT:-24222}
 ETCD_PORT=${FX_ETCD_PORT:-23790}
 MON_PORT=${FX_NATS_MONITOR_PORT:-28222}
+LEAF_PORT=${FX_NATS_LEAF_PORT:-24223}
 CFG=deploy/local/bridge.json
 HTTP=http://127.0.0.1:28080 # http.listen of $CFG
 
@@ -16,8 +17,9 @@ trap 'deploy/local/stack.sh stop' EXIT
 deploy/local/stack.sh start
 
 if [ -x build/fluxon-bridge ]; then
-  if [ "$NATS_PORT" != 24222 ] || [ "$ETCD_PORT" != 23790 ] || [ "$MON_PORT" != 28222 ]; then
-    echo "note: $CFG expects the default ports (NATS 24222, monitor 28222, etcd 23790)" >&2
+  if [ "$NATS_PORT" != 24222 ] || [ "$ETCD_PORT" != 23790 ] || [ "$MON_PORT" != 28222 ] ||
+     [ "$LEAF_PORT" != 24223 ]; then
+    echo "note: $CFG expects the default ports (NATS 24222, monitor 28222, leafnode 24223, etcd 23790)" >&2
   fi
   S="--server nats://127.0.0.1:$NATS_PORT"
   cat <<TXT

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "leaf.h"
 
 #define CH_ORDERS "{\"name\":\"orders\",\"subjects\":[\"orders.>\"],\"deliver_prefix\":\"q.orders\"}"
 #define CHANNELS "\"channels\":[" CH_ORDERS "]"
@@ -661,6 +662,84 @@ static void test_err_no_secret_echo(void **state)
     assert_string_equal(err, "nats.password: must be a string");
 }
 
+/* ---- nats.leaf_url (plugin/leaf.h) -------------------------------------------------------- */
+
+static void test_leaf_url(void **state)
+{
+    (void)state;
+    fx_config c;
+    parse_ok("{" CHANNELS "}", &c);
+    assert_null(c.nats.leaf_url); /* optional: no leaf connection */
+    fx_config_free(&c);
+    parse_ok("{\"nats\":{\"leaf_url\":\"\"}," CHANNELS "}", &c);
+    assert_null(c.nats.leaf_url); /* "" = not set */
+    fx_config_free(&c);
+    static const char *const ok[] = {
+        "nats://127.0.0.1:7422", "nats://localhost", "nats://[::1]:24223",
+        "nats://leaf:p%40ss@127.0.0.1:7422/", "nats://u@h:1",
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        char json[256];
+        snprintf(json, sizeof json, "{\"nats\":{\"leaf_url\":\"%s\"}," CHANNELS "}", ok[i]);
+        parse_ok(json, &c);
+        assert_string_equal(c.nats.leaf_url, ok[i]);
+        fx_config_free(&c);
+    }
+
+    err_case cases[] = {
+        {"{\"nats\":{\"leaf_url\":5}," CHANNELS "}", "nats.leaf_url: must be a string"},
+        {"{\"nats\":{\"leaf_url\":\"tls://127.0.0.1:7422\"}," CHANNELS "}",
+         "nats.leaf_url: tls:// is not supported"},
+        {"{\"nats\":{\"leaf_url\":\"http://127.0.0.1:7422\"}," CHANNELS "}",
+         "nats.leaf_url: must be a nats://host:port URL"},
+        {"{\"nats\":{\"leaf_url\":\"127.0.0.1:7422\"}," CHANNELS "}",
+         "nats.leaf_url: must be a nats://host:port URL"},
+        {"{\"nats\":{\"leaf_url\":\"nats://:7422\"}," CHANNELS "}",
+         "nats.leaf_url: must be nats://host:port with a host"},
+        {"{\"nats\":{\"leaf_url\":\"nats://\"}," CHANNELS "}", "nats.leaf_url: must be nats://host:port"},
+        {"{\"nats\":{\"leaf_url\":\"nats://[::1\"}," CHANNELS "}", "nats.leaf_url: must be nats://host:port"},
+        {"{\"nats\":{\"leaf_url\":\"nats://::1:7422\"}," CHANNELS "}", "nats.leaf_url: must be nats://host:port with a host (IPv6 in brackets)"},
+        {"{\"nats\":{\"leaf_url\":\"nats://h:0\"}," CHANNELS "}", "nats.leaf_url: port must be 1..65535"},
+        {"{\"nats\":{\"leaf_url\":\"nats://h:65536\"}," CHANNELS "}", "nats.leaf_url: port must be 1..65535"},
+        {"{\"nats\":{\"leaf_url\":\"nats://h:\"}," CHANNELS "}", "nats.leaf_url: port must be 1..65535"},
+        {"{\"nats\":{\"leaf_url\":\"nats://h:74x\"}," CHANNELS "}", "nats.leaf_url: port must be 1..65535"},
+        {"{\"nats\":{\"leaf_url\":\"nats://h:1,nats://g:1\"}," CHANNELS "}", "nats.leaf_url: one URL only"},
+        {"{\"nats\":{\"leaf_url\":\"nats://h:1/leaf\"}," CHANNELS "}", "nats.leaf_url: must not have a path"},
+        {"{\"nats\":{\"leaf_url\":\"nats://h 1\"}," CHANNELS "}", "nats.leaf_url: must not contain whitespace"},
+        {"{\"nats\":{\"leaf_url\":\"nats://:pw@h:1\"}," CHANNELS "}", "nats.leaf_url: empty user name"},
+        {"{\"nats\":{\"leaf_url\":\"nats://u:p%zz@h:1\"}," CHANNELS "}", "nats.leaf_url: invalid password"},
+        {"{\"nats\":{\"leaf_url\":\"nats://u:p%4@h:1\"}," CHANNELS "}", "nats.leaf_url: invalid password"},
+    };
+    RUN(cases);
+
+    /* the password is never echoed */
+    char err[512];
+    assert_int_equal(parse("{\"nats\":{\"leaf_url\":\"tls://u:s3cret@h:1\"}," CHANNELS "}", &c,
+                           err, sizeof err), -1);
+    assert_null(strstr(err, "s3cret"));
+    assert_int_equal(parse("{\"nats\":{\"leaf_url\":\"nats://u:s3cret@h:99999\"}," CHANNELS "}",
+                           &c, err, sizeof err), -1);
+    assert_null(strstr(err, "s3cret"));
+
+    /* what the daemon gets from the parser */
+    fx_leaf_url u;
+    assert_int_equal(fx_leaf_url_parse("nats://leaf:p%40ss%3A@127.0.0.1:7422", &u, err, sizeof err), 0);
+    assert_string_equal(u.host, "127.0.0.1");
+    assert_int_equal(u.port, 7422);
+    assert_true(u.has_user);
+    assert_string_equal(u.user, "leaf");
+    assert_string_equal(u.pass, "p@ss:");
+    assert_int_equal(fx_leaf_url_parse("nats://[::1]", &u, err, sizeof err), 0);
+    assert_string_equal(u.host, "::1");
+    assert_int_equal(u.port, FX_LEAF_DEFAULT_PORT);
+    assert_false(u.has_user);
+    assert_int_equal(fx_leaf_url_parse("nats://a@b@h:5", &u, err, sizeof err), 0); /* last '@' */
+    assert_string_equal(u.user, "a@b");
+    assert_string_equal(u.host, "h");
+    assert_int_equal(u.port, 5);
+    assert_int_equal(fx_leaf_url_parse(NULL, &u, err, sizeof err), -1);
+}
+
 /* ---- DLQ generation ---------------------------------------------------------------------- */
 
 static void test_dlq_generation(void **state)
@@ -767,6 +846,7 @@ static void test_deploy_examples(void **state)
     assert_string_equal(s.nats.monitor_url, "http://127.0.0.1:8222");
     assert_string_equal(s.etcd.endpoints[0], "http://127.0.0.1:2379");
     assert_string_equal(s.http.listen, "127.0.0.1:8080");
+    assert_string_equal(s.nats.leaf_url, "nats://127.0.0.1:7422"); /* deploy/nats-server.conf */
 
     load_ok("deploy/bridge-a.json", &a);
     load_ok("deploy/bridge-b.json", &b);
@@ -777,6 +857,8 @@ static void test_deploy_examples(void **state)
     assert_string_equal(a.etcd.endpoints[0], b.etcd.endpoints[0]); /* one shared etcd */
     assert_string_equal(a.etcd.prefix, b.etcd.prefix);
     assert_string_equal(a.nats.url, b.nats.url);
+    assert_string_equal(a.nats.leaf_url, "nats://127.0.0.1:7422");
+    assert_string_equal(a.nats.leaf_url, b.nats.leaf_url);
     assert_int_equal(a.n_channels, b.n_channels);
     for (size_t i = 0; i < a.n_channels; i++) {
         assert_string_equal(a.channels[i].name, b.channels[i].name);
@@ -791,6 +873,7 @@ static void test_deploy_examples(void **state)
     assert_string_equal(l.etcd.endpoints[0], "http://127.0.0.1:23790");
     assert_string_equal(l.kv.endpoints[0], "http://127.0.0.1:23790");
     assert_string_equal(l.http.listen, "127.0.0.1:28080");
+    assert_string_equal(l.nats.leaf_url, "nats://127.0.0.1:24223"); /* deploy/local/stack.sh */
     fx_config_free(&s);
     fx_config_free(&a);
     fx_config_free(&b);
@@ -849,6 +932,7 @@ int main(void)
         cmocka_unit_test(test_err_subjects_and_prefixes),
         cmocka_unit_test(test_err_size_caps),
         cmocka_unit_test(test_err_no_secret_echo),
+        cmocka_unit_test(test_leaf_url),
         cmocka_unit_test(test_dlq_generation),
         cmocka_unit_test(test_design_example),
         cmocka_unit_test(test_deploy_examples),

@@ -376,16 +376,22 @@ export class NatsServer {
   get monitorUrl() {
     return `http://127.0.0.1:${this.monitorPort}`;
   }
+  /** The leafnode listener the bridge delivers through (true $JS.ACK. reply subjects). */
+  get leafUrl() {
+    return `nats://127.0.0.1:${this.leafPort}`;
+  }
   async start() {
     if (!this.port) {
       this.port = await freePort();
       this.monitorPort = await freePort();
+      this.leafPort = await freePort();
     }
     const conf = path.join(this.ctx.dir, `${this.name}.conf`);
     const lines = [
       `listen: "127.0.0.1:${this.port}"`,
       `http: "127.0.0.1:${this.monitorPort}"`,
       "jetstream: disabled",
+      `leafnodes { listen: "127.0.0.1:${this.leafPort}" }`,
     ];
     if (this.opts.maxPayload) lines.push(`max_payload: ${this.opts.maxPayload}`);
     fs.writeFileSync(conf, lines.join("\n") + "\n");
@@ -430,11 +436,16 @@ export const DEFAULTS = {
 
 export const ORDERS = { name: "orders", subjects: ["orders.>"], deliver_prefix: "q.orders" };
 
-/** The config object of a bridge (DESIGN.md §7). */
-export function bridgeConfig({ name, nats, etcd, httpPort, prefix, defaults = {}, channels = [ORDERS] }) {
+/** Bridges deliver through the server's leafnode listener (true $JS.ACK. reply subjects) only
+ * where a test asks for it: deliveries over the leaf do not reach queue-group subscribers yet
+ * (the leaf publisher does not send the queue names learnt from LS+). */
+export const LEAF_DEFAULT = false;
+
+/** The config object of a bridge (DESIGN.md §7). leaf: set nats.leaf_url. */
+export function bridgeConfig({ name, nats, etcd, httpPort, prefix, defaults = {}, channels = [ORDERS], leaf = true }) {
   return {
     name,
-    nats: { url: nats.url, monitor_url: nats.monitorUrl, account: "$G" },
+    nats: { url: nats.url, monitor_url: nats.monitorUrl, account: "$G", ...(leaf ? { leaf_url: nats.leafUrl } : {}) },
     etcd: { endpoints: [etcd.url], prefix },
     kv: { backend: "etcd", endpoints: [etcd.url] },
     http: { listen: `127.0.0.1:${httpPort}` },
@@ -477,6 +488,7 @@ export class Bridge {
       prefix: this.opts.prefix || "/fxe2e",
       defaults: this.opts.defaults,
       channels: this.opts.channels,
+      leaf: this.opts.leaf ?? LEAF_DEFAULT,
     });
     if (this.opts.config) this.opts.config(cfg);
     this.configPath = path.join(this.ctx.dir, `bridge-${this.name}.json`);

@@ -1,0 +1,1013 @@
+/* leaf.c -- minimal NATS leafnode publisher (see leaf.h for the protocol and the threads).
+ *
+ * State under l->mu: fd (writes), state, wbuf, want_out, broken, max_payload, ping/pong
+ * counters, why, server_name. `stop` and `state` are also atomics so the I/O thread and
+ * fx_leaf_connected can read them without the lock. The read side (rbuf, skip, handshake
+ * flags) belongs to the I/O thread alone. Lock order: mu only (nothing else is taken under it).
+ */
+#include "leaf.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "fx_log.h"
+#include "fx_time.h"
+
+#define RBUF_CAP (64 * 1024)     /* longest protocol line accepted from the server */
+#define WBUF_INIT (64 * 1024)
+#define CTRL_RESERVE 4096        /* PING/PONG may go this far over max_pending */
+#define CTRL_LINE_MAX 4096       /* nats-server's default max_control_line */
+#define ERR_TEXT_MAX 200         /* -ERR text quoted in logs */
+
+enum { ST_DOWN = 0, ST_UP = 1 };
+
+struct fx_leaf {
+    fx_leaf_url u;
+    char name[128];
+    char where[300]; /* "host:port" for logs and status (never credentials) */
+    int64_t connect_timeout_ms, ping_interval_ms, rc_min_ms, rc_max_ms;
+    int max_pings_out;
+    size_t max_pending;
+    int wake_fd;
+    pthread_t thr;
+    bool started;
+    atomic_bool stop;
+    atomic_int state;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int fd;
+    bool want_out; /* the socket said EAGAIN: the I/O thread waits for POLLOUT */
+    bool broken;   /* a write failed: the I/O thread drops the connection */
+    char *wbuf;
+    size_t wcap, woff, wlen;
+    int64_t max_payload;
+    uint64_t gen, ping_seq, pong_seq;
+    char why[256];
+    char server_name[128];
+
+    _Atomic uint64_t st_connects, st_msgs, st_bytes, st_server_pings, st_pongs, st_errors;
+
+    /* I/O thread only */
+    char *rbuf;
+    size_t rlen, skip;
+    int hs_fd;          /* >= 0 during the handshake: PONG answers go straight to it */
+    bool hs_pong;       /* the handshake PONG arrived */
+    char hs_err[256];   /* -ERR received during the handshake */
+    uint64_t rng;
+    fx_log_slot slot_err, slot_conn;
+};
+
+/* ---- URL ----------------------------------------------------------------------------------- */
+
+static void wipe_url(fx_leaf_url *u)
+{
+    explicit_bzero(u->user, sizeof u->user);
+    explicit_bzero(u->pass, sizeof u->pass);
+    explicit_bzero(u->host, sizeof u->host);
+    u->has_user = false;
+}
+
+static int uerr(char *err, size_t errlen, const char *msg)
+{
+    if (err && errlen) snprintf(err, errlen, "%s", msg);
+    return -1;
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* Percent-decode [s, s+n) into dst (cap bytes with NUL). */
+static bool pct_decode(const char *s, size_t n, char *dst, size_t cap)
+{
+    size_t j = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (c == '%') {
+            if (i + 2 >= n) return false;
+            int h = hexval(s[i + 1]), l = hexval(s[i + 2]);
+            if (h < 0 || l < 0) return false;
+            c = (char)(h * 16 + l);
+            if (c == '\0') return false;
+            i += 2;
+        }
+        if (j + 1 >= cap) return false;
+        dst[j++] = c;
+    }
+    dst[j] = '\0';
+    return true;
+}
+
+int fx_leaf_url_parse(const char *url, fx_leaf_url *out, char *err, size_t errlen)
+{
+    fx_leaf_url u;
+    memset(&u, 0, sizeof u);
+    if (!url || !out) return uerr(err, errlen, "missing URL");
+    size_t len = strnlen(url, 4097);
+    if (len > 4096) return uerr(err, errlen, "longer than 4096 bytes");
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)url[i] <= 0x20 || (unsigned char)url[i] == 0x7f)
+            return uerr(err, errlen, "must not contain whitespace or control characters");
+    if (strncmp(url, "tls://", 6) == 0)
+        return uerr(err, errlen,
+                    "tls:// is not supported for the leaf connection (use a plain nats:// "
+                    "leafnode listener on loopback)");
+    if (strncmp(url, "nats://", 7) != 0)
+        return uerr(err, errlen, "must be a nats://host:port URL");
+    const char *a = url + 7;
+    if (strchr(a, ',')) return uerr(err, errlen, "one URL only (no comma-separated list)");
+    const char *slash = strchr(a, '/');
+    const char *aend = slash ? slash : url + len;
+    if (slash && slash[1] != '\0') return uerr(err, errlen, "must not have a path");
+    /* userinfo: up to the last '@' of the authority */
+    const char *at = NULL;
+    for (const char *p = a; p < aend; p++)
+        if (*p == '@') at = p;
+    const char *h = a;
+    if (at) {
+        const char *colon = memchr(a, ':', (size_t)(at - a));
+        size_t ul = colon ? (size_t)(colon - a) : (size_t)(at - a);
+        if (ul == 0) return uerr(err, errlen, "empty user name before '@'");
+        if (!pct_decode(a, ul, u.user, sizeof u.user))
+            return uerr(err, errlen, "invalid user name (bad %-escape or too long)");
+        if (colon && !pct_decode(colon + 1, (size_t)(at - colon - 1), u.pass, sizeof u.pass)) {
+            wipe_url(&u);
+            return uerr(err, errlen, "invalid password (bad %-escape or too long)");
+        }
+        u.has_user = true;
+        h = at + 1;
+    }
+    /* host[:port] */
+    const char *hend, *port = NULL;
+    if (h < aend && *h == '[') {
+        const char *rb = memchr(h, ']', (size_t)(aend - h));
+        if (!rb || rb == h + 1) goto bad_host;
+        if (rb + 1 < aend) {
+            if (rb[1] != ':') goto bad_host;
+            port = rb + 2;
+        }
+        if ((size_t)(rb - h - 1) >= sizeof u.host) goto bad_host;
+        memcpy(u.host, h + 1, (size_t)(rb - h - 1));
+        if (strchr(u.host, '[') || !strchr(u.host, ':')) goto bad_host;
+    } else {
+        const char *colon = memchr(h, ':', (size_t)(aend - h));
+        hend = colon ? colon : aend;
+        if (hend == h || (size_t)(hend - h) >= sizeof u.host) goto bad_host;
+        memcpy(u.host, h, (size_t)(hend - h));
+        if (strpbrk(u.host, "[]@")) goto bad_host;
+        if (colon) port = colon + 1;
+    }
+    u.port = FX_LEAF_DEFAULT_PORT;
+    if (port) {
+        long v = 0;
+        size_t n = (size_t)(aend - port);
+        if (n == 0 || n > 5) goto bad_port;
+        for (size_t i = 0; i < n; i++) {
+            if (port[i] < '0' || port[i] > '9') goto bad_port;
+            v = v * 10 + (port[i] - '0');
+        }
+        if (v < 1 || v > 65535) goto bad_port;
+        u.port = (int)v;
+    }
+    *out = u;
+    wipe_url(&u);
+    return 0;
+bad_host:
+    wipe_url(&u);
+    return uerr(err, errlen, "must be nats://host:port with a host (IPv6 in brackets)");
+bad_port:
+    wipe_url(&u);
+    return uerr(err, errlen, "port must be 1..65535");
+}
+
+/* ---- small helpers --------------------------------------------------------------------------- */
+
+static void wake(fx_leaf *l)
+{
+    uint64_t one = 1;
+    ssize_t w = write(l->wake_fd, &one, sizeof one);
+    (void)w; /* EAGAIN only when the counter is saturated: already awake */
+}
+
+static void drain_wake(fx_leaf *l)
+{
+    uint64_t v;
+    ssize_t r = read(l->wake_fd, &v, sizeof v);
+    (void)r;
+}
+
+static uint64_t rnd(fx_leaf *l)
+{
+    l->rng ^= l->rng >> 12;
+    l->rng ^= l->rng << 25;
+    l->rng ^= l->rng >> 27;
+    return l->rng * 0x2545F4914F6CDD1DULL;
+}
+
+/* Poll fd for events (fd < 0: only the stop eventfd) until deadline. Returns 1 ready (revents
+ * in *rev), 0 timeout (or a wake-up when on_wake: the caller re-evaluates), -1 stop requested. */
+static int wait_io(fx_leaf *l, int fd, short events, int64_t deadline, short *rev, bool on_wake)
+{
+    for (;;) {
+        if (atomic_load(&l->stop)) return -1;
+        int64_t left = fx_ms_left(deadline);
+        struct pollfd p[2] = {{.fd = l->wake_fd, .events = POLLIN}, {.fd = fd, .events = events}};
+        int n = poll(p, fd >= 0 ? 2 : 1, left > INT32_MAX ? INT32_MAX : (int)left);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return 0;
+        if (p[0].revents) drain_wake(l);
+        if (atomic_load(&l->stop)) return -1;
+        if (fd >= 0 && p[1].revents) {
+            if (rev) *rev = p[1].revents;
+            return 1;
+        }
+        if (n == 0 || left == 0 || (on_wake && p[0].revents)) return 0;
+    }
+}
+
+static void set_why(fx_leaf *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_why(fx_leaf *l, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    pthread_mutex_lock(&l->mu);
+    vsnprintf(l->why, sizeof l->why, fmt, ap);
+    pthread_mutex_unlock(&l->mu);
+    va_end(ap);
+}
+
+/* Text safe to log: printable ASCII only, bounded. */
+static void sanitize(const char *s, size_t n, char *out, size_t cap)
+{
+    size_t j = 0;
+    for (size_t i = 0; i < n && j + 1 < cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        out[j++] = (c < 0x20 || c >= 0x7f) ? '?' : (char)c;
+    }
+    out[j] = '\0';
+}
+
+/* ---- write buffer (under mu) ------------------------------------------------------------------ */
+
+static bool wroom_locked(fx_leaf *l, size_t n, size_t limit)
+{
+    if (l->wlen + n > limit) return false;
+    if (l->woff + l->wlen + n <= l->wcap) return true;
+    if (l->woff) {
+        memmove(l->wbuf, l->wbuf + l->woff, l->wlen);
+        l->woff = 0;
+        if (l->wlen + n <= l->wcap) return true;
+    }
+    size_t nc = l->wcap ? l->wcap : WBUF_INIT;
+    while (nc < l->wlen + n) nc *= 2;
+    if (nc > l->max_pending + CTRL_RESERVE) nc = l->max_pending + CTRL_RESERVE;
+    if (nc < l->wlen + n) return false;
+    char *nb = realloc(l->wbuf, nc);
+    if (!nb) return false;
+    l->wbuf = nb;
+    l->wcap = nc;
+    return true;
+}
+
+static void wput_locked(fx_leaf *l, const void *p, size_t n)
+{
+    if (n) memcpy(l->wbuf + l->woff + l->wlen, p, n);
+    l->wlen += n;
+}
+
+/* Write what the socket takes now (non-blocking). */
+static void flush_locked(fx_leaf *l)
+{
+    while (l->wlen && l->fd >= 0 && !l->broken) {
+        ssize_t n = send(l->fd, l->wbuf + l->woff, l->wlen, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            l->woff += (size_t)n;
+            l->wlen -= (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (!l->want_out) {
+                l->want_out = true;
+                wake(l);
+            }
+            return;
+        }
+        char eb[96];
+        snprintf(l->why, sizeof l->why, "write failed: %s",
+                 n == 0 ? "no progress" : strerror_r(errno, eb, sizeof eb));
+        l->broken = true;
+        wake(l);
+        return;
+    }
+    if (!l->wlen) {
+        l->woff = 0;
+        l->want_out = false;
+    }
+}
+
+/* Control line (PING/PONG): allowed a little over the bound. */
+static bool ctrl_locked(fx_leaf *l, const char *line)
+{
+    size_t n = strlen(line);
+    if (l->fd < 0 || !wroom_locked(l, n, l->max_pending + CTRL_RESERVE)) return false;
+    wput_locked(l, line, n);
+    if (!l->want_out) flush_locked(l);
+    return true;
+}
+
+/* ---- socket I/O with deadlines (handshake) ------------------------------------------------------ */
+
+static fx_err write_all(fx_leaf *l, int fd, const char *p, size_t n, int64_t deadline)
+{
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            p += w;
+            n -= (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int r = wait_io(l, fd, POLLOUT, deadline, NULL, false);
+            if (r < 0) return FX_ECANCELED;
+            if (r == 0) return fx_seterr(FX_ETIMEDOUT, "write timed out");
+            continue;
+        }
+        char eb[96];
+        return fx_seterr(FX_EUNAVAIL, "write failed: %s", strerror_r(errno, eb, sizeof eb));
+    }
+    return FX_OK;
+}
+
+static fx_err tcp_connect(fx_leaf *l, int64_t deadline, int *out)
+{
+    *out = -1;
+    char port[16];
+    snprintf(port, sizeof port, "%d", l->u.port);
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    int g = getaddrinfo(l->u.host, port, &hints, &res);
+    if (g != 0) return fx_seterr(FX_EUNAVAIL, "resolve %s: %s", l->u.host, gai_strerror(g));
+    fx_err e = fx_seterr(FX_EUNAVAIL, "no address for %s", l->u.host);
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) continue;
+        int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+        if (rc != 0 && errno == EINPROGRESS) {
+            short rev = 0;
+            int r = wait_io(l, fd, POLLOUT, deadline, &rev, false);
+            if (r < 0) {
+                close(fd);
+                e = FX_ECANCELED;
+                break;
+            }
+            if (r == 0) {
+                close(fd);
+                e = fx_seterr(FX_ETIMEDOUT, "connect timed out");
+                continue;
+            }
+            int so = 0;
+            socklen_t sl = sizeof so;
+            if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl) != 0) so = errno;
+            rc = so ? -1 : 0;
+            errno = so;
+        }
+        if (rc != 0) {
+            char eb[96];
+            e = fx_seterr(FX_EUNAVAIL, "connect: %s", strerror_r(errno, eb, sizeof eb));
+            close(fd);
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+        *out = fd;
+        e = FX_OK;
+        break;
+    }
+    freeaddrinfo(res);
+    return e;
+}
+
+/* ---- protocol input (I/O thread) --------------------------------------------------------------- */
+
+static const char *skip_ws(const char *p)
+{
+    while (*p == ' ' || *p == '\t') p++;
+    return p;
+}
+
+/* Last whitespace-separated token of a line as a size; -1 if not a number. */
+static int64_t last_size(const char *line, size_t len)
+{
+    size_t e = len;
+    while (e && (line[e - 1] == ' ' || line[e - 1] == '\t')) e--;
+    size_t b = e;
+    while (b && line[b - 1] != ' ' && line[b - 1] != '\t') b--;
+    if (b == e || e - b > 10) return -1;
+    int64_t v = 0;
+    for (size_t i = b; i < e; i++) {
+        if (line[i] < '0' || line[i] > '9') return -1;
+        v = v * 10 + (line[i] - '0');
+    }
+    return v;
+}
+
+static void handle_info(fx_leaf *l, const char *json, bool first, fx_err *hs_fail)
+{
+    cJSON *j = cJSON_Parse(json);
+    if (!j) {
+        if (first) *hs_fail = fx_seterr(FX_EPROTO, "malformed INFO from the server");
+        return;
+    }
+    const cJSON *tls = cJSON_GetObjectItemCaseSensitive(j, "tls_required");
+    const cJSON *hdr = cJSON_GetObjectItemCaseSensitive(j, "headers");
+    const cJSON *mp = cJSON_GetObjectItemCaseSensitive(j, "max_payload");
+    const cJSON *sn = cJSON_GetObjectItemCaseSensitive(j, "server_name");
+    if (first && cJSON_GetObjectItemCaseSensitive(j, "client_ip") &&
+        !cJSON_GetObjectItemCaseSensitive(j, "leafnode_urls"))
+        *hs_fail = fx_seterr(FX_EPROTO, "this is a client port, not a leafnode port (nats-server "
+                                        "leafnodes { listen: ... })");
+    else if (first && cJSON_IsTrue(tls))
+        *hs_fail = fx_seterr(FX_EPROTO, "the leafnode listener requires TLS (not supported: use a "
+                                        "plain listener on loopback)");
+    else if (first && !cJSON_IsTrue(hdr))
+        *hs_fail = fx_seterr(FX_EPROTO, "the server does not support headers");
+    pthread_mutex_lock(&l->mu);
+    if (cJSON_IsNumber(mp) && mp->valuedouble > 0 && mp->valuedouble < 1e15)
+        l->max_payload = (int64_t)mp->valuedouble;
+    if (cJSON_IsString(sn) && sn->valuestring)
+        sanitize(sn->valuestring, strlen(sn->valuestring), l->server_name, sizeof l->server_name);
+    pthread_mutex_unlock(&l->mu);
+    cJSON_Delete(j);
+}
+
+/* One protocol line (NUL-terminated, without CRLF). Returns 0, or -1 on a protocol error. */
+static int handle_line(fx_leaf *l, char *line, size_t len, bool *got_info, fx_err *hs_fail)
+{
+    size_t ol = 0;
+    while (ol < len && line[ol] != ' ' && line[ol] != '\t') ol++;
+    const char *arg = skip_ws(line + ol);
+#define OP(s) (ol == sizeof(s) - 1 && strncasecmp(line, s, ol) == 0)
+    if (!*got_info) {
+        if (!OP("INFO")) {
+            *hs_fail = fx_seterr(FX_EPROTO, "the server did not start with INFO (not a leafnode "
+                                            "port?)");
+            return -1;
+        }
+        *got_info = true;
+        handle_info(l, arg, true, hs_fail);
+        return *hs_fail ? -1 : 0;
+    }
+    if (OP("PING")) {
+        atomic_fetch_add(&l->st_server_pings, 1);
+        if (l->hs_fd >= 0)
+            return write_all(l, l->hs_fd, "PONG\r\n", 6, fx_now_ms() + l->connect_timeout_ms) ? -1
+                                                                                             : 0;
+        pthread_mutex_lock(&l->mu);
+        bool ok = ctrl_locked(l, "PONG\r\n");
+        pthread_mutex_unlock(&l->mu);
+        if (!ok) set_why(l, "write buffer full (PONG)");
+        return ok ? 0 : -1;
+    }
+    if (OP("PONG")) {
+        if (l->hs_fd >= 0 && !l->hs_pong) {
+            l->hs_pong = true;
+            return 0;
+        }
+        atomic_fetch_add(&l->st_pongs, 1);
+        pthread_mutex_lock(&l->mu);
+        l->pong_seq++;
+        pthread_cond_broadcast(&l->cv);
+        pthread_mutex_unlock(&l->mu);
+        return 0;
+    }
+    if (OP("INFO")) {
+        handle_info(l, arg, false, hs_fail);
+        return 0;
+    }
+    if (OP("+OK") || OP("LS+") || OP("LS-")) return 0;
+    if (OP("-ERR")) {
+        atomic_fetch_add(&l->st_errors, 1);
+        char txt[ERR_TEXT_MAX + 1];
+        sanitize(arg, strlen(arg), txt, sizeof txt);
+        if (l->hs_fd >= 0) {
+            snprintf(l->hs_err, sizeof l->hs_err, "%s", txt);
+            return 0;
+        }
+        fx_log_ratelimited(&l->slot_err, 5000, FX_LOG_WRN, "nats leaf: server error: %s", txt);
+        return 0;
+    }
+    if (OP("LMSG") || OP("HMSG")) { /* never subscribed; skip the payload */
+        int64_t sz = last_size(line, len);
+        if (sz < 0 || sz > (1LL << 30)) {
+            set_why(l, "protocol error: bad message size");
+            return -1;
+        }
+        l->skip = (size_t)sz + 2;
+        return 0;
+    }
+#undef OP
+    char op[24];
+    sanitize(line, ol < 16 ? ol : 16, op, sizeof op);
+    set_why(l, "protocol error: unexpected \"%s\"", op);
+    return -1;
+}
+
+/* Consume complete lines in rbuf. Returns 0, or -1 (why / hs_fail set). */
+static int process_input(fx_leaf *l, bool *got_info, fx_err *hs_fail)
+{
+    size_t pos = 0;
+    int rc = 0;
+    while (pos < l->rlen) {
+        if (l->skip) {
+            size_t n = l->rlen - pos < l->skip ? l->rlen - pos : l->skip;
+            pos += n;
+            l->skip -= n;
+            continue;
+        }
+        char *start = l->rbuf + pos;
+        char *nl = memchr(start, '\n', l->rlen - pos);
+        if (!nl) break;
+        size_t len = (size_t)(nl - start);
+        if (len && start[len - 1] == '\r') len--;
+        start[len] = '\0';
+        pos = (size_t)(nl - l->rbuf) + 1;
+        if (handle_line(l, start, len, got_info, hs_fail) != 0) {
+            rc = -1;
+            break;
+        }
+    }
+    memmove(l->rbuf, l->rbuf + pos, l->rlen - pos);
+    l->rlen -= pos;
+    if (rc == 0 && l->rlen == RBUF_CAP) {
+        set_why(l, "protocol error: line longer than %d bytes", RBUF_CAP);
+        if (!*hs_fail) *hs_fail = fx_seterr(FX_EPROTO, "protocol line too long");
+        rc = -1;
+    }
+    return rc;
+}
+
+/* Read what is there. Returns >0 bytes, 0 nothing (EAGAIN), -1 closed or error (why set). */
+static ssize_t read_some(fx_leaf *l, int fd)
+{
+    for (;;) {
+        ssize_t n = recv(fd, l->rbuf + l->rlen, RBUF_CAP - l->rlen, MSG_DONTWAIT);
+        if (n > 0) {
+            l->rlen += (size_t)n;
+            return n;
+        }
+        if (n == 0) {
+            set_why(l, "connection closed by the server");
+            return -1;
+        }
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+        char eb[96];
+        set_why(l, "read failed: %s", strerror_r(errno, eb, sizeof eb));
+        return -1;
+    }
+}
+
+/* ---- connection --------------------------------------------------------------------------------- */
+
+static fx_err handshake(fx_leaf *l, int fd, int64_t deadline)
+{
+    bool got_info = false;
+    fx_err fail = FX_OK;
+    l->rlen = 0;
+    l->skip = 0;
+    l->hs_fd = fd;
+    l->hs_pong = false;
+    l->hs_err[0] = '\0';
+    bool sent = false;
+    fx_err e = FX_OK;
+    while (!e) {
+        if (got_info && !sent) {
+            cJSON *c = cJSON_CreateObject();
+            char *js = NULL;
+            if (c && cJSON_AddStringToObject(c, "name", l->name) &&
+                cJSON_AddFalseToObject(c, "tls_required") && cJSON_AddTrueToObject(c, "headers") &&
+                (!l->u.has_user || (cJSON_AddStringToObject(c, "user", l->u.user) &&
+                                    cJSON_AddStringToObject(c, "pass", l->u.pass))))
+                js = cJSON_PrintUnformatted(c);
+            if (c && l->u.has_user) { /* wipe the copies of the credentials */
+                const cJSON *pu = cJSON_GetObjectItemCaseSensitive(c, "user");
+                const cJSON *pp = cJSON_GetObjectItemCaseSensitive(c, "pass");
+                if (pu && pu->valuestring) explicit_bzero(pu->valuestring, strlen(pu->valuestring));
+                if (pp && pp->valuestring) explicit_bzero(pp->valuestring, strlen(pp->valuestring));
+            }
+            cJSON_Delete(c);
+            if (!js) {
+                e = fx_seterr(FX_ENOMEM, "out of memory");
+                break;
+            }
+            size_t jl = strlen(js);
+            size_t ml = jl + 32;
+            char *msg = malloc(ml);
+            if (!msg) {
+                explicit_bzero(js, jl);
+                free(js);
+                e = fx_seterr(FX_ENOMEM, "out of memory");
+                break;
+            }
+            int n = snprintf(msg, ml, "CONNECT %s\r\nPING\r\n", js);
+            explicit_bzero(js, jl);
+            free(js);
+            e = write_all(l, fd, msg, (size_t)n, deadline);
+            explicit_bzero(msg, ml);
+            free(msg);
+            sent = true;
+            continue;
+        }
+        if (l->hs_err[0]) {
+            e = fx_seterr(strstr(l->hs_err, "Authorization") ? FX_EAUTH : FX_EPROTO,
+                          "server: %s", l->hs_err);
+            break;
+        }
+        if (l->hs_pong) break;
+        short rev = 0;
+        int r = wait_io(l, fd, POLLIN, deadline, &rev, false);
+        if (r < 0) {
+            e = FX_ECANCELED;
+            break;
+        }
+        if (r == 0) {
+            e = fx_seterr(FX_ETIMEDOUT, got_info ? "no PONG after CONNECT" : "no INFO from the server");
+            break;
+        }
+        ssize_t n = read_some(l, fd);
+        if (n < 0) {
+            char w[256];
+            pthread_mutex_lock(&l->mu);
+            snprintf(w, sizeof w, "%s", l->why);
+            pthread_mutex_unlock(&l->mu);
+            e = fx_seterr(FX_EUNAVAIL, "%s%s%s", w, l->hs_err[0] ? ": " : "", l->hs_err);
+            break;
+        }
+        if (process_input(l, &got_info, &fail) != 0) {
+            if (fail)
+                e = fail;
+            else
+                e = fx_seterr(FX_EPROTO, "protocol error during the handshake");
+            break;
+        }
+    }
+    l->hs_fd = -1;
+    return e;
+}
+
+static void go_up(fx_leaf *l, int fd)
+{
+    pthread_mutex_lock(&l->mu);
+    l->fd = fd;
+    l->woff = l->wlen = 0;
+    l->want_out = l->broken = false;
+    l->gen++;
+    l->ping_seq = l->pong_seq = 0;
+    snprintf(l->why, sizeof l->why, "connected");
+    atomic_store(&l->state, ST_UP);
+    pthread_cond_broadcast(&l->cv);
+    char sn[128];
+    snprintf(sn, sizeof sn, "%s", l->server_name);
+    int64_t mp = l->max_payload;
+    pthread_mutex_unlock(&l->mu);
+    uint64_t n = atomic_fetch_add(&l->st_connects, 1) + 1;
+    FX_INF("nats leaf: %s %s (server %s, max_payload %lld)", n > 1 ? "reconnected to" : "connected to",
+           l->where, sn[0] ? sn : "?", (long long)mp);
+}
+
+static void go_down(fx_leaf *l, int fd)
+{
+    pthread_mutex_lock(&l->mu);
+    atomic_store(&l->state, ST_DOWN);
+    l->fd = -1;
+    l->woff = l->wlen = 0;
+    l->want_out = l->broken = false;
+    if (l->wcap > 4 * WBUF_INIT) { /* give a burst's memory back */
+        free(l->wbuf);
+        l->wbuf = NULL;
+        l->wcap = 0;
+    }
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    close(fd);
+}
+
+/* Connected: reads, PONGs, keepalive, flushing. Returns when the connection is unusable or on
+ * stop (why set). */
+static void run_connected(fx_leaf *l, int fd)
+{
+    bool got_info = true;
+    fx_err unused = FX_OK;
+    int64_t next_ping = fx_now_ms() + l->ping_interval_ms;
+    /* bytes read after the handshake PONG */
+    if (l->rlen && process_input(l, &got_info, &unused) != 0) return;
+    for (;;) {
+        if (atomic_load(&l->stop)) return;
+        pthread_mutex_lock(&l->mu);
+        bool broken = l->broken, out = l->wlen > 0;
+        pthread_mutex_unlock(&l->mu);
+        if (broken) return;
+        short rev = 0;
+        int r = wait_io(l, fd, (short)(POLLIN | (out ? POLLOUT : 0)), next_ping, &rev, true);
+        if (r < 0) return;
+        if (r > 0) {
+            if (rev & POLLIN) {
+                ssize_t n = read_some(l, fd);
+                if (n < 0) return;
+                if (n > 0 && process_input(l, &got_info, &unused) != 0) return;
+            } else if (rev & (POLLERR | POLLHUP | POLLNVAL)) {
+                set_why(l, "connection error");
+                return;
+            }
+            if (rev & POLLOUT) {
+                pthread_mutex_lock(&l->mu);
+                flush_locked(l);
+                pthread_mutex_unlock(&l->mu);
+            }
+        }
+        if (fx_now_ms() >= next_ping) {
+            pthread_mutex_lock(&l->mu);
+            bool stale = l->ping_seq - l->pong_seq >= (uint64_t)l->max_pings_out;
+            bool ok = !stale && ctrl_locked(l, "PING\r\n");
+            if (ok) l->ping_seq++;
+            if (stale) snprintf(l->why, sizeof l->why, "stale connection: %d PINGs unanswered",
+                                l->max_pings_out);
+            else if (!ok) snprintf(l->why, sizeof l->why, "write buffer full (PING)");
+            pthread_mutex_unlock(&l->mu);
+            if (!ok) return;
+            next_ping = fx_now_ms() + l->ping_interval_ms;
+        }
+    }
+}
+
+static void *io_main(void *arg)
+{
+    fx_leaf *l = arg;
+    int64_t backoff = 0;
+    bool logged_fail = false;
+    while (!atomic_load(&l->stop)) {
+        int fd = -1;
+        int64_t deadline = fx_now_ms() + l->connect_timeout_ms;
+        fx_err e = tcp_connect(l, deadline, &fd);
+        if (!e) e = handshake(l, fd, deadline);
+        if (e == FX_ECANCELED || atomic_load(&l->stop)) {
+            if (fd >= 0) close(fd);
+            break;
+        }
+        if (e) {
+            if (fd >= 0) close(fd);
+            set_why(l, "cannot connect to %s: %s", l->where, fx_err_detail());
+            fx_log_ratelimited(&l->slot_conn, 10000, logged_fail ? FX_LOG_DBG : FX_LOG_WRN,
+                               "nats leaf: cannot connect to %s: %s; retrying", l->where,
+                               fx_err_detail());
+            logged_fail = true;
+            backoff = backoff ? backoff * 2 : l->rc_min_ms;
+            if (backoff > l->rc_max_ms) backoff = l->rc_max_ms;
+            int64_t jitter = (int64_t)(rnd(l) % (uint64_t)(backoff / 4 + 1));
+            wait_io(l, -1, 0, fx_now_ms() + backoff + jitter, NULL, false);
+            continue;
+        }
+        backoff = 0;
+        logged_fail = false;
+        go_up(l, fd);
+        run_connected(l, fd);
+        char w[256];
+        pthread_mutex_lock(&l->mu);
+        snprintf(w, sizeof w, "%s", l->why);
+        pthread_mutex_unlock(&l->mu);
+        go_down(l, fd);
+        if (atomic_load(&l->stop)) break;
+        FX_WRN("nats leaf: connection to %s lost: %s; reconnecting", l->where, w);
+        /* a short pause keeps a server that accepts and drops at once from spinning us */
+        wait_io(l, -1, 0, fx_now_ms() + l->rc_min_ms, NULL, false);
+    }
+    set_why(l, "stopped");
+    return NULL;
+}
+
+/* ---- public ---------------------------------------------------------------------------------- */
+
+fx_err fx_leaf_new(const fx_leaf_opts *o, fx_leaf **out)
+{
+    *out = NULL;
+    if (!o || !o->url) return fx_seterr(FX_EINVAL, "leaf: no URL");
+    char err[160];
+    fx_leaf_url u;
+    if (fx_leaf_url_parse(o->url, &u, err, sizeof err) != 0)
+        return fx_seterr(FX_EINVAL, "leaf URL: %s", err);
+    fx_leaf *l = calloc(1, sizeof *l);
+    if (!l) {
+        wipe_url(&u);
+        return fx_seterr(FX_ENOMEM, "leaf: out of memory");
+    }
+    l->u = u;
+    wipe_url(&u);
+    sanitize(o->name ? o->name : "fluxon", strlen(o->name ? o->name : "fluxon"), l->name,
+             sizeof l->name);
+    if (strchr(l->u.host, ':'))
+        snprintf(l->where, sizeof l->where, "[%s]:%d", l->u.host, l->u.port);
+    else
+        snprintf(l->where, sizeof l->where, "%s:%d", l->u.host, l->u.port);
+    l->connect_timeout_ms = o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 2000;
+    l->ping_interval_ms = o->ping_interval_ms > 0 ? o->ping_interval_ms : 10000;
+    l->max_pings_out = o->max_pings_out > 0 ? o->max_pings_out : 3;
+    l->rc_min_ms = o->reconnect_min_ms > 0 ? o->reconnect_min_ms : 100;
+    l->rc_max_ms = o->reconnect_max_ms > 0 ? o->reconnect_max_ms : 2000;
+    if (l->rc_max_ms < l->rc_min_ms) l->rc_max_ms = l->rc_min_ms;
+    l->max_pending = o->max_pending_bytes > 0 ? o->max_pending_bytes : (8u << 20);
+    l->fd = -1;
+    l->hs_fd = -1;
+    atomic_init(&l->stop, false);
+    atomic_init(&l->state, ST_DOWN);
+    snprintf(l->why, sizeof l->why, "not connected yet");
+    l->rbuf = malloc(RBUF_CAP + 1);
+    l->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (getrandom(&l->rng, sizeof l->rng, GRND_NONBLOCK) != (ssize_t)sizeof l->rng)
+        l->rng = (uint64_t)fx_now_us() ^ (uint64_t)(uintptr_t)l;
+    l->rng |= 1;
+    if (!l->rbuf || l->wake_fd < 0) {
+        if (l->wake_fd >= 0) close(l->wake_fd);
+        free(l->rbuf);
+        wipe_url(&l->u);
+        free(l);
+        return fx_seterr(FX_ENOMEM, "leaf: out of resources");
+    }
+    pthread_mutex_init(&l->mu, NULL);
+    fx_cond_init_monotonic(&l->cv);
+    *out = l;
+    return FX_OK;
+}
+
+fx_err fx_leaf_start(fx_leaf *l)
+{
+    if (l->started) return FX_OK;
+    if (pthread_create(&l->thr, NULL, io_main, l) != 0)
+        return fx_seterr(FX_ENOMEM, "leaf: cannot start the I/O thread");
+    l->started = true;
+    return FX_OK;
+}
+
+bool fx_leaf_connected(fx_leaf *l) { return l && atomic_load(&l->state) == ST_UP; }
+
+void fx_leaf_status(fx_leaf *l, char *buf, size_t cap)
+{
+    if (!cap) return;
+    pthread_mutex_lock(&l->mu);
+    snprintf(buf, cap, "%s", atomic_load(&l->state) == ST_UP && !l->broken ? "connected" : l->why);
+    pthread_mutex_unlock(&l->mu);
+}
+
+void fx_leaf_get_stats(fx_leaf *l, fx_leaf_stats *o)
+{
+    o->connects = atomic_load(&l->st_connects);
+    o->msgs = atomic_load(&l->st_msgs);
+    o->bytes = atomic_load(&l->st_bytes);
+    o->server_pings = atomic_load(&l->st_server_pings);
+    o->pongs = atomic_load(&l->st_pongs);
+    o->server_errors = atomic_load(&l->st_errors);
+}
+
+static bool subject_ok(const char *s, size_t *len)
+{
+    size_t n = 0;
+    for (; s[n]; n++) {
+        if (n >= CTRL_LINE_MAX) return false;
+        unsigned char c = (unsigned char)s[n];
+        if (c <= 0x20 || c == 0x7f) return false;
+    }
+    *len = n;
+    return n > 0;
+}
+
+fx_err fx_leaf_publish(fx_leaf *l, const char *subject, const char *reply, const void *hdr,
+                       size_t hlen, const void *data, size_t dlen)
+{
+    size_t sl = 0, rl = 0;
+    if (!l || !subject || !subject_ok(subject, &sl))
+        return fx_seterr(FX_EINVAL, "leaf publish: invalid subject");
+    if (reply && *reply && !subject_ok(reply, &rl))
+        return fx_seterr(FX_EINVAL, "leaf publish: invalid reply subject");
+    if ((hlen && (!hdr || hlen < 12 || memcmp(hdr, "NATS/1.0", 8) != 0 ||
+                  memcmp((const char *)hdr + hlen - 4, "\r\n\r\n", 4) != 0)) ||
+        (dlen && !data))
+        return fx_seterr(FX_EINVAL, "leaf publish: invalid header block or payload");
+    char line[CTRL_LINE_MAX];
+    int n;
+    if (hlen)
+        n = snprintf(line, sizeof line, "HMSG %s%s%s %zu %zu\r\n", subject, rl ? " " : "",
+                     rl ? reply : "", hlen, hlen + dlen);
+    else
+        n = snprintf(line, sizeof line, "LMSG %s%s%s %zu\r\n", subject, rl ? " " : "",
+                     rl ? reply : "", dlen);
+    if (n < 0 || (size_t)n >= sizeof line)
+        return fx_seterr(FX_EINVAL, "leaf publish: subjects longer than the protocol allows");
+    size_t total = (size_t)n + hlen + dlen + 2;
+    fx_err e = FX_OK;
+    pthread_mutex_lock(&l->mu);
+    if (atomic_load(&l->state) != ST_UP || l->broken || l->fd < 0) {
+        e = fx_seterr(FX_EUNAVAIL, "nats leaf: not connected (%s)", l->why);
+    } else if (l->max_payload > 0 && (int64_t)(hlen + dlen) > l->max_payload) {
+        e = fx_seterr(FX_ETOO_LARGE, "nats leaf: message of %zu bytes over max_payload %lld",
+                      hlen + dlen, (long long)l->max_payload);
+    } else if (!wroom_locked(l, total, l->max_pending)) {
+        e = fx_seterr(FX_EFULL, "nats leaf: write buffer full (%zu bytes pending)", l->wlen);
+    } else {
+        wput_locked(l, line, (size_t)n);
+        wput_locked(l, hdr, hlen);
+        wput_locked(l, data, dlen);
+        wput_locked(l, "\r\n", 2);
+        if (!l->want_out) flush_locked(l);
+        if (l->broken) {
+            e = fx_seterr(FX_EUNAVAIL, "nats leaf: %s", l->why);
+        } else {
+            atomic_fetch_add(&l->st_msgs, 1);
+            atomic_fetch_add(&l->st_bytes, total);
+        }
+    }
+    pthread_mutex_unlock(&l->mu);
+    return e;
+}
+
+fx_err fx_leaf_flush(fx_leaf *l, int64_t timeout_ms)
+{
+    int64_t deadline = fx_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    fx_err e = FX_OK;
+    pthread_mutex_lock(&l->mu);
+    if (atomic_load(&l->state) != ST_UP || l->broken || !ctrl_locked(l, "PING\r\n")) {
+        pthread_mutex_unlock(&l->mu);
+        return fx_seterr(FX_EUNAVAIL, "nats leaf: not connected");
+    }
+    uint64_t target = ++l->ping_seq, gen = l->gen;
+    for (;;) {
+        if (l->pong_seq >= target && l->gen == gen) break;
+        if (atomic_load(&l->stop)) {
+            e = FX_ECANCELED;
+            break;
+        }
+        if (l->gen != gen || atomic_load(&l->state) != ST_UP) {
+            e = fx_seterr(FX_EUNAVAIL, "nats leaf: disconnected during flush");
+            break;
+        }
+        if (fx_ms_left(deadline) <= 0) {
+            e = fx_seterr(FX_ETIMEDOUT, "nats leaf: flush timed out");
+            break;
+        }
+        struct timespec ts = fx_deadline_ts(deadline);
+        pthread_cond_timedwait(&l->cv, &l->mu, &ts);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return e;
+}
+
+void fx_leaf_stop(fx_leaf *l)
+{
+    if (!l) return;
+    atomic_store(&l->stop, true);
+    pthread_mutex_lock(&l->mu);
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    wake(l);
+    if (l->started) {
+        pthread_join(l->thr, NULL);
+        l->started = false;
+    }
+}
+
+void fx_leaf_free(fx_leaf *l)
+{
+    if (!l) return;
+    fx_leaf_stop(l);
+    if (l->fd >= 0) close(l->fd);
+    close(l->wake_fd);
+    free(l->wbuf);
+    free(l->rbuf);
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+    wipe_url(&l->u);
+    free(l);
+}

@@ -1,0 +1,98 @@
+/* leaf.h -- a minimal NATS leafnode publisher (nats-server 2.9 leafnode protocol, plain TCP).
+ *
+ * Why: nats-server refuses a CLIENT connection's publish whose reply subject starts with
+ * "$JS.ACK." ("Publish Violation", reserved reply). A LEAFNODE connection is not subject to that
+ * check, so the bridge publishes its explicit-ack deliveries over a leaf connection to the local
+ * server's leafnode listener, with the true "$JS.ACK.FLUXON...." reply (DESIGN.md §5).
+ *
+ * Wire (we are the soliciting side; server/leafnode.go, server/parser.go of nats-server 2.9):
+ *   server -> INFO {...}                       (first line; tls_required, headers, max_payload)
+ *   us     -> CONNECT {"name":..,"tls_required":false,"headers":true[,"user":..,"pass":..]}
+ *             PING                             (the PONG confirms the CONNECT was processed)
+ *   server -> INFO {...connect_info...}, LS+ <subject> [<queue> <weight>], LS- ..., PONG
+ *   either -> PING / PONG                      (keepalive both ways)
+ *   us     -> LMSG <subject> [<reply>] <size>\r\n<payload>\r\n                (no headers)
+ *             HMSG <subject> [<reply>] <hdr size> <total size>\r\n<hdr><payload>\r\n
+ * We never send LS+, so the server never sends us messages; LMSG/HMSG from the server are
+ * skipped anyway. There is no no-responders status on a leaf connection.
+ *
+ * Threads: one I/O thread (connect with timeout, handshake, reads, PONG answers, keepalive PINGs,
+ * flushing what the socket did not take, reconnect with bounded backoff). fx_leaf_publish may be
+ * called from any number of threads: it appends the frame to a bounded write buffer under a
+ * mutex and writes it to the socket at once (non-blocking, like cnats' SendAsap); what does not
+ * fit in the socket is flushed by the I/O thread. Publishing while disconnected, or with the
+ * buffer full, fails at once (the caller retries later): nothing is buffered across reconnects.
+ * fx_leaf_stop interrupts every wait (connect, handshake, backoff, poll) through an eventfd.
+ *
+ * Credentials (user:password in the URL) go only into the CONNECT line; they are never logged
+ * and are wiped when freed. TLS and nkey/JWT authentication are not supported.
+ */
+#ifndef FX_PLUGIN_LEAF_H
+#define FX_PLUGIN_LEAF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fx_err.h"
+
+#define FX_LEAF_DEFAULT_PORT 7422
+
+typedef struct fx_leaf_url {
+    char host[256]; /* name or address; IPv6 without brackets */
+    int port;       /* FX_LEAF_DEFAULT_PORT when the URL has none */
+    bool has_user;
+    char user[256]; /* percent-decoded */
+    char pass[256];
+} fx_leaf_url;
+
+/* Parse "nats://[user[:password]@]host[:port][/]" (one URL; "[v6]" hosts; port 1..65535).
+ * Returns 0, or -1 with a reason in err that never quotes the URL (it may hold a password). */
+int fx_leaf_url_parse(const char *url, fx_leaf_url *out, char *err, size_t errlen);
+
+typedef struct fx_leaf_opts {
+    const char *url;              /* required */
+    const char *name;             /* CONNECT "name"; the server replaces an older leaf of the
+                                     same name (use one name per process); default "fluxon" */
+    int64_t connect_timeout_ms;   /* TCP connect + handshake; 0: 2000 */
+    int64_t ping_interval_ms;     /* our keepalive PINGs; 0: 10000 */
+    int max_pings_out;            /* unanswered PINGs before the connection is stale; 0: 3 */
+    int64_t reconnect_min_ms;     /* backoff after a failure, doubling; 0: 100 */
+    int64_t reconnect_max_ms;     /* 0: 2000 */
+    size_t max_pending_bytes;     /* write buffer bound; 0: 8 MiB */
+} fx_leaf_opts;
+
+typedef struct fx_leaf fx_leaf;
+
+typedef struct fx_leaf_stats {
+    uint64_t connects;     /* successful handshakes */
+    uint64_t msgs, bytes;  /* frames accepted by fx_leaf_publish */
+    uint64_t server_pings; /* PINGs from the server answered */
+    uint64_t pongs;        /* PONGs received (answers to our PINGs) */
+    uint64_t server_errors;/* -ERR lines received */
+} fx_leaf_stats;
+
+/* Validates the options (no I/O, no thread). */
+fx_err fx_leaf_new(const fx_leaf_opts *o, fx_leaf **out);
+/* Start the I/O thread; connecting happens in the background. */
+fx_err fx_leaf_start(fx_leaf *l);
+bool fx_leaf_connected(fx_leaf *l);
+/* "connected" or why not (no credentials). */
+void fx_leaf_status(fx_leaf *l, char *buf, size_t cap);
+void fx_leaf_get_stats(fx_leaf *l, fx_leaf_stats *out);
+
+/* Publish one message. hdr/hlen: a NATS header block ("NATS/1.0\r\n...\r\n\r\n") or NULL/0;
+ * reply may be NULL or "". Subjects must be non-empty and free of whitespace and control bytes.
+ * Errors: FX_EUNAVAIL (not connected, or the write failed: the message is not sent),
+ * FX_EFULL (write buffer full), FX_ETOO_LARGE (over the server's max_payload), FX_EINVAL.
+ * Thread-safe; never blocks on the network. */
+fx_err fx_leaf_publish(fx_leaf *l, const char *subject, const char *reply, const void *hdr,
+                       size_t hlen, const void *data, size_t dlen);
+/* PING and wait for its PONG: everything published before was processed by the server.
+ * FX_EUNAVAIL when disconnected (before or during), FX_ETIMEDOUT, FX_ECANCELED on stop. */
+fx_err fx_leaf_flush(fx_leaf *l, int64_t timeout_ms);
+/* Stop the I/O thread and close the connection (prompt: interrupts every wait). Idempotent. */
+void fx_leaf_stop(fx_leaf *l);
+void fx_leaf_free(fx_leaf *l);
+
+#endif

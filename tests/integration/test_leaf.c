@@ -1,0 +1,605 @@
+/* test_leaf.c -- the leafnode publisher (plugin/leaf.h) against a real nats-server 2.9.
+ *
+ * The server runs from a generated config: client port, monitoring, ping_interval 1s and a
+ * leafnode listener, all on free loopback ports. It is started here (fork/exec,
+ * PR_SET_PDEATHSIG, pidfile under $FXT_TMPDIR so tests/run.sh kills leftovers).
+ *
+ * leaf_publish_headers_and_reply: HMSG with headers and the reply
+ *   "$JS.ACK.FLUXON.b1.orders.a.1.5.1.1700000000000000000.0.abc" reaches a cnats subscriber of
+ *   q.orders.a with data, headers (multi-value too) and exactly that reply (a client connection
+ *   may not publish with it); the subscriber's "+ACK" to the reply reaches a subscription on
+ *   "$JS.ACK.FLUXON.b1.>". LMSG (no headers), an empty payload, and the flush round trip too.
+ * leaf_rejects: bad subjects, header blocks, a message over max_payload (the connection stays).
+ * leaf_keepalive: a leaf that does not ping answers the server's 1 s PINGs (3 of them) and one
+ *   that pings every 200 ms gets 5 PONGs: each still on its first connection.
+ * leaf_bounded_buffer: with the server stopped (SIGSTOP), publishing fills the bounded buffer
+ *   and then fails with FX_EFULL; after SIGCONT publishing works again.
+ * leaf_wrong_port: pointed at the client port, the leaf refuses to connect and says why.
+ * leaf_stop_is_prompt: stop returns within 1 s while waiting for INFO (a listener that accepts
+ *   and never answers), while in reconnect backoff (refused port), while connected, and when
+ *   never started.
+ * leaf_reconnect_after_restart: the server is restarted on the same ports; the leaf reconnects
+ *   (polled with a deadline) and delivers again; publishing while down fails at once.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nats/nats.h>
+
+#include "leaf.h"
+#include "tests/support/fxt.h"
+
+#define JS_REPLY "$JS.ACK.FLUXON.b1.orders.a.1.5.1.1700000000000000000.0.abc"
+#define HDR_BLOCK                                                                                  \
+    "NATS/1.0\r\nFluxon-Channel: orders\r\nFluxon-Subject: orders.eu.new\r\nX-Multi: one\r\n"   \
+    "X-Multi: two\r\n\r\n"
+#define WAIT_MS 15000
+
+static struct {
+    pid_t pid;
+    int port, mport, lport;
+    char url[64], leaf_url[64];
+    char conf[512], pidfile[512], logfile[512];
+} srv;
+
+/* ---- nats-server process -------------------------------------------------------------------- */
+
+static void pause_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+static const char *tmp_root(void)
+{
+    const char *t = getenv("FXT_TMPDIR");
+    return (t && *t) ? t : "/tmp";
+}
+
+/* GET /healthz over a raw socket: true on a 200 with {"status":"ok"}. */
+static bool nats_healthy(int mport)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return false;
+    struct timeval tv = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)mport)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool ok = false;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+        static const char req[] = "GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+        if (write(fd, req, sizeof req - 1) == (ssize_t)(sizeof req - 1)) {
+            char buf[2048];
+            size_t got = 0;
+            ssize_t n;
+            while (got < sizeof buf - 1 && (n = read(fd, buf + got, sizeof buf - 1 - got)) > 0)
+                got += (size_t)n;
+            buf[got] = '\0';
+            ok = strncmp(buf, "HTTP/1.", 7) == 0 && strstr(buf, " 200 ") &&
+                 strstr(buf, "\"status\":\"ok\"");
+        }
+    }
+    close(fd);
+    return ok;
+}
+
+static void server_kill(void)
+{
+    if (srv.pid > 0) {
+        kill(srv.pid, SIGCONT);
+        kill(srv.pid, SIGTERM);
+        int64_t deadline = fxt_now_ms() + 5000;
+        int st;
+        for (;;) {
+            pid_t r = waitpid(srv.pid, &st, WNOHANG);
+            if (r == srv.pid || (r < 0 && errno == ECHILD)) break;
+            if (fxt_now_ms() >= deadline) {
+                kill(srv.pid, SIGKILL);
+                waitpid(srv.pid, &st, 0);
+                break;
+            }
+            pause_ms(20);
+        }
+        srv.pid = 0;
+    }
+    if (srv.pidfile[0]) unlink(srv.pidfile);
+}
+
+static int write_conf(void)
+{
+    FILE *f = fopen(srv.conf, "w");
+    if (!f) return -1;
+    fprintf(f,
+            "listen: \"127.0.0.1:%d\"\n"
+            "http: \"127.0.0.1:%d\"\n"
+            "ping_interval: \"1s\"\n"
+            "leafnodes {\n  listen: \"127.0.0.1:%d\"\n}\n",
+            srv.port, srv.mport, srv.lport);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+static int server_spawn(void)
+{
+    const char *bin = getenv("FXT_NATS_BIN");
+    if (!bin || !*bin) bin = "nats-server";
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(127);
+        setpgid(0, 0);
+        int fd = open(srv.logfile, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        int dn = open("/dev/null", O_RDONLY);
+        if (dn >= 0) {
+            dup2(dn, 0);
+            close(dn);
+        }
+        execlp(bin, bin, "-c", srv.conf, (char *)NULL);
+        _exit(127);
+    }
+    srv.pid = pid;
+    FILE *f = fopen(srv.pidfile, "w");
+    if (f) {
+        fprintf(f, "%d\n", (int)pid);
+        fclose(f);
+    }
+    int64_t deadline = fxt_now_ms() + 20000;
+    while (fxt_now_ms() < deadline) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            fprintf(stderr, "nats-server exited during start-up; log: %s\n", srv.logfile);
+            srv.pid = 0;
+            unlink(srv.pidfile);
+            return -1;
+        }
+        if (nats_healthy(srv.mport)) return 0; /* ready: every listener is up */
+        pause_ms(50);
+    }
+    fprintf(stderr, "nats-server not healthy within 20 s; log: %s\n", srv.logfile);
+    server_kill();
+    return -1;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    snprintf(srv.pidfile, sizeof srv.pidfile, "%s/fxt-nats-leaf-%d.pid", tmp_root(), (int)getpid());
+    snprintf(srv.logfile, sizeof srv.logfile, "%s/fxt-nats-leaf-%d.log", tmp_root(), (int)getpid());
+    snprintf(srv.conf, sizeof srv.conf, "%s/fxt-nats-leaf-%d.conf", tmp_root(), (int)getpid());
+    for (int attempt = 0; attempt < 3; attempt++) {
+        srv.port = fxt_dead_port();
+        srv.mport = fxt_dead_port();
+        srv.lport = fxt_dead_port();
+        if (srv.port <= 0 || srv.mport <= 0 || srv.lport <= 0) return -1;
+        snprintf(srv.url, sizeof srv.url, "nats://127.0.0.1:%d", srv.port);
+        snprintf(srv.leaf_url, sizeof srv.leaf_url, "nats://127.0.0.1:%d", srv.lport);
+        if (write_conf() != 0) return -1;
+        if (server_spawn() == 0) return 0; /* else a port race: try fresh ports */
+    }
+    FILE *f = fopen(srv.logfile, "r");
+    if (f) {
+        char buf[4096];
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        buf[n] = '\0';
+        fprintf(stderr, "nats-server log:\n%s\n", buf);
+        fclose(f);
+    }
+    unlink(srv.logfile);
+    unlink(srv.conf);
+    return -1;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    server_kill();
+    unlink(srv.logfile);
+    unlink(srv.conf);
+    nats_Close();
+    return 0;
+}
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static natsConnection *connect_client(void)
+{
+    natsConnection *nc = NULL;
+    natsStatus s = natsConnection_ConnectTo(&nc, srv.url);
+    if (s != NATS_OK) fail_msg("connect %s: %s", srv.url, natsStatus_GetText(s));
+    return nc;
+}
+
+static natsSubscription *sub(natsConnection *nc, const char *subject)
+{
+    natsSubscription *s = NULL;
+    natsStatus st = natsConnection_SubscribeSync(&s, nc, subject);
+    if (st != NATS_OK) fail_msg("subscribe %s: %s", subject, natsStatus_GetText(st));
+    st = natsConnection_FlushTimeout(nc, 5000);
+    if (st != NATS_OK) fail_msg("flush: %s", natsStatus_GetText(st));
+    return s;
+}
+
+/* Each leaf gets its own name: the server replaces an older leaf connection of the same name
+ * ("Duplicate Remote LeafNode Connection"). */
+static fx_leaf *leaf_new(const char *url, int64_t ping_ms, size_t max_pending)
+{
+    static int seq;
+    char name[32];
+    snprintf(name, sizeof name, "fxt-leaf-%d", ++seq);
+    fx_leaf_opts o = {.url = url, .name = name, .ping_interval_ms = ping_ms,
+                      .max_pending_bytes = max_pending, .reconnect_max_ms = 500};
+    fx_leaf *l = NULL;
+    assert_int_equal(fx_leaf_new(&o, &l), FX_OK);
+    assert_int_equal(fx_leaf_start(l), FX_OK);
+    return l;
+}
+
+static bool is_connected(void *p) { return fx_leaf_connected(p); }
+static bool is_down(void *p) { return !fx_leaf_connected(p); }
+
+static void wait_connected(fx_leaf *l)
+{
+    if (!fxt_wait_until(is_connected, l, WAIT_MS)) {
+        char why[256];
+        fx_leaf_status(l, why, sizeof why);
+        fail_msg("leaf not connected within %d ms: %s", WAIT_MS, why);
+    }
+}
+
+static natsMsg *next_msg(natsSubscription *s)
+{
+    natsMsg *m = NULL;
+    natsStatus st = natsSubscription_NextMsg(&m, s, 5000);
+    if (st != NATS_OK) fail_msg("no message on %s: %s", natsSubscription_GetSubject(s),
+                                natsStatus_GetText(st));
+    return m;
+}
+
+/* ---- tests ---------------------------------------------------------------------------------- */
+
+static void leaf_publish_headers_and_reply(void **state)
+{
+    (void)state;
+    natsConnection *nc = connect_client();
+    natsSubscription *q = sub(nc, "q.orders.a");
+    natsSubscription *acks = sub(nc, "$JS.ACK.FLUXON.b1.>");
+    fx_leaf *l = leaf_new(srv.leaf_url, 0, 0);
+    wait_connected(l);
+
+    /* HMSG: headers, data and the exact $JS.ACK. reply */
+    assert_int_equal(fx_leaf_publish(l, "q.orders.a", JS_REPLY, HDR_BLOCK, strlen(HDR_BLOCK),
+                                     "hello", 5),
+                     FX_OK);
+    natsMsg *m = next_msg(q);
+    assert_string_equal(natsMsg_GetSubject(m), "q.orders.a");
+    assert_non_null(natsMsg_GetReply(m));
+    assert_string_equal(natsMsg_GetReply(m), JS_REPLY);
+    assert_int_equal(natsMsg_GetDataLength(m), 5);
+    assert_memory_equal(natsMsg_GetData(m), "hello", 5);
+    const char *v = NULL;
+    assert_int_equal(natsMsgHeader_Get(m, "Fluxon-Channel", &v), NATS_OK);
+    assert_string_equal(v, "orders");
+    assert_int_equal(natsMsgHeader_Get(m, "Fluxon-Subject", &v), NATS_OK);
+    assert_string_equal(v, "orders.eu.new");
+    const char **vals = NULL;
+    int nv = 0;
+    assert_int_equal(natsMsgHeader_Values(m, "X-Multi", &vals, &nv), NATS_OK);
+    assert_int_equal(nv, 2);
+    assert_string_equal(vals[0], "one");
+    assert_string_equal(vals[1], "two");
+    free((void *)vals);
+
+    /* the subscriber acks to the reply; the bridge-side subscription sees it */
+    assert_int_equal(natsConnection_Publish(nc, natsMsg_GetReply(m), "+ACK", 4), NATS_OK);
+    natsMsg_Destroy(m);
+    natsMsg *a = next_msg(acks);
+    assert_string_equal(natsMsg_GetSubject(a), JS_REPLY);
+    assert_int_equal(natsMsg_GetDataLength(a), 4);
+    assert_memory_equal(natsMsg_GetData(a), "+ACK", 4);
+    natsMsg_Destroy(a);
+
+    /* LMSG: no headers, no reply */
+    assert_int_equal(fx_leaf_publish(l, "q.orders.a", NULL, NULL, 0, "plain", 5), FX_OK);
+    m = next_msg(q);
+    assert_null(natsMsg_GetReply(m));
+    assert_memory_equal(natsMsg_GetData(m), "plain", 5);
+    assert_int_equal(natsMsgHeader_Get(m, "Fluxon-Channel", &v), NATS_NOT_FOUND);
+    natsMsg_Destroy(m);
+
+    /* headers and an empty payload */
+    assert_int_equal(fx_leaf_publish(l, "q.orders.a", JS_REPLY, HDR_BLOCK, strlen(HDR_BLOCK), NULL,
+                                     0),
+                     FX_OK);
+    m = next_msg(q);
+    assert_int_equal(natsMsg_GetDataLength(m), 0);
+    assert_int_equal(natsMsgHeader_Get(m, "Fluxon-Channel", &v), NATS_OK);
+    assert_string_equal(natsMsg_GetReply(m), JS_REPLY);
+    natsMsg_Destroy(m);
+
+    /* many in a row, in order; then a flush round trip */
+    for (int i = 0; i < 1000; i++) {
+        char d[32];
+        int n = snprintf(d, sizeof d, "m%d", i);
+        assert_int_equal(fx_leaf_publish(l, "q.orders.a", JS_REPLY, HDR_BLOCK, strlen(HDR_BLOCK),
+                                         d, (size_t)n),
+                         FX_OK);
+    }
+    assert_int_equal(fx_leaf_flush(l, 5000), FX_OK);
+    for (int i = 0; i < 1000; i++) {
+        char d[32];
+        int n = snprintf(d, sizeof d, "m%d", i);
+        m = next_msg(q);
+        assert_int_equal(natsMsg_GetDataLength(m), n);
+        assert_memory_equal(natsMsg_GetData(m), d, (size_t)n);
+        natsMsg_Destroy(m);
+    }
+    fx_leaf_stats st;
+    fx_leaf_get_stats(l, &st);
+    assert_int_equal(st.msgs, 1003);
+    assert_int_equal(st.connects, 1);
+    assert_int_equal(st.server_errors, 0);
+
+    fx_leaf_free(l);
+    natsSubscription_Destroy(q);
+    natsSubscription_Destroy(acks);
+    natsConnection_Destroy(nc);
+}
+
+static void leaf_rejects(void **state)
+{
+    (void)state;
+    fx_leaf *l = leaf_new(srv.leaf_url, 0, 0);
+    wait_connected(l);
+    assert_int_equal(fx_leaf_publish(l, "", NULL, NULL, 0, "x", 1), FX_EINVAL);
+    assert_int_equal(fx_leaf_publish(l, "a b", NULL, NULL, 0, "x", 1), FX_EINVAL);
+    assert_int_equal(fx_leaf_publish(l, "a", "r\r\n", NULL, 0, "x", 1), FX_EINVAL);
+    assert_int_equal(fx_leaf_publish(l, "a", NULL, "X: y\r\n\r\n", 8, "x", 1), FX_EINVAL);
+    assert_int_equal(fx_leaf_publish(l, "a", NULL, "NATS/1.0\r\nX: y\r\n", 16, "x", 1), FX_EINVAL);
+    /* over the server's max_payload (1 MiB): refused here, the connection stays */
+    size_t big = (1u << 20) + 1;
+    char *p = calloc(1, big);
+    assert_non_null(p);
+    assert_int_equal(fx_leaf_publish(l, "a", NULL, NULL, 0, p, big), FX_ETOO_LARGE);
+    free(p);
+    assert_true(fx_leaf_connected(l));
+    assert_int_equal(fx_leaf_flush(l, 5000), FX_OK);
+    fx_leaf_stats st;
+    fx_leaf_get_stats(l, &st);
+    assert_int_equal(st.msgs, 0);
+    assert_int_equal(st.server_errors, 0);
+    fx_leaf_free(l);
+}
+
+typedef struct {
+    fx_leaf *l;
+    uint64_t pings, pongs;
+} ka_arg;
+
+static bool keepalive_seen(void *p)
+{
+    ka_arg *a = p;
+    fx_leaf_stats st;
+    fx_leaf_get_stats(a->l, &st);
+    return st.server_pings >= a->pings && st.pongs >= a->pongs;
+}
+
+/* The server skips its PING when the other side pinged within ping_interval, so the two
+ * directions are checked with two leaves: one that never pings (the server's 1 s PINGs must be
+ * answered, or it closes the connection after 2), one that pings every 200 ms. */
+static void leaf_keepalive(void **state)
+{
+    (void)state;
+    fx_leaf *l = leaf_new(srv.leaf_url, 3600 * 1000, 0);
+    wait_connected(l);
+    ka_arg a = {l, 3, 0};
+    bool ok = fxt_wait_until(keepalive_seen, &a, WAIT_MS);
+    fx_leaf_stats st;
+    fx_leaf_get_stats(l, &st);
+    bool up = fx_leaf_connected(l);
+    fx_leaf_free(l);
+    assert_true(ok);
+    assert_true(up);
+    assert_int_equal(st.connects, 1); /* the same connection all along */
+    assert_int_equal(st.server_errors, 0);
+
+    l = leaf_new(srv.leaf_url, 200, 0);
+    wait_connected(l);
+    ka_arg b = {l, 0, 5};
+    ok = fxt_wait_until(keepalive_seen, &b, WAIT_MS);
+    fx_leaf_get_stats(l, &st);
+    up = fx_leaf_connected(l);
+    fx_leaf_free(l);
+    assert_true(ok);
+    assert_true(up);
+    assert_int_equal(st.connects, 1);
+    assert_int_equal(st.server_errors, 0);
+}
+
+static void leaf_bounded_buffer(void **state)
+{
+    (void)state;
+    natsConnection *nc = connect_client();
+    natsSubscription *q = sub(nc, "q.orders.big");
+    natsSubscription_SetPendingLimits(q, -1, -1); /* no client-side limit: count every message */
+    fx_leaf *l = leaf_new(srv.leaf_url, 0, 256 * 1024);
+    wait_connected(l);
+    assert_int_equal(kill(srv.pid, SIGSTOP), 0);
+    size_t sz = 64 * 1024;
+    char *p = malloc(sz);
+    assert_non_null(p);
+    memset(p, 'x', sz);
+    fx_err e = FX_OK;
+    int sent = 0;
+    for (int i = 0; i < 4000 && e == FX_OK; i++) {
+        e = fx_leaf_publish(l, "q.orders.big", NULL, NULL, 0, p, sz);
+        if (e == FX_OK) sent++;
+    }
+    assert_int_equal(e, FX_EFULL);
+    assert_true(sent > 0);
+    assert_true(fx_leaf_connected(l));
+    assert_int_equal(kill(srv.pid, SIGCONT), 0);
+    /* the I/O thread drains the buffer once the server reads again */
+    assert_int_equal(fx_leaf_flush(l, WAIT_MS), FX_OK);
+    assert_int_equal(fx_leaf_publish(l, "q.orders.big", NULL, NULL, 0, "end", 3), FX_OK);
+    int got = 0;
+    for (;;) {
+        natsMsg *m = next_msg(q);
+        bool end = natsMsg_GetDataLength(m) == 3;
+        if (!end) assert_int_equal(natsMsg_GetDataLength(m), (int)sz);
+        natsMsg_Destroy(m);
+        if (end) break;
+        got++;
+    }
+    assert_int_equal(got, sent);
+    free(p);
+    fx_leaf_free(l);
+    natsSubscription_Destroy(q);
+    natsConnection_Destroy(nc);
+}
+
+static bool status_has(fx_leaf *l, const char *what)
+{
+    char why[256];
+    fx_leaf_status(l, why, sizeof why);
+    return strstr(why, what) != NULL;
+}
+
+typedef struct {
+    fx_leaf *l;
+    const char *what;
+} st_arg;
+
+static bool status_says(void *p)
+{
+    st_arg *a = p;
+    return status_has(a->l, a->what);
+}
+
+static void leaf_wrong_port(void **state)
+{
+    (void)state;
+    fx_leaf *l = leaf_new(srv.url, 0, 0); /* the client port */
+    st_arg a = {l, "client port"};
+    assert_true(fxt_wait_until(status_says, &a, WAIT_MS));
+    assert_false(fx_leaf_connected(l));
+    assert_int_equal(fx_leaf_publish(l, "a", NULL, NULL, 0, "x", 1), FX_EUNAVAIL);
+    fx_leaf_free(l);
+}
+
+static void assert_prompt_stop(fx_leaf *l)
+{
+    int64_t t0 = fxt_now_ms();
+    fx_leaf_free(l);
+    int64_t took = fxt_now_ms() - t0;
+    if (took > 1000) fail_msg("stop took %lld ms", (long long)took);
+}
+
+static void leaf_stop_is_prompt(void **state)
+{
+    (void)state;
+    /* waiting for INFO from a listener that never answers (30 s handshake timeout) */
+    int bport = 0;
+    int bfd = fxt_blackhole_listen(&bport);
+    assert_true(bfd >= 0);
+    char url[64];
+    snprintf(url, sizeof url, "nats://127.0.0.1:%d", bport);
+    fx_leaf_opts o = {.url = url, .name = "fxt-stop", .connect_timeout_ms = 30000};
+    fx_leaf *l = NULL;
+    assert_int_equal(fx_leaf_new(&o, &l), FX_OK);
+    assert_int_equal(fx_leaf_start(l), FX_OK);
+    int cfd = accept(bfd, NULL, NULL); /* the leaf's TCP connection: it now waits for INFO */
+    assert_true(cfd >= 0);
+    assert_false(fx_leaf_connected(l));
+    assert_prompt_stop(l);
+    close(cfd);
+    close(bfd);
+
+    /* in reconnect backoff (refused port, 30 s max backoff) */
+    snprintf(url, sizeof url, "nats://127.0.0.1:%d", fxt_dead_port());
+    fx_leaf_opts o2 = {.url = url, .reconnect_min_ms = 30000, .reconnect_max_ms = 30000};
+    assert_int_equal(fx_leaf_new(&o2, &l), FX_OK);
+    assert_int_equal(fx_leaf_start(l), FX_OK);
+    st_arg b = {l, "cannot connect"};
+    assert_true(fxt_wait_until(status_says, &b, WAIT_MS));
+    assert_prompt_stop(l);
+
+    /* connected */
+    l = leaf_new(srv.leaf_url, 0, 0);
+    wait_connected(l);
+    assert_prompt_stop(l);
+
+    /* never started */
+    assert_int_equal(fx_leaf_new(&o2, &l), FX_OK);
+    assert_prompt_stop(l);
+}
+
+static void leaf_reconnect_after_restart(void **state)
+{
+    (void)state;
+    fx_leaf *l = leaf_new(srv.leaf_url, 0, 0);
+    wait_connected(l);
+    server_kill();
+    assert_true(fxt_wait_until(is_down, l, WAIT_MS));
+    assert_int_equal(fx_leaf_publish(l, "q.orders.a", JS_REPLY, HDR_BLOCK, strlen(HDR_BLOCK), "x",
+                                     1),
+                     FX_EUNAVAIL);
+    assert_int_equal(fx_leaf_flush(l, 100), FX_EUNAVAIL);
+    assert_int_equal(server_spawn(), 0); /* same config, same ports */
+    wait_connected(l);
+    natsConnection *nc = connect_client();
+    natsSubscription *q = sub(nc, "q.orders.a");
+    assert_int_equal(fx_leaf_publish(l, "q.orders.a", JS_REPLY, HDR_BLOCK, strlen(HDR_BLOCK),
+                                     "again", 5),
+                     FX_OK);
+    natsMsg *m = next_msg(q);
+    assert_string_equal(natsMsg_GetReply(m), JS_REPLY);
+    assert_memory_equal(natsMsg_GetData(m), "again", 5);
+    natsMsg_Destroy(m);
+    fx_leaf_stats st;
+    fx_leaf_get_stats(l, &st);
+    assert_int_equal(st.connects, 2);
+    fx_leaf_free(l);
+    natsSubscription_Destroy(q);
+    natsConnection_Destroy(nc);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(leaf_publish_headers_and_reply),
+        cmocka_unit_test(leaf_rejects),
+        cmocka_unit_test(leaf_keepalive),
+        cmocka_unit_test(leaf_bounded_buffer),
+        cmocka_unit_test(leaf_wrong_port),
+        cmocka_unit_test(leaf_stop_is_prompt),
+        cmocka_unit_test(leaf_reconnect_after_restart),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
