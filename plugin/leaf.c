@@ -3,7 +3,12 @@
  * State under l->mu: fd (writes), state, wbuf, want_out, broken, max_payload, ping/pong
  * counters, why, server_name. `stop` and `state` are also atomics so the I/O thread and
  * fx_leaf_connected can read them without the lock. The read side (rbuf, skip, handshake
- * flags) belongs to the I/O thread alone. Lock order: mu only (nothing else is taken under it).
+ * flags) belongs to the I/O thread alone.
+ *
+ * Queue interest (qlk, a rwlock): the hub's LS+/LS- lines for queue subscriptions, kept as
+ * (subject pattern, queue name, weight) so that publishes can name the queue groups (see
+ * leaf.h). Written by the I/O thread only, read by publishers. mu and qlk are never held
+ * together: fx_leaf_publish collects the names under qlk, releases it, then takes mu.
  */
 #include "leaf.h"
 
@@ -27,12 +32,31 @@
 
 #include "fx_log.h"
 #include "fx_time.h"
+#include "subject.h"
 
 #define RBUF_CAP (64 * 1024)     /* longest protocol line accepted from the server */
 #define WBUF_INIT (64 * 1024)
 #define CTRL_RESERVE 4096        /* PING/PONG may go this far over max_pending */
 #define CTRL_LINE_MAX 4096       /* nats-server's default max_control_line */
 #define ERR_TEXT_MAX 200         /* -ERR text quoted in logs */
+#define LQ_MAX_ENTRIES 65536     /* (subject, queue) pairs remembered from LS+ */
+#define LQ_BUCKETS 4096          /* hash buckets over the subject (power of two) */
+#define LQ_NAME_MAX 1024         /* longest subject / queue name accepted from LS+ */
+
+/* Queue interest: one node per subject (pattern) with its queue groups. Literal subjects are
+ * found through the hash; wildcard patterns are also on the `wild` list and matched one by one. */
+typedef struct lq_queue {
+    struct lq_queue *next;
+    int64_t weight;
+    char name[];
+} lq_queue;
+
+typedef struct lq_subj {
+    struct lq_subj *hnext, *wnext;
+    lq_queue *queues;
+    bool wild;
+    char subject[];
+} lq_subj;
 
 enum { ST_DOWN = 0, ST_UP = 1 };
 
@@ -62,6 +86,13 @@ struct fx_leaf {
     char server_name[128];
 
     _Atomic uint64_t st_connects, st_msgs, st_bytes, st_server_pings, st_pongs, st_errors;
+    _Atomic uint64_t st_q_dropped, st_q_truncated, st_q_bad;
+
+    pthread_rwlock_t qlk;
+    lq_subj **qb;     /* LQ_BUCKETS heads, allocated at the first queue LS+ */
+    lq_subj *qwild;   /* wildcard subjects */
+    size_t qn;        /* (subject, queue) entries */
+    bool q_full_logged;
 
     /* I/O thread only */
     char *rbuf;
@@ -70,7 +101,7 @@ struct fx_leaf {
     bool hs_pong;       /* the handshake PONG arrived */
     char hs_err[256];   /* -ERR received during the handshake */
     uint64_t rng;
-    fx_log_slot slot_err, slot_conn;
+    fx_log_slot slot_err, slot_conn, slot_q;
 };
 
 /* ---- URL ----------------------------------------------------------------------------------- */
@@ -412,6 +443,269 @@ static fx_err tcp_connect(fx_leaf *l, int64_t deadline, int *out)
     return e;
 }
 
+/* ---- queue interest (LS+ / LS-) ------------------------------------------------------------------ */
+
+static uint32_t lq_hash(const char *s)
+{
+    uint32_t h = 2166136261u;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
+    return h & (LQ_BUCKETS - 1);
+}
+
+static bool lq_is_wild(const char *s)
+{
+    for (const char *t = s; *t;) {
+        const char *e = strchr(t, '.');
+        size_t n = e ? (size_t)(e - t) : strlen(t);
+        if (n == 1 && (*t == '*' || *t == '>')) return true;
+        if (!e) break;
+        t = e + 1;
+    }
+    return false;
+}
+
+static void lq_free_subj(lq_subj *n)
+{
+    for (lq_queue *q = n->queues, *nx; q; q = nx) {
+        nx = q->next;
+        free(q);
+    }
+    free(n);
+}
+
+/* Forget every entry (a new connection: the server sends its interest again). */
+static void lq_clear(fx_leaf *l)
+{
+    pthread_rwlock_wrlock(&l->qlk);
+    if (l->qb) {
+        for (size_t i = 0; i < LQ_BUCKETS; i++) {
+            for (lq_subj *n = l->qb[i], *nx; n; n = nx) {
+                nx = n->hnext;
+                lq_free_subj(n);
+            }
+            l->qb[i] = NULL;
+        }
+    }
+    l->qwild = NULL;
+    l->qn = 0;
+    l->q_full_logged = false;
+    pthread_rwlock_unlock(&l->qlk);
+}
+
+/* Under qlk (any mode). */
+static lq_subj *lq_find(fx_leaf *l, const char *subject, lq_subj ***link)
+{
+    if (!l->qb) return NULL;
+    lq_subj **pp = &l->qb[lq_hash(subject)];
+    for (; *pp; pp = &(*pp)->hnext)
+        if (strcmp((*pp)->subject, subject) == 0) break;
+    if (link) *link = pp;
+    return *pp;
+}
+
+/* LS+ <subject> <queue> <weight>: the weight is the current one (replace). */
+static void lq_set(fx_leaf *l, const char *subject, const char *queue, int64_t weight)
+{
+    pthread_rwlock_wrlock(&l->qlk);
+    if (!l->qb && !(l->qb = calloc(LQ_BUCKETS, sizeof *l->qb))) goto nomem;
+    lq_subj **link = NULL;
+    lq_subj *n = lq_find(l, subject, &link);
+    if (n)
+        for (lq_queue *q = n->queues; q; q = q->next)
+            if (strcmp(q->name, queue) == 0) {
+                q->weight = weight;
+                pthread_rwlock_unlock(&l->qlk);
+                return;
+            }
+    if (l->qn >= LQ_MAX_ENTRIES) {
+        bool first = !l->q_full_logged;
+        l->q_full_logged = true;
+        pthread_rwlock_unlock(&l->qlk);
+        atomic_fetch_add(&l->st_q_dropped, 1);
+        if (first)
+            FX_WRN("nats leaf: more than %d queue subscriptions announced by %s; messages on "
+                   "further ones are published without their queue names (their queue "
+                   "subscribers on the hub will not get them)",
+                   LQ_MAX_ENTRIES, l->where);
+        return;
+    }
+    size_t ql = strlen(queue) + 1;
+    lq_queue *q = malloc(sizeof *q + ql);
+    if (!q) goto nomem;
+    memcpy(q->name, queue, ql);
+    q->weight = weight;
+    if (!n) {
+        size_t sl = strlen(subject) + 1;
+        n = malloc(sizeof *n + sl);
+        if (!n) {
+            free(q);
+            goto nomem;
+        }
+        memcpy(n->subject, subject, sl);
+        n->queues = NULL;
+        n->wild = lq_is_wild(subject);
+        n->hnext = NULL;
+        *link = n;
+        n->wnext = NULL;
+        if (n->wild) {
+            n->wnext = l->qwild;
+            l->qwild = n;
+        }
+    }
+    q->next = n->queues;
+    n->queues = q;
+    l->qn++;
+    pthread_rwlock_unlock(&l->qlk);
+    return;
+nomem:
+    pthread_rwlock_unlock(&l->qlk);
+    atomic_fetch_add(&l->st_q_dropped, 1);
+    fx_log_ratelimited(&l->slot_q, 10000, FX_LOG_WRN,
+                       "nats leaf: out of memory recording a queue subscription");
+}
+
+/* LS- <subject> <queue> */
+static void lq_del(fx_leaf *l, const char *subject, const char *queue)
+{
+    pthread_rwlock_wrlock(&l->qlk);
+    lq_subj **link = NULL;
+    lq_subj *n = lq_find(l, subject, &link);
+    if (n) {
+        for (lq_queue **qp = &n->queues; *qp; qp = &(*qp)->next) {
+            if (strcmp((*qp)->name, queue) != 0) continue;
+            lq_queue *q = *qp;
+            *qp = q->next;
+            free(q);
+            l->qn--;
+            break;
+        }
+        if (!n->queues) {
+            *link = n->hnext;
+            if (n->wild)
+                for (lq_subj **wp = &l->qwild; *wp; wp = &(*wp)->wnext)
+                    if (*wp == n) {
+                        *wp = n->wnext;
+                        break;
+                    }
+            free(n);
+        }
+    }
+    pthread_rwlock_unlock(&l->qlk);
+}
+
+/* Append the names of n's queues not yet in out (space-separated) while they fit.
+ * Under qlk. */
+static void lq_add_names(const lq_subj *n, char *out, size_t cap, size_t *len, int *count,
+                         bool *trunc)
+{
+    for (const lq_queue *q = n->queues; q; q = q->next) {
+        size_t ql = strlen(q->name);
+        bool dup = false;
+        for (const char *p = out; p < out + *len;) {
+            const char *e = memchr(p, ' ', (size_t)(out + *len - p));
+            size_t tl = e ? (size_t)(e - p) : (size_t)(out + *len - p);
+            if (tl == ql && memcmp(p, q->name, ql) == 0) {
+                dup = true;
+                break;
+            }
+            if (!e) break;
+            p = e + 1;
+        }
+        if (dup) continue;
+        size_t need = ql + (*len ? 1 : 0);
+        if (*count >= FX_LEAF_MAX_QUEUES_PER_MSG || *len + need + 1 > cap) {
+            *trunc = true;
+            continue;
+        }
+        if (*len) out[(*len)++] = ' ';
+        memcpy(out + *len, q->name, ql);
+        *len += ql;
+        out[*len] = '\0';
+        (*count)++;
+    }
+}
+
+/* The distinct queue names a message on `subject` must carry, space-separated in out. */
+static int lq_collect(fx_leaf *l, const char *subject, char *out, size_t cap, bool *trunc)
+{
+    size_t len = 0;
+    int count = 0;
+    *trunc = false;
+    if (cap) out[0] = '\0';
+    if (cap < 2) return 0;
+    pthread_rwlock_rdlock(&l->qlk);
+    if (l->qn) {
+        const lq_subj *n = lq_find(l, subject, NULL);
+        if (n && !n->wild) lq_add_names(n, out, cap, &len, &count, trunc);
+        for (const lq_subj *w = l->qwild; w; w = w->wnext)
+            if (fx_subject_match(w->subject, subject))
+                lq_add_names(w, out, cap, &len, &count, trunc);
+    }
+    pthread_rwlock_unlock(&l->qlk);
+    return count;
+}
+
+/* Split arg into at most max whitespace-separated tokens (in place). Returns the count, or
+ * max + 1 when there are more. */
+static int split_args(char *arg, char **tok, int max)
+{
+    int n = 0;
+    char *p = arg;
+    for (;;) {
+        while (*p == ' ' || *p == '\t') p++;
+        if (!*p) return n;
+        if (n == max) return max + 1;
+        tok[n++] = p;
+        while (*p && *p != ' ' && *p != '\t') p++;
+        if (*p) *p++ = '\0';
+    }
+}
+
+static bool lq_name_ok(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++) {
+        if (n >= LQ_NAME_MAX) return false;
+        unsigned char c = (unsigned char)s[n];
+        if (c < 0x21 || c == 0x7f) return false;
+    }
+    return n > 0;
+}
+
+/* LS+ <subject> [<queue> <weight>] / LS- <subject> [<queue>] (server/leafnode.go writeLeafSub,
+ * processLeafSub, processLeafUnsub: no account token on a leaf connection). Only queue
+ * interest is kept: plain subscribers get every leaf message anyway. A malformed line is
+ * counted and ignored. */
+static void handle_ls(fx_leaf *l, bool plus, char *arg)
+{
+    char *t[4];
+    int n = split_args(arg, t, 3);
+    bool ok;
+    if (plus) {
+        ok = n == 1 || n == 3;
+        if (ok && n == 3) {
+            int64_t w = 0;
+            for (const char *p = t[2]; *p && ok; p++) {
+                if (*p < '0' || *p > '9' || w > (1LL << 40)) ok = false;
+                else w = w * 10 + (*p - '0');
+            }
+            ok = ok && lq_name_ok(t[0]) && lq_name_ok(t[1]);
+            if (ok) {
+                if (w < 1) w = 1; /* as the server does for a missing weight */
+                lq_set(l, t[0], t[1], w);
+            }
+        }
+    } else {
+        ok = n == 1 || n == 2;
+        if (ok && n == 2) lq_del(l, t[0], t[1]);
+    }
+    if (!ok) {
+        atomic_fetch_add(&l->st_q_bad, 1);
+        fx_log_ratelimited(&l->slot_q, 10000, FX_LOG_WRN, "nats leaf: malformed %s line ignored",
+                           plus ? "LS+" : "LS-");
+    }
+}
+
 /* ---- protocol input (I/O thread) --------------------------------------------------------------- */
 
 static const char *skip_ws(const char *p)
@@ -509,7 +803,11 @@ static int handle_line(fx_leaf *l, char *line, size_t len, bool *got_info, fx_er
         handle_info(l, arg, false, hs_fail);
         return 0;
     }
-    if (OP("+OK") || OP("LS+") || OP("LS-")) return 0;
+    if (OP("+OK")) return 0;
+    if (OP("LS+") || OP("LS-")) {
+        handle_ls(l, line[2] == '+', (char *)arg);
+        return 0;
+    }
     if (OP("-ERR")) {
         atomic_fetch_add(&l->st_errors, 1);
         char txt[ERR_TEXT_MAX + 1];
@@ -603,6 +901,7 @@ static fx_err handshake(fx_leaf *l, int fd, int64_t deadline)
     l->hs_fd = fd;
     l->hs_pong = false;
     l->hs_err[0] = '\0';
+    lq_clear(l); /* the server sends its interest again after our CONNECT */
     bool sent = false;
     fx_err e = FX_OK;
     while (!e) {
@@ -858,6 +1157,7 @@ fx_err fx_leaf_new(const fx_leaf_opts *o, fx_leaf **out)
         return fx_seterr(FX_ENOMEM, "leaf: out of resources");
     }
     pthread_mutex_init(&l->mu, NULL);
+    pthread_rwlock_init(&l->qlk, NULL);
     fx_cond_init_monotonic(&l->cv);
     *out = l;
     return FX_OK;
@@ -890,6 +1190,19 @@ void fx_leaf_get_stats(fx_leaf *l, fx_leaf_stats *o)
     o->server_pings = atomic_load(&l->st_server_pings);
     o->pongs = atomic_load(&l->st_pongs);
     o->server_errors = atomic_load(&l->st_errors);
+    pthread_rwlock_rdlock(&l->qlk);
+    o->queue_entries = l->qn;
+    pthread_rwlock_unlock(&l->qlk);
+    o->queue_dropped = atomic_load(&l->st_q_dropped);
+    o->queue_truncated = atomic_load(&l->st_q_truncated);
+    o->queue_bad_lines = atomic_load(&l->st_q_bad);
+}
+
+int fx_leaf_queue_names(fx_leaf *l, const char *subject, char *buf, size_t cap)
+{
+    bool trunc;
+    if (!l || !subject || !buf) return 0;
+    return lq_collect(l, subject, buf, cap, &trunc);
 }
 
 static bool subject_ok(const char *s, size_t *len)
@@ -916,9 +1229,32 @@ fx_err fx_leaf_publish(fx_leaf *l, const char *subject, const char *reply, const
                   memcmp((const char *)hdr + hlen - 4, "\r\n\r\n", 4) != 0)) ||
         (dlen && !data))
         return fx_seterr(FX_EINVAL, "leaf publish: invalid header block or payload");
+    /* Queue groups on the hub get a leaf message only when the frame names them
+     * (server/leafnode.go processLeafMsgArgs / processLeafHeaderMsgArgs, client.go
+     * processMsgResults): "LMSG <subj> + <reply> <q>... <size>" or "LMSG <subj> | <q>... <size>",
+     * "HMSG <subj> + <reply> <q>... <hdr> <total>" or "HMSG <subj> | <q>... <hdr> <total>". */
+    char qn[CTRL_LINE_MAX];
+    bool trunc = false;
+    int nq = 0;
+    size_t fixed = sl + rl + 64; /* op, indicator, sizes, CRLF */
+    if (fixed < sizeof qn)
+        nq = lq_collect(l, subject, qn, sizeof qn - fixed, &trunc);
+    if (trunc) {
+        atomic_fetch_add(&l->st_q_truncated, 1);
+        fx_log_ratelimited(&l->slot_q, 10000, FX_LOG_WRN,
+                           "nats leaf: a message on %.200s matches more queue groups than one "
+                           "frame may name (%d names, %d bytes); the others do not get it",
+                           subject, FX_LEAF_MAX_QUEUES_PER_MSG, CTRL_LINE_MAX);
+    }
     char line[CTRL_LINE_MAX];
     int n;
-    if (hlen)
+    if (nq && hlen)
+        n = snprintf(line, sizeof line, "HMSG %s %s%s %s %zu %zu\r\n", subject, rl ? "+ " : "|",
+                     rl ? reply : "", qn, hlen, hlen + dlen);
+    else if (nq)
+        n = snprintf(line, sizeof line, "LMSG %s %s%s %s %zu\r\n", subject, rl ? "+ " : "|",
+                     rl ? reply : "", qn, dlen);
+    else if (hlen)
         n = snprintf(line, sizeof line, "HMSG %s%s%s %zu %zu\r\n", subject, rl ? " " : "",
                      rl ? reply : "", hlen, hlen + dlen);
     else
@@ -1006,6 +1342,9 @@ void fx_leaf_free(fx_leaf *l)
     close(l->wake_fd);
     free(l->wbuf);
     free(l->rbuf);
+    lq_clear(l);
+    free(l->qb);
+    pthread_rwlock_destroy(&l->qlk);
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->cv);
     wipe_url(&l->u);

@@ -9,10 +9,23 @@
  *   server -> INFO {...}                       (first line; tls_required, headers, max_payload)
  *   us     -> CONNECT {"name":..,"tls_required":false,"headers":true[,"user":..,"pass":..]}
  *             PING                             (the PONG confirms the CONNECT was processed)
- *   server -> INFO {...connect_info...}, LS+ <subject> [<queue> <weight>], LS- ..., PONG
+ *   server -> INFO {...connect_info...}, LS+ <subject> [<queue> <weight>], LS- <subject>
+ *             [<queue>], PONG                  (no account token on a leaf connection)
  *   either -> PING / PONG                      (keepalive both ways)
  *   us     -> LMSG <subject> [<reply>] <size>\r\n<payload>\r\n                (no headers)
  *             HMSG <subject> [<reply>] <hdr size> <total size>\r\n<hdr><payload>\r\n
+ *             and, when queue groups on the hub are interested in <subject>:
+ *             LMSG <subject> + <reply> <q1> <q2>... <size>   (or "| <q1>..." without a reply)
+ *             HMSG <subject> + <reply> <q1>... <hdr size> <total size>   (or "| <q1>...")
+ * The server delivers a leaf message to its queue subscribers only when the frame names their
+ * queue groups (server/leafnode.go processLeafMsgArgs / processLeafHeaderMsgArgs, client.go
+ * processMsgResults). So the reader keeps the queue interest of the LS+/LS- lines: (subject
+ * pattern, queue, weight), weight replaced by each LS+, removed by LS-; at most 65,536
+ * entries (more: logged once, counted, and messages on them carry no queue name), cleared on
+ * reconnect (the server sends its interest again). A publish names the distinct queues of the
+ * entries whose pattern matches its subject, at most FX_LEAF_MAX_QUEUES_PER_MSG and within
+ * the 4096-byte control line (more: counted in queue_truncated). A message published before
+ * the LS+ of a new queue subscriber arrives does not reach it (like any interest race).
  * We never send LS+, so the server never sends us messages; LMSG/HMSG from the server are
  * skipped anyway. There is no no-responders status on a leaf connection.
  *
@@ -37,6 +50,7 @@
 #include "fx_err.h"
 
 #define FX_LEAF_DEFAULT_PORT 7422
+#define FX_LEAF_MAX_QUEUES_PER_MSG 64
 
 typedef struct fx_leaf_url {
     char host[256]; /* name or address; IPv6 without brackets */
@@ -70,6 +84,10 @@ typedef struct fx_leaf_stats {
     uint64_t server_pings; /* PINGs from the server answered */
     uint64_t pongs;        /* PONGs received (answers to our PINGs) */
     uint64_t server_errors;/* -ERR lines received */
+    uint64_t queue_entries;   /* (subject, queue) pairs known from LS+ now */
+    uint64_t queue_dropped;   /* LS+ not recorded: over the bound (or out of memory) */
+    uint64_t queue_truncated; /* messages that could not name every matching queue group */
+    uint64_t queue_bad_lines; /* malformed LS+/LS- lines ignored */
 } fx_leaf_stats;
 
 /* Validates the options (no I/O, no thread). */
@@ -88,6 +106,9 @@ void fx_leaf_get_stats(fx_leaf *l, fx_leaf_stats *out);
  * Thread-safe; never blocks on the network. */
 fx_err fx_leaf_publish(fx_leaf *l, const char *subject, const char *reply, const void *hdr,
                        size_t hlen, const void *data, size_t dlen);
+/* The queue names (space-separated, in buf) a message on `subject` would carry now; returns
+ * their count. For diagnostics and tests (e.g. to wait until an LS+ / LS- was processed). */
+int fx_leaf_queue_names(fx_leaf *l, const char *subject, char *buf, size_t cap);
 /* PING and wait for its PONG: everything published before was processed by the server.
  * FX_EUNAVAIL when disconnected (before or during), FX_ETIMEDOUT, FX_ECANCELED on stop. */
 fx_err fx_leaf_flush(fx_leaf *l, int64_t timeout_ms);

@@ -19,7 +19,16 @@
  *   and never answers), while in reconnect backoff (refused port), while connected, and when
  *   never started.
  * leaf_reconnect_after_restart: the server is restarted on the same ports; the leaf reconnects
- *   (polled with a deadline) and delivers again; publishing while down fails at once.
+ *   (polled with a deadline) and delivers again; publishing while down fails at once. The queue
+ *   interest of the old connection is forgotten, and a new queue subscriber gets messages.
+ * leaf_queue_group_exactly_once: two members of queue group "workers" on q.orders.b get every
+ *   message published over the leaf (LMSG/HMSG, with and without reply) exactly once in total.
+ * leaf_queue_and_plain: a plain subscriber of q.mix.c and group "audit" on q.mix.* each get
+ *   every message once; group "workers" with one member on q.mix.c and one on q.mix.> (one
+ *   group for the server: same queue name; one name in the frame) gets each once in total.
+ * leaf_queue_unsubscribe: one member leaves (LS+ with weight 1: the other gets everything), then
+ *   the other (LS-: polled until the leaf forgot the group); publishing still works and reaches
+ *   a plain subscriber; one connection, no server error.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -560,12 +569,249 @@ static void leaf_stop_is_prompt(void **state)
     assert_prompt_stop(l);
 }
 
+/* ---- queue groups ------------------------------------------------------------------------------ */
+
+static natsSubscription *qsub(natsConnection *nc, const char *subject, const char *queue)
+{
+    natsSubscription *s = NULL;
+    natsStatus st = natsConnection_QueueSubscribeSync(&s, nc, subject, queue);
+    if (st != NATS_OK) fail_msg("queue subscribe %s %s: %s", subject, queue, natsStatus_GetText(st));
+    natsSubscription_SetPendingLimits(s, -1, -1);
+    st = natsConnection_FlushTimeout(nc, 5000);
+    if (st != NATS_OK) fail_msg("flush: %s", natsStatus_GetText(st));
+    return s;
+}
+
+typedef struct {
+    fx_leaf *l;
+    const char *subject, *queue;
+    bool present;
+} qn_arg;
+
+static bool has_queue_name(fx_leaf *l, const char *subject, const char *queue)
+{
+    char buf[4096];
+    int n = fx_leaf_queue_names(l, subject, buf, sizeof buf);
+    size_t ql = strlen(queue);
+    for (const char *p = buf; n > 0 && *p;) {
+        const char *e = strchr(p, ' ');
+        size_t tl = e ? (size_t)(e - p) : strlen(p);
+        if (tl == ql && memcmp(p, queue, ql) == 0) return true;
+        if (!e) break;
+        p = e + 1;
+    }
+    return false;
+}
+
+static bool queue_state(void *p)
+{
+    qn_arg *a = p;
+    return has_queue_name(a->l, a->subject, a->queue) == a->present;
+}
+
+/* Poll until the leaf has processed the LS+ (present) or LS- (absent) for the group. */
+static void wait_queue(fx_leaf *l, const char *subject, const char *queue, bool present)
+{
+    qn_arg a = {l, subject, queue, present};
+    if (!fxt_wait_until(queue_state, &a, WAIT_MS))
+        fail_msg("leaf: queue %s %s on %s not seen within %d ms", queue,
+                 present ? "present" : "gone", subject, WAIT_MS);
+}
+
+/* Publish n messages "<tag><i>", cycling through LMSG/HMSG with and without a reply. */
+static void publish_n(fx_leaf *l, const char *subject, const char *tag, int n)
+{
+    for (int i = 0; i < n; i++) {
+        char d[48];
+        int dl = snprintf(d, sizeof d, "%s%d", tag, i);
+        const char *reply = (i & 1) ? JS_REPLY : NULL;
+        bool hdr = (i & 2) != 0;
+        assert_int_equal(fx_leaf_publish(l, subject, reply, hdr ? HDR_BLOCK : NULL,
+                                         hdr ? strlen(HDR_BLOCK) : 0, d, (size_t)dl),
+                         FX_OK);
+    }
+    assert_int_equal(fx_leaf_flush(l, 5000), FX_OK);
+}
+
+/* Receive from the subscriptions until n messages "<tag><i>" arrived in total; each index
+ * exactly once, with the reply and headers it was published with; then nothing more. */
+static void expect_n_once(natsSubscription **subs, int nsubs, const char *tag, int n, int *per_sub)
+{
+    char *seen = calloc((size_t)n, 1);
+    assert_non_null(seen);
+    int got = 0;
+    int64_t deadline = fxt_now_ms() + WAIT_MS;
+    for (int k = 0; k < nsubs; k++) per_sub[k] = 0;
+    while (got < n) {
+        if (fxt_now_ms() > deadline) fail_msg("only %d of %d messages %s arrived", got, n, tag);
+        for (int k = 0; k < nsubs; k++) {
+            natsMsg *m = NULL;
+            if (natsSubscription_NextMsg(&m, subs[k], 20) != NATS_OK) continue;
+            char d[48];
+            int dl = natsMsg_GetDataLength(m);
+            assert_true(dl > 0 && dl < (int)sizeof d);
+            memcpy(d, natsMsg_GetData(m), (size_t)dl);
+            d[dl] = '\0';
+            size_t tl = strlen(tag);
+            assert_true(strncmp(d, tag, tl) == 0);
+            int i = atoi(d + tl);
+            assert_true(i >= 0 && i < n);
+            if (seen[i]) fail_msg("message %s delivered twice", d);
+            seen[i] = 1;
+            if (i & 1) {
+                assert_non_null(natsMsg_GetReply(m));
+                assert_string_equal(natsMsg_GetReply(m), JS_REPLY);
+            } else {
+                assert_null(natsMsg_GetReply(m));
+            }
+            const char *v = NULL;
+            assert_int_equal(natsMsgHeader_Get(m, "Fluxon-Channel", &v),
+                             (i & 2) ? NATS_OK : NATS_NOT_FOUND);
+            natsMsg_Destroy(m);
+            per_sub[k]++;
+            got++;
+        }
+    }
+    for (int k = 0; k < nsubs; k++) { /* nothing more */
+        natsMsg *m = NULL;
+        natsStatus st = natsSubscription_NextMsg(&m, subs[k], 200);
+        if (st == NATS_OK) {
+            natsMsg_Destroy(m);
+            fail_msg("an extra message arrived after all %d of %s", n, tag);
+        }
+    }
+    free(seen);
+}
+
+static void leaf_queue_group_exactly_once(void **state)
+{
+    (void)state;
+    natsConnection *nc = connect_client();
+    natsConnection *nc2 = connect_client();
+    natsSubscription *w[2] = {qsub(nc, "q.orders.b", "workers"), qsub(nc2, "q.orders.b", "workers")};
+    fx_leaf *l = leaf_new(srv.leaf_url, 0, 0);
+    wait_connected(l);
+    wait_queue(l, "q.orders.b", "workers", true);
+    assert_false(has_queue_name(l, "q.orders.other", "workers"));
+    const int n = 400;
+    publish_n(l, "q.orders.b", "w", n);
+    int per[2];
+    expect_n_once(w, 2, "w", n, per);
+    /* the server picks a member per message at random: both get some */
+    assert_true(per[0] > 0 && per[1] > 0);
+    fx_leaf_stats st;
+    fx_leaf_get_stats(l, &st);
+    assert_int_equal(st.server_errors, 0);
+    assert_int_equal(st.queue_truncated, 0);
+    assert_int_equal(st.queue_dropped, 0);
+    assert_int_equal(st.queue_bad_lines, 0);
+    assert_int_equal(st.connects, 1);
+    fx_leaf_free(l);
+    natsSubscription_Destroy(w[0]);
+    natsSubscription_Destroy(w[1]);
+    natsConnection_Destroy(nc);
+    natsConnection_Destroy(nc2);
+}
+
+static void leaf_queue_and_plain(void **state)
+{
+    (void)state;
+    natsConnection *nc = connect_client();
+    natsSubscription *subs[4] = {
+        sub(nc, "q.mix.c"),
+        qsub(nc, "q.mix.*", "audit"),
+        qsub(nc, "q.mix.c", "workers"),
+        qsub(nc, "q.mix.>", "workers"),
+    };
+    natsSubscription_SetPendingLimits(subs[0], -1, -1);
+    fx_leaf *l = leaf_new(srv.leaf_url, 0, 0);
+    wait_connected(l);
+    wait_queue(l, "q.mix.c", "workers", true);
+    wait_queue(l, "q.mix.c", "audit", true);
+    char names[256];
+    assert_int_equal(fx_leaf_queue_names(l, "q.mix.c", names, sizeof names), 2); /* distinct */
+    assert_int_equal(fx_leaf_queue_names(l, "q.mix.c.d", names, sizeof names), 1);
+    assert_string_equal(names, "workers");
+    assert_int_equal(fx_leaf_queue_names(l, "q.other", names, sizeof names), 0);
+    const int n = 200;
+    publish_n(l, "q.mix.c", "p", n);
+    int per[2];
+    for (int k = 0; k < 2; k++) {
+        expect_n_once(&subs[k], 1, "p", n, per);
+        assert_int_equal(per[0], n);
+    }
+    expect_n_once(&subs[2], 2, "p", n, per);
+    assert_true(per[0] > 0 && per[1] > 0);
+    fx_leaf_free(l);
+    for (int k = 0; k < 4; k++) natsSubscription_Destroy(subs[k]);
+    natsConnection_Destroy(nc);
+}
+
+static void leaf_queue_unsubscribe(void **state)
+{
+    (void)state;
+    natsConnection *nc = connect_client();
+    natsSubscription *plain = sub(nc, "q.orders.d");
+    natsSubscription_SetPendingLimits(plain, -1, -1);
+    natsSubscription *w1 = qsub(nc, "q.orders.d", "workers");
+    natsSubscription *w2 = qsub(nc, "q.orders.d", "workers");
+    fx_leaf *l = leaf_new(srv.leaf_url, 0, 0);
+    wait_connected(l);
+    wait_queue(l, "q.orders.d", "workers", true);
+    fx_leaf_stats st0;
+    fx_leaf_get_stats(l, &st0);
+
+    /* one member leaves: LS+ with weight 1, the group stays */
+    assert_int_equal(natsSubscription_Unsubscribe(w1), NATS_OK);
+    assert_int_equal(natsConnection_FlushTimeout(nc, 5000), NATS_OK);
+    assert_int_equal(fx_leaf_flush(l, 5000), FX_OK);
+    assert_true(has_queue_name(l, "q.orders.d", "workers"));
+    publish_n(l, "q.orders.d", "a", 50);
+    int per;
+    expect_n_once(&w2, 1, "a", 50, &per);
+    assert_int_equal(per, 50);
+    expect_n_once(&plain, 1, "a", 50, &per);
+
+    /* the last member leaves: LS-, the leaf forgets the group */
+    assert_int_equal(natsSubscription_Unsubscribe(w2), NATS_OK);
+    assert_int_equal(natsConnection_FlushTimeout(nc, 5000), NATS_OK);
+    wait_queue(l, "q.orders.d", "workers", false);
+    fx_leaf_stats st;
+    fx_leaf_get_stats(l, &st);
+    assert_int_equal(st.queue_entries, st0.queue_entries - 1);
+    publish_n(l, "q.orders.d", "b", 50);
+    expect_n_once(&plain, 1, "b", 50, &per);
+    assert_int_equal(per, 50);
+    fx_leaf_get_stats(l, &st);
+    assert_int_equal(st.server_errors, 0);
+    assert_int_equal(st.queue_bad_lines, 0);
+    assert_int_equal(st.connects, 1);
+    assert_true(fx_leaf_connected(l));
+    fx_leaf_free(l);
+    natsSubscription_Destroy(w1);
+    natsSubscription_Destroy(w2);
+    natsSubscription_Destroy(plain);
+    natsConnection_Destroy(nc);
+}
+
 static void leaf_reconnect_after_restart(void **state)
 {
     (void)state;
     fx_leaf *l = leaf_new(srv.leaf_url, 0, 0);
     wait_connected(l);
+    natsConnection *old = connect_client();
+    natsSubscription *gone = qsub(old, "q.orders.z", "gone");
+    wait_queue(l, "q.orders.z", "gone", true);
+    natsSubscription_Destroy(gone);
+    natsConnection_Destroy(old);
+    wait_queue(l, "q.orders.z", "gone", false);
+    old = connect_client();
+    gone = qsub(old, "q.orders.z", "gone");
+    wait_queue(l, "q.orders.z", "gone", true);
+    /* the server goes while the group is known: the next connection must not keep it */
     server_kill();
+    natsSubscription_Destroy(gone);
+    natsConnection_Destroy(old);
     assert_true(fxt_wait_until(is_down, l, WAIT_MS));
     assert_int_equal(fx_leaf_publish(l, "q.orders.a", JS_REPLY, HDR_BLOCK, strlen(HDR_BLOCK), "x",
                                      1),
@@ -582,6 +828,14 @@ static void leaf_reconnect_after_restart(void **state)
     assert_string_equal(natsMsg_GetReply(m), JS_REPLY);
     assert_memory_equal(natsMsg_GetData(m), "again", 5);
     natsMsg_Destroy(m);
+    assert_false(has_queue_name(l, "q.orders.z", "gone"));
+    natsSubscription *w = qsub(nc, "q.orders.a", "workers");
+    wait_queue(l, "q.orders.a", "workers", true);
+    publish_n(l, "q.orders.a", "r", 20);
+    int per;
+    expect_n_once(&w, 1, "r", 20, &per);
+    assert_int_equal(per, 20);
+    natsSubscription_Destroy(w);
     fx_leaf_stats st;
     fx_leaf_get_stats(l, &st);
     assert_int_equal(st.connects, 2);
@@ -599,6 +853,9 @@ int main(void)
         cmocka_unit_test(leaf_bounded_buffer),
         cmocka_unit_test(leaf_wrong_port),
         cmocka_unit_test(leaf_stop_is_prompt),
+        cmocka_unit_test(leaf_queue_group_exactly_once),
+        cmocka_unit_test(leaf_queue_and_plain),
+        cmocka_unit_test(leaf_queue_unsubscribe),
         cmocka_unit_test(leaf_reconnect_after_restart),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

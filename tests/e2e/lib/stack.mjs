@@ -436,10 +436,9 @@ export const DEFAULTS = {
 
 export const ORDERS = { name: "orders", subjects: ["orders.>"], deliver_prefix: "q.orders" };
 
-/** Bridges deliver through the server's leafnode listener (true $JS.ACK. reply subjects) only
- * where a test asks for it: deliveries over the leaf do not reach queue-group subscribers yet
- * (the leaf publisher does not send the queue names learnt from LS+). */
-export const LEAF_DEFAULT = false;
+/** Bridges deliver through the server's leafnode listener (true $JS.ACK. reply subjects), as
+ * deployed; a test may pass leaf: false to exercise the $FLUXON.ACK. client-connection path. */
+export const LEAF_DEFAULT = true;
 
 /** The config object of a bridge (DESIGN.md §7). leaf: set nats.leaf_url. */
 export function bridgeConfig({ name, nats, etcd, httpPort, prefix, defaults = {}, channels = [ORDERS], leaf = true }) {
