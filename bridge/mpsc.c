@@ -108,6 +108,30 @@ typedef struct life {
     fx_err result;
 } life;
 
+/* A lease of the endpoint expired (expiry callback, endpoint mutex held): stop the data path and
+ * remember the fault. Returns true the first time (the caller logs). */
+static bool life_lease_lost(life *lf)
+{
+    if (lf->fault || lf->state >= ST_DONE) return false;
+    lf->fault = FX_ELEASE_LOST;
+    lf->stop = true;
+    return true;
+}
+
+/* Entry gate of every data-path call (endpoint mutex held): FX_OK to proceed; FX_ELEASE_LOST once
+ * after a lease loss (*self_close set: the caller runs the endpoint's close); FX_ECLOSED after. */
+static fx_err life_gate(life *lf, const char *what, int64_t chan, int64_t idx, bool *self_close)
+{
+    if (lf->fault && !lf->fault_reported) {
+        lf->fault_reported = true;
+        *self_close = true;
+        return fx_seterr(FX_ELEASE_LOST, "mpsc %s %lld/%lld: a lease it depends on was lost", what,
+                         (long long)chan, (long long)idx);
+    }
+    if (lf->stop || lf->state != ST_OPEN) return fx_seterr(FX_ECLOSED, "mpsc %s closed", what);
+    return FX_OK;
+}
+
 static bool transient(fx_err e)
 {
     return e == FX_ETIMEDOUT || e == FX_EUNAVAIL || e == FX_ESERVER || e == FX_ENOSPACE;
@@ -459,12 +483,9 @@ static void prod_on_expired(void *arg, fx_lease *h, int64_t id)
     (void)h;
     fx_mpsc_producer *p = arg;
     pthread_mutex_lock(&p->mu);
-    if (!p->lf.fault && p->lf.state < ST_DONE) {
-        p->lf.fault = FX_ELEASE_LOST;
-        p->lf.stop = true;
+    if (life_lease_lost(&p->lf))
         FX_WRN("mpsc producer %lld/%lld: lease %lld expired; closing the producer",
                (long long)p->m.chan, (long long)p->pidx, (long long)id);
-    }
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
 }
@@ -472,15 +493,7 @@ static void prod_on_expired(void *arg, fx_lease *h, int64_t id)
 /* Called with p->mu held: FX_OK to proceed, FX_ELEASE_LOST (once; *self_close) or FX_ECLOSED. */
 static fx_err prod_gate_locked(fx_mpsc_producer *p, bool *self_close)
 {
-    if (p->lf.fault && !p->lf.fault_reported) {
-        p->lf.fault_reported = true;
-        *self_close = true;
-        return fx_seterr(FX_ELEASE_LOST, "mpsc producer %lld/%lld: a lease it depends on was lost",
-                         (long long)p->m.chan, (long long)p->pidx);
-    }
-    if (p->lf.stop || p->lf.state != ST_OPEN)
-        return fx_seterr(FX_ECLOSED, "mpsc producer closed");
-    return FX_OK;
+    return life_gate(&p->lf, "producer", p->m.chan, p->pidx, self_close);
 }
 
 static fx_err prod_gate(fx_mpsc_producer *p, bool *self_close)
@@ -1151,12 +1164,9 @@ static void cons_on_expired(void *arg, fx_lease *h, int64_t id)
     (void)h;
     fx_mpsc_consumer *c = arg;
     pthread_mutex_lock(&c->mu);
-    if (!c->lf.fault && c->lf.state < ST_DONE) {
-        c->lf.fault = FX_ELEASE_LOST;
-        c->lf.stop = true;
+    if (life_lease_lost(&c->lf))
         FX_WRN("mpsc consumer %lld/%lld: lease %lld expired; closing the consumer",
                (long long)c->m.chan, (long long)c->cidx, (long long)id);
-    }
     pthread_cond_broadcast(&c->data_cv);
     pthread_cond_broadcast(&c->commit_cv);
     pthread_cond_broadcast(&c->cv);
@@ -1165,15 +1175,7 @@ static void cons_on_expired(void *arg, fx_lease *h, int64_t id)
 
 static fx_err cons_gate_locked(fx_mpsc_consumer *c, bool *self_close)
 {
-    if (c->lf.fault && !c->lf.fault_reported) {
-        c->lf.fault_reported = true;
-        *self_close = true;
-        return fx_seterr(FX_ELEASE_LOST, "mpsc consumer %lld/%lld: a lease it depends on was lost",
-                         (long long)c->m.chan, (long long)c->cidx);
-    }
-    if (c->lf.stop || c->lf.state != ST_OPEN)
-        return fx_seterr(FX_ECLOSED, "mpsc consumer closed");
-    return FX_OK;
+    return life_gate(&c->lf, "consumer", c->m.chan, c->cidx, self_close);
 }
 
 /* Watch on the produce-offset prefix: merge monotonically (max), wake getters. */
