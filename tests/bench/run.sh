@@ -39,4 +39,18 @@ echo
 MQ="$BUILD/tests/bench/mq_bench"
 echo "command: $MQ -d 5"
 echo
-"$MQ" -d 5 2>/dev/null
+"$MQ" -d 5 2>/dev/null || exit 1
+
+echo
+echo "## Bridge vs JetStream and NATS core (issue 5)"
+echo
+NB="$BUILD/tests/bench/nats_bench"
+if [ ! -x "$NB" ] || [ ! -x "$BUILD/fluxon-bridge" ]; then
+  echo "missing $NB or $BUILD/fluxon-bridge: run make first" >&2
+  exit 1
+fi
+echo "machine: $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1); $(nats-server --version 2>/dev/null | head -1); $(etcd --version 2>/dev/null | head -1)"
+echo "command: $NB -d 5 -b $BUILD/fluxon-bridge"
+echo "row 6 (raw etcd txn rate at the bridge's concurrency): the txn rows of the etcd_bench table above"
+echo
+"$NB" -d 5 -b "$BUILD/fluxon-bridge" || exit 1

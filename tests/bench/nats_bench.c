@@ -1,0 +1,1195 @@
+/* nats_bench.c -- fluxon-bridge vs JetStream WorkQueue vs NATS core, same machine, same run (issue 5).
+ *
+ *   nats_bench [-d seconds] [-w warmup_ms] [-b bridge_binary] [-D drain_ms] [-W window] [-P pubs]
+ *              [-o scenarios] [-s sizes]
+ *
+ * Starts its own etcd (tests/support/fxt), nats-server (monitoring, leafnodes listener, JetStream
+ * file store) and fluxon-bridge (path from -b, else $BUILD/fluxon-bridge, else build/fluxon-bridge)
+ * on free loopback ports, with data under a fresh temp dir in $FXT_TMPDIR (else /tmp). Children get
+ * PR_SET_PDEATHSIG=SIGKILL and are stopped, and the temp dir removed, at exit (also after SIGINT /
+ * SIGTERM, which end the current row early).
+ *
+ * Scenarios (each with 128 B and 4 KiB messages; -o "1,2,3,4,5" selects):
+ *   1   NATS core: one publisher connection -> one async subscriber connection.
+ *   2   JetStream WorkQueue stream, file, R1: js_PublishAsync (AckHandler, window) + one pull
+ *       consumer (Fetch 100, natsMsg_Ack each).
+ *   3   JetStream js_Publish, one at a time (publish-ack round trip).
+ *   4a  bridge: 1 publisher, consumer name c1.  4b: 1 publisher, names c1..c4.  4c: P publishers
+ *       (default 4), names c1..c4. Publishers publish to bench.x with a reply inbox (window of
+ *       in-flight PubAcks); consumers ack every delivery with "+ACK" to its reply subject.
+ *   5   bridge: natsConnection_Request to bench.x one at a time (timeout 5 s), consumer c1 acking.
+ * Scenario 6 (raw etcd txn rate) is etcd_bench, run by tests/bench/run.sh.
+ *
+ * Every message carries its publish time (CLOCK_REALTIME ns, bytes 0..7) and the row's id
+ * (bytes 8..15). A row: warm-up (-w, default 1000 ms, not counted), measured window (-d, default
+ * 5 s), then a bounded drain (-D, default 15 s) in which messages published in the window may
+ * still be consumed. Only messages published inside the window count; msgs/s = counted /
+ * max(window, last counted consumption - window start) (row 5: PubAcked requests published in
+ * the window / window; its e2e latency is that of the consumer c1). Publishers are closed-loop: at most -W
+ * (default 10000) messages published but not yet consumed, and at most 1000 publishes without
+ * their PubAck (JetStream async, bridge), so queues and disk stay bounded; e2e latency therefore
+ * includes the queueing such a window allows. CPU% is (utime+stime) delta over the measured window
+ * per wall second (100% = one core); bridge RSS is VmHWM, reset (clear_refs 5) at each row start.
+ * etcd req/msg: delta of the bridge's fluxon_etcd_requests_total over the row / messages consumed.
+ *
+ * Output: one markdown table and ratio lines on stdout; progress on stderr. Exit 0 when every row
+ * ran without error, 1 otherwise (a failed row prints its error in the note column).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <nats/nats.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/support/fxt.h"
+
+#define MAX_PUBS 16
+#define MAX_NAMES 4
+#define PUB_WINDOW 1000
+#define HB_FINE 10000   /* 2 us buckets up to 20 ms */
+#define HB_COARSE 60000 /* then 1 ms buckets up to 80 s */
+#define STALL_MS 10000  /* no progress for this long ends a row with an error */
+
+static atomic_bool g_stop;
+static void on_signal(int sig) { (void)sig; atomic_store(&g_stop, true); }
+
+static int64_t rt_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void sleep_us(long us)
+{
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+static void logf_(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "nats_bench: ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* ---- histogram (ns in, ms out) ------------------------------------------------------------- */
+
+typedef struct hist {
+    pthread_mutex_t mu;
+    uint32_t b[HB_FINE + HB_COARSE];
+    uint64_t n;
+} hist;
+
+static void hist_add(hist *h, int64_t ns)
+{
+    int64_t us = ns / 1000;
+    if (us < 0) us = 0;
+    int64_t i = us < 2 * HB_FINE ? us / 2 : HB_FINE + (us - 2 * HB_FINE) / 1000;
+    if (i >= HB_FINE + HB_COARSE) i = HB_FINE + HB_COARSE - 1;
+    pthread_mutex_lock(&h->mu);
+    h->b[i]++;
+    h->n++;
+    pthread_mutex_unlock(&h->mu);
+}
+
+static double hist_pct_ms(hist *h, double p)
+{
+    if (!h->n) return -1;
+    uint64_t want = (uint64_t)(p * (double)h->n + 0.999999), acc = 0;
+    if (want == 0) want = 1;
+    for (int64_t i = 0; i < HB_FINE + HB_COARSE; i++) {
+        acc += h->b[i];
+        if (acc >= want)
+            return i < HB_FINE ? (i * 2 + 1) / 1000.0 : (2.0 * HB_FINE + (i - HB_FINE) * 1000 + 500) / 1000.0;
+    }
+    return -1;
+}
+
+/* ---- processes ------------------------------------------------------------------------------ */
+
+static char g_tmp[512];      /* our temp dir */
+static pid_t g_nats_pid, g_bridge_pid;
+static fxt_etcd g_etcd;
+static int g_nats_port, g_mon_port, g_leaf_port, g_http_port;
+static char g_nats_url[64];
+
+static void write_pidfile(const char *tag, pid_t pid)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s-%s.pid", g_tmp, tag);
+    FILE *f = fopen(p, "w");
+    if (f) {
+        fprintf(f, "%d\n", (int)pid);
+        fclose(f);
+    }
+}
+
+static void remove_pidfile(const char *tag)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s-%s.pid", g_tmp, tag);
+    unlink(p);
+}
+
+static pid_t spawn(const char *tag, char *const argv[], const char *logpath)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(127);
+        int fd = open(logpath, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        int nul = open("/dev/null", O_RDONLY);
+        if (nul >= 0) dup2(nul, 0);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    write_pidfile(tag, pid);
+    return pid;
+}
+
+static void stop_child(const char *tag, pid_t *pidp)
+{
+    pid_t pid = *pidp;
+    if (pid <= 0) return;
+    kill(pid, SIGTERM);
+    int64_t deadline = fxt_now_ms() + 5000;
+    for (;;) {
+        pid_t r = waitpid(pid, NULL, WNOHANG);
+        if (r == pid || (r < 0 && errno == ECHILD)) break;
+        if (fxt_now_ms() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            break;
+        }
+        sleep_us(20000);
+    }
+    *pidp = 0;
+    remove_pidfile(tag);
+}
+
+static bool child_alive(pid_t pid)
+{
+    if (pid <= 0) return false;
+    return waitpid(pid, NULL, WNOHANG) == 0;
+}
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    remove(p);
+    return 0;
+}
+
+static void cleanup_all(void)
+{
+    stop_child("bridge", &g_bridge_pid);
+    stop_child("nats", &g_nats_pid);
+    fxt_etcd_destroy(&g_etcd);
+    if (g_tmp[0]) {
+        nftw(g_tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+        g_tmp[0] = 0;
+    }
+}
+
+/* ---- HTTP + /proc ------------------------------------------------------------------------- */
+
+typedef struct buf {
+    char *d;
+    size_t n, cap;
+} buf;
+
+static size_t buf_write(char *p, size_t sz, size_t nm, void *arg)
+{
+    buf *b = arg;
+    size_t len = sz * nm;
+    if (b->n + len + 1 > b->cap) {
+        size_t nc = (b->n + len + 1) * 2;
+        char *nd = realloc(b->d, nc);
+        if (!nd) return 0;
+        b->d = nd;
+        b->cap = nc;
+    }
+    memcpy(b->d + b->n, p, len);
+    b->n += len;
+    b->d[b->n] = 0;
+    return len;
+}
+
+/* GET url; returns the HTTP status (0 on failure); body in *out (caller frees) if out. */
+static long http_get(const char *url, char **out)
+{
+    CURL *c = curl_easy_init();
+    if (!c) return 0;
+    buf b = {0};
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 2000L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, buf_write);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    long code = 0;
+    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+    curl_easy_cleanup(c);
+    if (out) *out = b.d;
+    else free(b.d);
+    return code;
+}
+
+static int wait_http_ok(const char *url, pid_t pid, int timeout_ms)
+{
+    int64_t deadline = fxt_now_ms() + timeout_ms;
+    while (fxt_now_ms() < deadline && !atomic_load(&g_stop)) {
+        if (http_get(url, NULL) == 200) return 0;
+        if (pid && !child_alive(pid)) return -1;
+        sleep_us(50000);
+    }
+    return -1;
+}
+
+static double bridge_etcd_requests(void)
+{
+    char url[128], *body = NULL;
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/metrics", g_http_port);
+    if (http_get(url, &body) != 200 || !body) {
+        free(body);
+        return -1;
+    }
+    double sum = 0;
+    const char *name = "fluxon_etcd_requests_total";
+    for (char *l = body; l && *l;) {
+        char *nl = strchr(l, '\n');
+        if (strncmp(l, name, strlen(name)) == 0 && (l[strlen(name)] == ' ' || l[strlen(name)] == '{')) {
+            char *sp = strrchr(l, ' ');
+            if (nl) *nl = 0;
+            sp = strrchr(l, ' ');
+            if (sp) sum += strtod(sp + 1, NULL);
+        }
+        l = nl ? nl + 1 : NULL;
+    }
+    free(body);
+    return sum;
+}
+
+static int64_t proc_cpu_ticks(pid_t pid)
+{
+    if (pid <= 0) return -1;
+    char p[64], line[2048];
+    snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(p, "r");
+    if (!f) return -1;
+    size_t n = fread(line, 1, sizeof line - 1, f);
+    fclose(f);
+    line[n] = 0;
+    char *q = strrchr(line, ')');
+    if (!q) return -1;
+    unsigned long ut = 0, st = 0;
+    /* after ")": state(3) ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
+    if (sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2) return -1;
+    return (int64_t)(ut + st);
+}
+
+static long proc_hwm_kib(pid_t pid)
+{
+    char p[64], line[256];
+    snprintf(p, sizeof p, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(p, "r");
+    if (!f) return -1;
+    long v = -1;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "VmHWM:", 6) == 0) v = strtol(line + 6, NULL, 10);
+    fclose(f);
+    return v;
+}
+
+static void proc_reset_hwm(pid_t pid)
+{
+    char p[64];
+    snprintf(p, sizeof p, "/proc/%d/clear_refs", (int)pid);
+    FILE *f = fopen(p, "w");
+    if (f) {
+        fputs("5", f);
+        fclose(f);
+    }
+}
+
+/* ---- stack --------------------------------------------------------------------------------- */
+
+static int free_port(void) { return fxt_dead_port(); }
+
+static int start_stack(const char *bridge_bin)
+{
+    const char *base = getenv("FXT_TMPDIR");
+    if (!base || !*base) base = "/tmp";
+    snprintf(g_tmp, sizeof g_tmp, "%s/nats_bench.XXXXXX", base);
+    if (!mkdtemp(g_tmp)) {
+        logf_("mkdtemp %s: %s", g_tmp, strerror(errno));
+        g_tmp[0] = 0;
+        return -1;
+    }
+    logf_("temp dir %s; starting etcd", g_tmp);
+    if (fxt_etcd_start(&g_etcd) != 0) return -1;
+
+    g_nats_port = free_port();
+    g_mon_port = free_port();
+    g_leaf_port = free_port();
+    g_http_port = free_port();
+    char conf[600], log[600], js[600];
+    snprintf(conf, sizeof conf, "%s/nats-server.conf", g_tmp);
+    snprintf(log, sizeof log, "%s/nats-server.log", g_tmp);
+    snprintf(js, sizeof js, "%s/js", g_tmp);
+    FILE *f = fopen(conf, "w");
+    if (!f) return -1;
+    fprintf(f,
+            "listen: \"127.0.0.1:%d\"\nhttp: \"127.0.0.1:%d\"\n"
+            "leafnodes { listen: \"127.0.0.1:%d\" }\n"
+            "jetstream { store_dir: \"%s\" }\n",
+            g_nats_port, g_mon_port, g_leaf_port, js);
+    fclose(f);
+    char a0[] = "nats-server", a1[] = "-c";
+    char *nargv[] = {a0, a1, conf, NULL};
+    g_nats_pid = spawn("nats", nargv, log);
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/healthz", g_mon_port);
+    if (g_nats_pid <= 0 || wait_http_ok(url, g_nats_pid, 20000) != 0) {
+        logf_("nats-server did not start; see %s", log);
+        return -1;
+    }
+    snprintf(g_nats_url, sizeof g_nats_url, "nats://127.0.0.1:%d", g_nats_port);
+
+    char bconf[600], blog[600];
+    snprintf(bconf, sizeof bconf, "%s/bridge.json", g_tmp);
+    snprintf(blog, sizeof blog, "%s/bridge.log", g_tmp);
+    f = fopen(bconf, "w");
+    if (!f) return -1;
+    fprintf(f,
+            "{\"name\":\"nbench\",\n"
+            " \"nats\":{\"url\":\"%s\",\"monitor_url\":\"http://127.0.0.1:%d\","
+            "\"leaf_url\":\"nats://127.0.0.1:%d\",\"account\":\"$G\"},\n"
+            " \"etcd\":{\"endpoints\":[\"%s\"],\"prefix\":\"/fxbench\"},\n"
+            " \"kv\":{\"backend\":\"etcd\",\"endpoints\":[\"%s\"]},\n"
+            " \"http\":{\"listen\":\"127.0.0.1:%d\"},\n"
+            " \"channels\":[{\"name\":\"bench\",\"subjects\":[\"bench.>\"],\"deliver_prefix\":\"q.bench\","
+            "\"ttl_seconds\":30,\"capacity\":1000000,\"ack\":\"explicit\",\"max_ack_pending\":5000,"
+            "\"interest_poll\":\"200ms\"}]}\n",
+            g_nats_url, g_mon_port, g_leaf_port, g_etcd.endpoint, g_etcd.endpoint, g_http_port);
+    fclose(f);
+    if (access(bridge_bin, X_OK) != 0) {
+        logf_("bridge binary %s is not executable (-b)", bridge_bin);
+        return -1;
+    }
+    char bb[512], b1[] = "-c";
+    snprintf(bb, sizeof bb, "%s", bridge_bin);
+    char *bargv[] = {bb, b1, bconf, NULL};
+    g_bridge_pid = spawn("bridge", bargv, blog);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/healthz", g_http_port);
+    if (g_bridge_pid <= 0 || wait_http_ok(url, g_bridge_pid, 30000) != 0) {
+        logf_("fluxon-bridge did not become healthy; see %s", blog);
+        return -1;
+    }
+    logf_("stack up: etcd %s, nats %s, bridge pid %d", g_etcd.endpoint, g_nats_url, (int)g_bridge_pid);
+    return 0;
+}
+
+/* ---- a row --------------------------------------------------------------------------------- */
+
+typedef struct row {
+    char scen[8];
+    char desc[96];
+    size_t size;
+    uint64_t id;
+    int64_t t0, t1; /* measured window, realtime ns */
+    atomic_llong published, consumed, pub_acked, errors, counted, last_counted;
+    atomic_llong serial_acked; /* row 5: requests published in the window and PubAcked */
+    hist e2e, pack;
+    bool has_e2e, has_pack, bridge;
+    /* results */
+    double rate, mbs, bridge_cpu, etcd_cpu, nats_cpu, req_per_msg;
+    long rss_kib;
+    char err[200];
+} row;
+
+static void row_err(row *r, const char *fmt, ...)
+{
+    if (r->err[0]) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->err, sizeof r->err, fmt, ap);
+    va_end(ap);
+    logf_("row %s %zu B: %s", r->scen, r->size, r->err);
+}
+
+static void stamp(row *r, char *p)
+{
+    int64_t t = rt_ns();
+    memcpy(p, &t, 8);
+    memcpy(p + 8, &r->id, 8);
+}
+
+/* A consumed message: count it, and its e2e latency when published in the window. */
+static void on_consumed(row *r, const char *d, int len)
+{
+    if (len < 16 || !d) return;
+    uint64_t id;
+    int64_t t;
+    memcpy(&id, d + 8, 8);
+    if (id != r->id) return;
+    memcpy(&t, d, 8);
+    atomic_fetch_add(&r->consumed, 1);
+    if (t >= r->t0 && t < r->t1) {
+        int64_t now = rt_ns();
+        hist_add(&r->e2e, now - t);
+        atomic_fetch_add(&r->counted, 1);
+        atomic_store(&r->last_counted, now);
+    }
+}
+
+/* Closed loop: wait until the publisher may send (false: stop, deadline or stall). */
+static bool pub_gate(row *r, long long e2e_window, bool pubwin)
+{
+    int64_t last_progress = fxt_now_ms();
+    long long seen = -1;
+    for (;;) {
+        if (atomic_load(&g_stop) || rt_ns() >= r->t1) return false;
+        long long pub = atomic_load(&r->published);
+        long long done = atomic_load(&r->consumed);
+        long long acked = atomic_load(&r->pub_acked) + atomic_load(&r->errors);
+        if ((e2e_window <= 0 || pub - done < e2e_window) && (!pubwin || pub - acked < PUB_WINDOW))
+            return true;
+        if (done + acked != seen) {
+            seen = done + acked;
+            last_progress = fxt_now_ms();
+        } else if (fxt_now_ms() - last_progress > STALL_MS) {
+            row_err(r, "stalled: %lld published, %lld consumed, %lld pub-acked", pub, done, acked);
+            return false;
+        }
+        sleep_us(50);
+    }
+}
+
+/* After the window: wait (bounded) until consumed == published and, if pubwin, all acked. */
+static void drain(row *r, bool need_consume, bool pubwin, int drain_ms)
+{
+    int64_t deadline = fxt_now_ms() + drain_ms;
+    for (;;) {
+        long long pub = atomic_load(&r->published);
+        bool ok = (!need_consume || atomic_load(&r->consumed) >= pub) &&
+                  (!pubwin || atomic_load(&r->pub_acked) + atomic_load(&r->errors) >= pub);
+        if (ok) return;
+        if (atomic_load(&g_stop)) return;
+        if (fxt_now_ms() > deadline) {
+            row_err(r, "drain timeout: %lld published, %lld consumed, %lld pub-acked", pub,
+                    (long long)atomic_load(&r->consumed), (long long)atomic_load(&r->pub_acked));
+            return;
+        }
+        sleep_us(1000);
+    }
+}
+
+/* Samples CPU of bridge / etcd / nats-server at t0 and t1. */
+typedef struct sampler {
+    row *r;
+    pthread_t th;
+    int64_t c0[3], c1[3];
+    double wall_s;
+} sampler;
+
+static void sample(int64_t *c)
+{
+    c[0] = proc_cpu_ticks(g_bridge_pid);
+    c[1] = proc_cpu_ticks(g_etcd.pid);
+    c[2] = proc_cpu_ticks(g_nats_pid);
+}
+
+static void sleep_until_rt(int64_t t)
+{
+    for (;;) {
+        int64_t d = t - rt_ns();
+        if (d <= 0 || atomic_load(&g_stop)) return;
+        sleep_us(d / 1000 > 50000 ? 50000 : d / 1000 + 1);
+    }
+}
+
+static void *sampler_main(void *arg)
+{
+    sampler *s = arg;
+    sleep_until_rt(s->r->t0);
+    int64_t a = rt_ns();
+    sample(s->c0);
+    if (s->r->bridge) proc_reset_hwm(g_bridge_pid);
+    sleep_until_rt(s->r->t1);
+    sample(s->c1);
+    s->wall_s = (rt_ns() - a) / 1e9;
+    return NULL;
+}
+
+static double cpu_pct(sampler *s, int i)
+{
+    if (s->c0[i] < 0 || s->c1[i] < 0 || s->wall_s <= 0) return -1;
+    return (double)(s->c1[i] - s->c0[i]) / (double)sysconf(_SC_CLK_TCK) / s->wall_s * 100.0;
+}
+
+static int g_dur_s = 5, g_warm_ms = 1000, g_drain_ms = 15000, g_npubs = 4;
+static long long g_window = 10000;
+
+static natsConnection *connect_nc(row *r, const char *name)
+{
+    natsOptions *o = NULL;
+    natsConnection *nc = NULL;
+    natsOptions_Create(&o);
+    natsOptions_SetURL(o, g_nats_url);
+    natsOptions_SetName(o, name);
+    natsOptions_SetMaxReconnect(o, 0);
+    natsStatus s = natsConnection_Connect(&nc, o);
+    natsOptions_Destroy(o);
+    if (s != NATS_OK) {
+        row_err(r, "connect: %s", natsStatus_GetText(s));
+        return NULL;
+    }
+    return nc;
+}
+
+static void close_nc(natsConnection *nc)
+{
+    if (!nc) return;
+    natsConnection_Close(nc);
+    natsConnection_Destroy(nc);
+}
+
+static void end_sub(natsSubscription *sub)
+{
+    if (!sub) return;
+    if (natsSubscription_Drain(sub) == NATS_OK) natsSubscription_WaitForDrainCompletion(sub, 3000);
+    natsSubscription_Destroy(sub);
+}
+
+/* ---- 1: NATS core --------------------------------------------------------------------------- */
+
+static void core_cb(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
+{
+    (void)nc, (void)sub;
+    on_consumed(arg, natsMsg_GetData(m), natsMsg_GetDataLength(m));
+    natsMsg_Destroy(m);
+}
+
+static void run_core(row *r, char *payload)
+{
+    r->has_e2e = true;
+    natsConnection *pc = connect_nc(r, "nb-core-pub"), *sc = connect_nc(r, "nb-core-sub");
+    natsSubscription *sub = NULL;
+    char subj[64];
+    snprintf(subj, sizeof subj, "nbcore.%zu", r->size);
+    if (pc && sc && natsConnection_Subscribe(&sub, sc, subj, core_cb, r) == NATS_OK) {
+        natsSubscription_SetPendingLimits(sub, -1, -1);
+        natsConnection_Flush(sc);
+        while (pub_gate(r, g_window, false)) {
+            stamp(r, payload);
+            natsStatus s = natsConnection_Publish(pc, subj, payload, (int)r->size);
+            if (s != NATS_OK) {
+                row_err(r, "publish: %s", natsStatus_GetText(s));
+                break;
+            }
+            atomic_fetch_add(&r->published, 1);
+        }
+        natsConnection_FlushTimeout(pc, 5000);
+        drain(r, true, false, g_drain_ms);
+    } else if (!r->err[0]) {
+        row_err(r, "subscribe failed");
+    }
+    end_sub(sub);
+    close_nc(pc);
+    close_nc(sc);
+}
+
+/* ---- 2, 3: JetStream ------------------------------------------------------------------------ */
+
+static void js_ack_cb(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae, void *arg)
+{
+    (void)js;
+    row *r = arg;
+    if (pa && !pae) {
+        const char *d = natsMsg_GetData(m);
+        if (d && natsMsg_GetDataLength(m) >= 16) {
+            int64_t t;
+            memcpy(&t, d, 8);
+            if (t >= r->t0 && t < r->t1) hist_add(&r->pack, rt_ns() - t);
+        }
+        atomic_fetch_add(&r->pub_acked, 1);
+    } else {
+        atomic_fetch_add(&r->errors, 1);
+    }
+    natsMsg_Destroy(m);
+}
+
+static int make_stream(row *r, jsCtx *js, const char *name, const char *subj)
+{
+    jsErrCode jerr = 0;
+    js_DeleteStream(js, name, NULL, &jerr); /* leftover from an earlier row: ignore errors */
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    sc.Name = name;
+    const char *subjects[1] = {subj};
+    sc.Subjects = subjects;
+    sc.SubjectsLen = 1;
+    sc.Retention = js_WorkQueuePolicy;
+    sc.Storage = js_FileStorage;
+    sc.Replicas = 1;
+    jsStreamInfo *si = NULL;
+    natsStatus s = js_AddStream(&si, js, &sc, NULL, &jerr);
+    if (s != NATS_OK) {
+        row_err(r, "js_AddStream: %s (jerr %d)", natsStatus_GetText(s), (int)jerr);
+        return -1;
+    }
+    jsStreamInfo_Destroy(si);
+    return 0;
+}
+
+typedef struct pull_ctx {
+    row *r;
+    natsSubscription *sub;
+    atomic_bool stop;
+} pull_ctx;
+
+static void *pull_main(void *arg)
+{
+    pull_ctx *c = arg;
+    while (!atomic_load(&c->stop)) {
+        natsMsgList list = {0};
+        jsErrCode jerr = 0;
+        natsStatus s = natsSubscription_Fetch(&list, c->sub, 100, 200, &jerr);
+        if (s == NATS_OK) {
+            for (int i = 0; i < list.Count; i++) {
+                natsMsg *m = list.Msgs[i];
+                on_consumed(c->r, natsMsg_GetData(m), natsMsg_GetDataLength(m));
+                natsMsg_Ack(m, NULL);
+            }
+        } else if (s != NATS_TIMEOUT) {
+            sleep_us(10000);
+        }
+        natsMsgList_Destroy(&list);
+    }
+    nats_ReleaseThreadMemory();
+    return NULL;
+}
+
+static void run_js_async(row *r, char *payload)
+{
+    r->has_e2e = r->has_pack = true;
+    natsConnection *pc = connect_nc(r, "nb-js-pub"), *sc = connect_nc(r, "nb-js-sub");
+    jsCtx *pjs = NULL, *sjs = NULL;
+    natsSubscription *sub = NULL;
+    char stream[32], subj[64];
+    snprintf(stream, sizeof stream, "NBWQ_%zu", r->size);
+    snprintf(subj, sizeof subj, "nbjs.%zu", r->size);
+    if (!pc || !sc) goto out;
+    jsOptions jo;
+    jsOptions_Init(&jo);
+    jo.PublishAsync.MaxPending = PUB_WINDOW;
+    jo.PublishAsync.AckHandler = js_ack_cb;
+    jo.PublishAsync.AckHandlerClosure = r;
+    jo.PublishAsync.StallWait = 5000;
+    if (natsConnection_JetStream(&pjs, pc, &jo) != NATS_OK || natsConnection_JetStream(&sjs, sc, NULL) != NATS_OK) {
+        row_err(r, "JetStream context failed");
+        goto out;
+    }
+    if (make_stream(r, sjs, stream, subj) != 0) goto out;
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Config.MaxAckPending = 5000;
+    so.Config.AckPolicy = js_AckExplicit;
+    jsErrCode jerr = 0;
+    natsStatus s = js_PullSubscribe(&sub, sjs, subj, "nbpull", NULL, &so, &jerr);
+    if (s != NATS_OK) {
+        row_err(r, "js_PullSubscribe: %s (jerr %d)", natsStatus_GetText(s), (int)jerr);
+        goto out;
+    }
+    pull_ctx pctx = {.r = r, .sub = sub};
+    pthread_t th;
+    pthread_create(&th, NULL, pull_main, &pctx);
+    while (pub_gate(r, g_window, true)) {
+        stamp(r, payload);
+        s = js_PublishAsync(pjs, subj, payload, (int)r->size, NULL);
+        if (s != NATS_OK) {
+            row_err(r, "js_PublishAsync: %s", natsStatus_GetText(s));
+            break;
+        }
+        atomic_fetch_add(&r->published, 1);
+    }
+    drain(r, true, true, g_drain_ms);
+    atomic_store(&pctx.stop, true);
+    pthread_join(th, NULL);
+    if (atomic_load(&r->errors)) row_err(r, "%lld async publish errors", (long long)atomic_load(&r->errors));
+out:
+    if (sub) {
+        natsSubscription_Unsubscribe(sub);
+        natsSubscription_Destroy(sub);
+    }
+    if (sjs) {
+        jsErrCode je = 0;
+        js_DeleteStream(sjs, stream, NULL, &je);
+    }
+    if (pjs) {
+        jsPubOptions po;
+        jsPubOptions_Init(&po);
+        po.MaxWait = 2000;
+        js_PublishAsyncComplete(pjs, &po);
+        jsCtx_Destroy(pjs);
+    }
+    if (sjs) jsCtx_Destroy(sjs);
+    close_nc(pc);
+    close_nc(sc);
+}
+
+static void run_js_sync(row *r, char *payload)
+{
+    r->has_pack = true;
+    natsConnection *pc = connect_nc(r, "nb-js-sync");
+    jsCtx *js = NULL;
+    char stream[32], subj[64];
+    snprintf(stream, sizeof stream, "NBSYNC_%zu", r->size);
+    snprintf(subj, sizeof subj, "nbsync.%zu", r->size);
+    if (!pc) return;
+    if (natsConnection_JetStream(&js, pc, NULL) != NATS_OK) {
+        row_err(r, "JetStream context failed");
+        goto out;
+    }
+    if (make_stream(r, js, stream, subj) != 0) goto out;
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.MaxWait = 5000;
+    while (!atomic_load(&g_stop)) {
+        int64_t t = rt_ns();
+        if (t >= r->t1) break;
+        stamp(r, payload);
+        jsPubAck *pa = NULL;
+        jsErrCode jerr = 0;
+        natsStatus s = js_Publish(&pa, js, subj, payload, (int)r->size, &po, &jerr);
+        int64_t e = rt_ns();
+        jsPubAck_Destroy(pa);
+        atomic_fetch_add(&r->published, 1);
+        if (s != NATS_OK) {
+            row_err(r, "js_Publish: %s (jerr %d)", natsStatus_GetText(s), (int)jerr);
+            break;
+        }
+        if (t >= r->t0) {
+            hist_add(&r->pack, e - t);
+            atomic_fetch_add(&r->counted, 1);
+        }
+    }
+out:
+    if (js) {
+        jsErrCode je = 0;
+        js_DeleteStream(js, stream, NULL, &je);
+        jsCtx_Destroy(js);
+    }
+    close_nc(pc);
+}
+
+/* ---- 4, 5: fluxon-bridge -------------------------------------------------------------------- */
+
+static void bridge_consumer_cb(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
+{
+    (void)sub;
+    row *r = arg;
+    on_consumed(r, natsMsg_GetData(m), natsMsg_GetDataLength(m));
+    const char *reply = natsMsg_GetReply(m);
+    if (reply && *reply) natsConnection_Publish(nc, reply, "+ACK", 4);
+    natsMsg_Destroy(m);
+}
+
+/* PubAck on "_INBOX.nb.<row>.<pub>.<publish ns>". */
+static void puback_cb(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
+{
+    (void)nc, (void)sub;
+    row *r = arg;
+    const char *subj = natsMsg_GetSubject(m), *dot = strrchr(subj, '.');
+    const char *d = natsMsg_GetData(m);
+    int n = natsMsg_GetDataLength(m);
+    bool ok = d && n > 0 && d[0] == '{' && !memmem(d, (size_t)n, "\"error\"", 7);
+    if (ok) {
+        int64_t t = dot ? strtoll(dot + 1, NULL, 10) : 0;
+        if (t >= r->t0 && t < r->t1) hist_add(&r->pack, rt_ns() - t);
+        atomic_fetch_add(&r->pub_acked, 1);
+    } else {
+        static atomic_int shown;
+        if (atomic_fetch_add(&shown, 1) < 3) logf_("error PubAck: %.*s", n > 200 ? 200 : n, d ? d : "");
+        atomic_fetch_add(&r->errors, 1);
+    }
+    natsMsg_Destroy(m);
+}
+
+typedef struct bpub {
+    row *r;
+    int idx;
+    natsConnection *nc;
+    natsSubscription *sub;
+    char prefix[64];
+    size_t size;
+    pthread_t th;
+} bpub;
+
+static void *bpub_main(void *arg)
+{
+    bpub *p = arg;
+    char *payload = calloc(1, p->size);
+    char reply[128];
+    memset(payload + 16, 'x', p->size - 16);
+    while (payload && pub_gate(p->r, g_window, true)) {
+        stamp(p->r, payload);
+        int64_t t;
+        memcpy(&t, payload, 8);
+        snprintf(reply, sizeof reply, "%s.%" PRId64, p->prefix, t);
+        natsStatus s = natsConnection_PublishRequest(p->nc, "bench.x", reply, payload, (int)p->size);
+        if (s != NATS_OK) {
+            row_err(p->r, "publish: %s", natsStatus_GetText(s));
+            break;
+        }
+        atomic_fetch_add(&p->r->published, 1);
+    }
+    natsConnection_FlushTimeout(p->nc, 5000);
+    free(payload);
+    nats_ReleaseThreadMemory();
+    return NULL;
+}
+
+static void run_bridge(row *r, int npubs, int nnames, bool serial, char *payload)
+{
+    r->has_e2e = r->has_pack = r->bridge = true;
+    natsConnection *cnc[MAX_NAMES] = {0};
+    natsSubscription *csub[MAX_NAMES] = {0};
+    bpub pubs[MAX_PUBS];
+    memset(pubs, 0, sizeof pubs);
+    int started = 0;
+    for (int i = 0; i < nnames; i++) {
+        char name[32], subj[64];
+        snprintf(name, sizeof name, "nb-consumer-c%d", i + 1);
+        snprintf(subj, sizeof subj, "q.bench.c%d", i + 1);
+        if (!(cnc[i] = connect_nc(r, name))) goto out;
+        if (natsConnection_Subscribe(&csub[i], cnc[i], subj, bridge_consumer_cb, r) != NATS_OK) {
+            row_err(r, "subscribe %s failed", subj);
+            goto out;
+        }
+        natsSubscription_SetPendingLimits(csub[i], -1, -1);
+        natsConnection_Flush(cnc[i]);
+    }
+    if (serial) {
+        natsConnection *nc = connect_nc(r, "nb-bridge-req");
+        if (!nc) goto out;
+        while (!atomic_load(&g_stop)) {
+            int64_t t = rt_ns();
+            if (t >= r->t1) break;
+            stamp(r, payload);
+            natsMsg *rep = NULL;
+            natsStatus s = natsConnection_Request(&rep, nc, "bench.x", payload, (int)r->size, 5000);
+            int64_t e = rt_ns();
+            if (s != NATS_OK) {
+                row_err(r, "request: %s", natsStatus_GetText(s));
+                break;
+            }
+            atomic_fetch_add(&r->published, 1);
+            const char *d = natsMsg_GetData(rep);
+            int n = natsMsg_GetDataLength(rep);
+            if (!d || n <= 0 || d[0] != '{' || memmem(d, (size_t)n, "\"error\"", 7)) {
+                row_err(r, "error PubAck: %.*s", n > 120 ? 120 : n, d ? d : "");
+                natsMsg_Destroy(rep);
+                break;
+            }
+            natsMsg_Destroy(rep);
+            atomic_fetch_add(&r->pub_acked, 1);
+            if (t >= r->t0) {
+                hist_add(&r->pack, e - t);
+                atomic_fetch_add(&r->serial_acked, 1);
+            }
+        }
+        close_nc(nc);
+        drain(r, true, false, g_drain_ms);
+        goto out;
+    }
+    for (int i = 0; i < npubs; i++) {
+        bpub *p = &pubs[i];
+        char name[32], wild[80];
+        p->r = r;
+        p->idx = i;
+        p->size = r->size;
+        snprintf(name, sizeof name, "nb-publisher-%d", i);
+        snprintf(p->prefix, sizeof p->prefix, "_INBOX.nb.%" PRIu64 ".%d", r->id, i);
+        snprintf(wild, sizeof wild, "%s.*", p->prefix);
+        if (!(p->nc = connect_nc(r, name))) goto out;
+        if (natsConnection_Subscribe(&p->sub, p->nc, wild, puback_cb, r) != NATS_OK) {
+            row_err(r, "subscribe %s failed", wild);
+            goto out;
+        }
+        natsSubscription_SetPendingLimits(p->sub, -1, -1);
+        natsConnection_Flush(p->nc);
+    }
+    for (int i = 0; i < npubs; i++) {
+        pthread_create(&pubs[i].th, NULL, bpub_main, &pubs[i]);
+        started++;
+    }
+    for (int i = 0; i < started; i++) pthread_join(pubs[i].th, NULL);
+    started = 0;
+    drain(r, true, true, g_drain_ms);
+    if (atomic_load(&r->errors)) row_err(r, "%lld error PubAcks", (long long)atomic_load(&r->errors));
+out:
+    for (int i = 0; i < started; i++) pthread_join(pubs[i].th, NULL);
+    for (int i = 0; i < npubs; i++) {
+        end_sub(pubs[i].sub);
+        close_nc(pubs[i].nc);
+    }
+    for (int i = 0; i < nnames; i++) {
+        end_sub(csub[i]);
+        close_nc(cnc[i]);
+    }
+}
+
+/* ---- driver ------------------------------------------------------------------------------- */
+
+static void run_row(row *r)
+{
+    static uint64_t seq;
+    r->id = ((uint64_t)getpid() << 32) | ++seq;
+    pthread_mutex_init(&r->e2e.mu, NULL);
+    pthread_mutex_init(&r->pack.mu, NULL);
+    char *payload = calloc(1, r->size);
+    memset(payload + 16, 'x', r->size - 16);
+    logf_("row %s %s, %zu B", r->scen, r->desc, r->size);
+    if (r->bridge && !child_alive(g_bridge_pid)) {
+        row_err(r, "bridge is not running");
+        free(payload);
+        return;
+    }
+    double req0 = r->bridge ? bridge_etcd_requests() : -1;
+    r->t0 = rt_ns() + (int64_t)g_warm_ms * 1000000;
+    r->t1 = r->t0 + (int64_t)g_dur_s * 1000000000;
+    sampler smp = {.r = r};
+    pthread_create(&smp.th, NULL, sampler_main, &smp);
+    if (!strcmp(r->scen, "1")) run_core(r, payload);
+    else if (!strcmp(r->scen, "2")) run_js_async(r, payload);
+    else if (!strcmp(r->scen, "3")) run_js_sync(r, payload);
+    else if (!strcmp(r->scen, "4a")) run_bridge(r, 1, 1, false, payload);
+    else if (!strcmp(r->scen, "4b")) run_bridge(r, 1, 4, false, payload);
+    else if (!strcmp(r->scen, "4c")) run_bridge(r, g_npubs, 4, false, payload);
+    else if (!strcmp(r->scen, "5")) run_bridge(r, 0, 1, true, payload);
+    if (rt_ns() < r->t1 && !atomic_load(&g_stop) && !r->err[0]) row_err(r, "ended before the window");
+    sleep_until_rt(r->t1);
+    pthread_join(smp.th, NULL);
+    free(payload);
+    double win = g_dur_s;
+    long long counted = atomic_load(&r->counted);
+    if (r->has_e2e) {
+        double last = (atomic_load(&r->last_counted) - r->t0) / 1e9;
+        if (last > win) win = last;
+    }
+    r->rate = counted / win;
+    if (!strcmp(r->scen, "5")) r->rate = (double)atomic_load(&r->serial_acked) / g_dur_s;
+    r->mbs = r->rate * (double)r->size / 1e6;
+    r->bridge_cpu = r->bridge ? cpu_pct(&smp, 0) : -1;
+    r->etcd_cpu = r->bridge ? cpu_pct(&smp, 1) : -1;
+    r->nats_cpu = cpu_pct(&smp, 2);
+    r->rss_kib = r->bridge ? proc_hwm_kib(g_bridge_pid) : -1;
+    r->req_per_msg = -1;
+    if (r->bridge) {
+        double req1 = bridge_etcd_requests();
+        long long c = atomic_load(&r->consumed);
+        if (req0 >= 0 && req1 >= 0 && c > 0) r->req_per_msg = (req1 - req0) / (double)c;
+    }
+    if (counted == 0 && !r->err[0] && !atomic_load(&g_stop)) row_err(r, "no message counted");
+    logf_("  -> %.0f msgs/s (%lld counted, %lld published, %lld consumed)%s%s", r->rate, counted,
+          (long long)atomic_load(&r->published), (long long)atomic_load(&r->consumed),
+          r->err[0] ? "; ERROR: " : "", r->err);
+}
+
+static void fmt_ms(char *o, size_t n, double v) { v < 0 ? snprintf(o, n, "-") : snprintf(o, n, "%.2f", v); }
+
+static void print_row(row *r)
+{
+    char e50[16], e99[16], e999[16], p50[16], p99[16], rss[16], bc[16], ec[16], nc[16], rq[16];
+    fmt_ms(e50, 16, r->has_e2e ? hist_pct_ms(&r->e2e, 0.50) : -1);
+    fmt_ms(e99, 16, r->has_e2e ? hist_pct_ms(&r->e2e, 0.99) : -1);
+    fmt_ms(e999, 16, r->has_e2e ? hist_pct_ms(&r->e2e, 0.999) : -1);
+    fmt_ms(p50, 16, r->has_pack ? hist_pct_ms(&r->pack, 0.50) : -1);
+    fmt_ms(p99, 16, r->has_pack ? hist_pct_ms(&r->pack, 0.99) : -1);
+    r->rss_kib >= 0 ? snprintf(rss, 16, "%.1f", r->rss_kib / 1024.0) : snprintf(rss, 16, "-");
+    r->bridge_cpu >= 0 ? snprintf(bc, 16, "%.0f", r->bridge_cpu) : snprintf(bc, 16, "-");
+    r->etcd_cpu >= 0 ? snprintf(ec, 16, "%.0f", r->etcd_cpu) : snprintf(ec, 16, "-");
+    r->nats_cpu >= 0 ? snprintf(nc, 16, "%.0f", r->nats_cpu) : snprintf(nc, 16, "-");
+    r->req_per_msg >= 0 ? snprintf(rq, 16, "%.2f", r->req_per_msg) : snprintf(rq, 16, "-");
+    char szs[32];
+    if (r->size == 4096) snprintf(szs, sizeof szs, "4 KiB");
+    else snprintf(szs, sizeof szs, "%zu B", r->size);
+    printf("| %s | %s | %s | %.0f | %.2f | %s / %s / %s | %s / %s | %s | %s | %s | %s | %s | %s |\n", r->scen,
+           r->desc, szs, r->rate, r->mbs, e50, e99, e999, p50, p99, rss, bc, ec,
+           nc, rq, r->err[0] ? r->err : "");
+}
+
+static const struct {
+    const char *scen, *desc;
+} k_scen[] = {
+    {"1", "NATS core pub -> async sub"},
+    {"2", "JetStream WorkQueue file R1: async pub + pull/ack"},
+    {"3", "JetStream js_Publish, one at a time"},
+    {"4a", "bridge: 1 pub, 1 name (c1)"},
+    {"4b", "bridge: 1 pub, 4 names (c1..c4)"},
+    {"4c", "bridge: P pubs, 4 names"},
+    {"5", "bridge: request one at a time (+ c1 acking)"},
+};
+#define N_SCEN (sizeof k_scen / sizeof k_scen[0])
+
+static bool selected(const char *list, const char *scen)
+{
+    if (!list) return true;
+    char tmp[128];
+    snprintf(tmp, sizeof tmp, "%s", list);
+    for (char *save, *t = strtok_r(tmp, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(t, scen)) return true;
+        if (strlen(t) == 1 && scen[0] == t[0]) return true; /* "4" selects 4a..4c */
+    }
+    return false;
+}
+
+static row *find_row(row **rows, int n, const char *scen, size_t size)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(rows[i]->scen, scen) && rows[i]->size == size) return rows[i];
+    return NULL;
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: nats_bench [-d seconds] [-w warmup_ms] [-b bridge] [-D drain_ms] [-W window] "
+                    "[-P publishers] [-o 1,2,3,4a,4b,4c,5] [-s 128,4096]\n");
+    exit(2);
+}
+
+int main(int argc, char **argv)
+{
+    const char *bridge = NULL, *only = NULL, *sizes_arg = "128,4096";
+    int c;
+    while ((c = getopt(argc, argv, "d:w:b:D:W:P:o:s:h")) != -1) {
+        switch (c) {
+        case 'd': g_dur_s = atoi(optarg); break;
+        case 'w': g_warm_ms = atoi(optarg); break;
+        case 'b': bridge = optarg; break;
+        case 'D': g_drain_ms = atoi(optarg); break;
+        case 'W': g_window = atoll(optarg); break;
+        case 'P': g_npubs = atoi(optarg); break;
+        case 'o': only = optarg; break;
+        case 's': sizes_arg = optarg; break;
+        default: usage();
+        }
+    }
+    if (g_dur_s < 1 || g_warm_ms < 0 || g_npubs < 1 || g_npubs > MAX_PUBS || g_drain_ms < 100) usage();
+    char bbuf[512];
+    if (!bridge) {
+        const char *b = getenv("BUILD");
+        snprintf(bbuf, sizeof bbuf, "%s/fluxon-bridge", b && *b ? b : "build");
+        bridge = bbuf;
+    }
+    size_t sizes[8];
+    int nsizes = 0;
+    {
+        char tmp[128];
+        snprintf(tmp, sizeof tmp, "%s", sizes_arg);
+        for (char *save, *t = strtok_r(tmp, ",", &save); t && nsizes < 8; t = strtok_r(NULL, ",", &save)) {
+            long v = atol(t);
+            if (v < 16 || v > 1000000) usage();
+            sizes[nsizes++] = (size_t)v;
+        }
+    }
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    curl_global_init(CURL_GLOBAL_ALL);
+    nats_Open(-1);
+
+    int rc = 0;
+    row *rows[64];
+    int nrows = 0;
+    if (start_stack(bridge) != 0) {
+        logf_("could not start the stack");
+        cleanup_all();
+        nats_Close();
+        return 1;
+    }
+    for (int si = 0; si < nsizes && !atomic_load(&g_stop); si++) {
+        for (size_t k = 0; k < N_SCEN && !atomic_load(&g_stop); k++) {
+            if (!selected(only, k_scen[k].scen)) continue;
+            row *r = calloc(1, sizeof *r);
+            snprintf(r->scen, sizeof r->scen, "%s", k_scen[k].scen);
+            if (!strcmp(r->scen, "4c")) snprintf(r->desc, sizeof r->desc, "bridge: %d pubs, 4 names (c1..c4)", g_npubs);
+            else snprintf(r->desc, sizeof r->desc, "%s", k_scen[k].desc);
+            r->size = sizes[si];
+            r->bridge = r->scen[0] == '4' || r->scen[0] == '5';
+            run_row(r);
+            if (r->err[0]) rc = 1;
+            rows[nrows++] = r;
+        }
+    }
+
+    printf("window %d s after %d ms warm-up per row; closed loop (max %lld published-not-consumed, max %d "
+           "publishes awaiting their ack); CPU%% = one core; latencies in ms\n\n",
+           g_dur_s, g_warm_ms, g_window, PUB_WINDOW);
+    printf("| # | scenario | size | msgs/s | MB/s | e2e p50 / p99 / p99.9 | pub-ack p50 / p99 | bridge RSS MiB | "
+           "bridge CPU%% | etcd CPU%% | nats-server CPU%% | etcd req/msg | note |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int i = 0; i < nrows; i++) print_row(rows[i]);
+    printf("| 6 | raw etcd txn rate | | see the etcd_bench table (txn, conc 1 and 8) | | | | | | | | | |\n\n");
+    for (int si = 0; si < nsizes; si++) {
+        char sz[32];
+        if (sizes[si] == 4096) snprintf(sz, sizeof sz, "4 KiB");
+        else snprintf(sz, sizeof sz, "%zu B", sizes[si]);
+        row *js = find_row(rows, nrows, "2", sizes[si]), *jsy = find_row(rows, nrows, "3", sizes[si]);
+        const char *bs[] = {"4a", "4b", "4c"};
+        for (int b = 0; b < 3; b++) {
+            row *br = find_row(rows, nrows, bs[b], sizes[si]);
+            if (js && br && js->rate > 0)
+                printf("- throughput bridge/JetStream, %s: %s vs 2 = %.3f\n", sz, bs[b],
+                       br->rate / js->rate);
+        }
+        row *b5 = find_row(rows, nrows, "5", sizes[si]);
+        if (b5 && jsy && jsy->pack.n && b5->pack.n)
+            printf("- publish-ack p50 bridge/JetStream, %s: 5 vs 3 = %.2f\n", sz,
+                   hist_pct_ms(&b5->pack, 0.5) / hist_pct_ms(&jsy->pack, 0.5));
+    }
+    fflush(stdout);
+    bool interrupted = atomic_load(&g_stop);
+    cleanup_all();
+    for (int i = 0; i < nrows; i++) free(rows[i]);
+    nats_Close();
+    curl_global_cleanup();
+    if (interrupted) return 130;
+    return rc;
+}
