@@ -8,8 +8,8 @@
  * interest_http_errors: a non-200 answer and a refused connection are FX_EUNAVAIL; a server
  *   that never answers is FX_ETIMEDOUT within the deadline.
  *
- * The nats-server is started here (fork/exec, PR_SET_PDEATHSIG, pidfile under $FXT_TMPDIR so
- * tests/run.sh kills leftovers) and killed and reaped in the group teardown.
+ * The nats-server comes from the harness (fxt_nats_start: PR_SET_PDEATHSIG, pidfile under
+ * $FXT_TMPDIR so tests/run.sh kills leftovers) and is destroyed in the group teardown.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -43,160 +43,18 @@
 #define FETCH_MS 5000
 #define N_PAGING 2500
 
-static struct {
-    pid_t pid;
-    int port, mport;
-    char url[64], murl[64];
-    char pidfile[512], logfile[512];
-} srv;
-
-/* ---- nats-server process -------------------------------------------------------------------- */
-
-static void pause_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
-static const char *tmp_root(void)
-{
-    const char *t = getenv("FXT_TMPDIR");
-    return (t && *t) ? t : "/tmp";
-}
-
-/* GET /healthz over a raw socket: true on a 200 with {"status":"ok"}. */
-static bool nats_healthy(int mport)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return false;
-    struct timeval tv = {1, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)mport)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bool ok = false;
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
-        static const char req[] = "GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-        if (write(fd, req, sizeof req - 1) == (ssize_t)(sizeof req - 1)) {
-            char buf[2048];
-            size_t got = 0;
-            ssize_t n;
-            while (got < sizeof buf - 1 && (n = read(fd, buf + got, sizeof buf - 1 - got)) > 0)
-                got += (size_t)n;
-            buf[got] = '\0';
-            ok = strncmp(buf, "HTTP/1.", 7) == 0 && strstr(buf, " 200 ") &&
-                 strstr(buf, "\"status\":\"ok\"");
-        }
-    }
-    close(fd);
-    return ok;
-}
-
-static void server_kill(void)
-{
-    if (srv.pid > 0) {
-        kill(srv.pid, SIGTERM);
-        int64_t deadline = fxt_now_ms() + 5000;
-        int st;
-        for (;;) {
-            pid_t r = waitpid(srv.pid, &st, WNOHANG);
-            if (r == srv.pid || (r < 0 && errno == ECHILD)) break;
-            if (fxt_now_ms() >= deadline) {
-                kill(srv.pid, SIGKILL);
-                waitpid(srv.pid, &st, 0);
-                break;
-            }
-            pause_ms(20);
-        }
-        srv.pid = 0;
-    }
-    if (srv.pidfile[0]) unlink(srv.pidfile);
-}
-
-static int server_spawn(void)
-{
-    char p[16], m[16];
-    snprintf(p, sizeof p, "%d", srv.port);
-    snprintf(m, sizeof m, "%d", srv.mport);
-    const char *bin = getenv("FXT_NATS_BIN");
-    if (!bin || !*bin) bin = "nats-server";
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) _exit(127);
-        setpgid(0, 0);
-        int fd = open(srv.logfile, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        int dn = open("/dev/null", O_RDONLY);
-        if (dn >= 0) {
-            dup2(dn, 0);
-            close(dn);
-        }
-        execlp(bin, bin, "-a", "127.0.0.1", "-p", p, "-m", m, (char *)NULL);
-        _exit(127);
-    }
-    srv.pid = pid;
-    FILE *f = fopen(srv.pidfile, "w");
-    if (f) {
-        fprintf(f, "%d\n", (int)pid);
-        fclose(f);
-    }
-    int64_t deadline = fxt_now_ms() + 20000;
-    while (fxt_now_ms() < deadline) {
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) {
-            fprintf(stderr, "nats-server exited during start-up; log: %s\n", srv.logfile);
-            srv.pid = 0;
-            unlink(srv.pidfile);
-            return -1;
-        }
-        if (nats_healthy(srv.mport)) return 0;
-        pause_ms(50);
-    }
-    fprintf(stderr, "nats-server not healthy within 20 s; log: %s\n", srv.logfile);
-    server_kill();
-    return -1;
-}
+static fxt_nats srv;
 
 static int group_setup(void **state)
 {
     (void)state;
-    snprintf(srv.pidfile, sizeof srv.pidfile, "%s/fxt-nats-interest-%d.pid", tmp_root(),
-             (int)getpid());
-    snprintf(srv.logfile, sizeof srv.logfile, "%s/fxt-nats-interest-%d.log", tmp_root(),
-             (int)getpid());
-    for (int attempt = 0; attempt < 3; attempt++) {
-        srv.port = fxt_dead_port();
-        srv.mport = fxt_dead_port();
-        if (srv.port <= 0 || srv.mport <= 0) return -1;
-        snprintf(srv.url, sizeof srv.url, "nats://127.0.0.1:%d", srv.port);
-        snprintf(srv.murl, sizeof srv.murl, "http://127.0.0.1:%d", srv.mport);
-        if (server_spawn() == 0) return 0; /* else a port race: try fresh ports */
-    }
-    FILE *f = fopen(srv.logfile, "r"); /* show why, then leave nothing behind */
-    if (f) {
-        char buf[4096];
-        size_t n = fread(buf, 1, sizeof buf - 1, f);
-        buf[n] = '\0';
-        fprintf(stderr, "nats-server log:\n%s\n", buf);
-        fclose(f);
-    }
-    unlink(srv.logfile);
-    return -1;
+    return fxt_nats_start(&srv) == 0 ? 0 : -1;
 }
 
 static int group_teardown(void **state)
 {
     (void)state;
-    server_kill();
-    unlink(srv.logfile);
+    fxt_nats_destroy(&srv);
     nats_Close();
     return 0;
 }
@@ -243,7 +101,7 @@ static bool alice_state_is(void *p)
 {
     const poll_arg *a = p;
     fx_interest set = {0};
-    if (fx_interest_fetch(srv.murl, ACCOUNT, NULL, 0, FETCH_MS, &set) != FX_OK) return false;
+    if (fx_interest_fetch(srv.monitor_url, ACCOUNT, NULL, 0, FETCH_MS, &set) != FX_OK) return false;
     bool ok = fx_interest_has(&set, "q.orders.alice") == a->want_alice &&
               fx_interest_has(&set, "q.orders.bob") && count_prefix(&set, "q.orders.") ==
                                                            (a->want_alice ? 2u : 1u);
@@ -265,7 +123,7 @@ static void interest_literal_subjects_only(void **state)
     flush(nc);
 
     fx_interest set = {0};
-    fx_err rc = fx_interest_fetch(srv.murl, ACCOUNT, NULL, 0, FETCH_MS, &set);
+    fx_err rc = fx_interest_fetch(srv.monitor_url, ACCOUNT, NULL, 0, FETCH_MS, &set);
     if (rc != FX_OK) fail_msg("fetch: %s: %s", fx_errname(rc), fx_err_detail());
     /* Nothing else literal is subscribed in $G, so the whole set is exact. */
     assert_int_equal(set.n, 2);
@@ -278,13 +136,13 @@ static void interest_literal_subjects_only(void **state)
 
     /* The monitor URL may end with '/'; the account is URL-encoded ($ -> %24). */
     char slash[80];
-    snprintf(slash, sizeof slash, "%s/", srv.murl);
+    snprintf(slash, sizeof slash, "%s/", srv.monitor_url);
     assert_int_equal(fx_interest_fetch(slash, ACCOUNT, NULL, 0, FETCH_MS, &set), FX_OK);
     assert_int_equal(set.n, 2);
     fx_interest_free(&set);
 
     /* Another account sees nothing. */
-    assert_int_equal(fx_interest_fetch(srv.murl, "$SYS", NULL, 0, FETCH_MS, &set), FX_OK);
+    assert_int_equal(fx_interest_fetch(srv.monitor_url, "$SYS", NULL, 0, FETCH_MS, &set), FX_OK);
     assert_int_equal(set.n, 0);
     fx_interest_free(&set);
 
@@ -292,7 +150,7 @@ static void interest_literal_subjects_only(void **state)
     uint64_t cid = 0;
     assert_int_equal(natsConnection_GetClientID(nc, &cid), NATS_OK);
     const uint64_t ex[] = {cid + 1000, cid};
-    assert_int_equal(fx_interest_fetch(srv.murl, ACCOUNT, ex, 2, FETCH_MS, &set), FX_OK);
+    assert_int_equal(fx_interest_fetch(srv.monitor_url, ACCOUNT, ex, 2, FETCH_MS, &set), FX_OK);
     assert_int_equal(set.n, 0);
     fx_interest_free(&set);
 
@@ -305,7 +163,7 @@ static void interest_literal_subjects_only(void **state)
     /* One queue member of bob leaves: bob still has interest. */
     assert_int_equal(natsSubscription_Unsubscribe(bob1), NATS_OK);
     flush(nc);
-    assert_int_equal(fx_interest_fetch(srv.murl, ACCOUNT, NULL, 0, FETCH_MS, &set), FX_OK);
+    assert_int_equal(fx_interest_fetch(srv.monitor_url, ACCOUNT, NULL, 0, FETCH_MS, &set), FX_OK);
     assert_true(fx_interest_has(&set, "q.orders.bob"));
     fx_interest_free(&set);
 
@@ -326,7 +184,7 @@ static bool all_paging_subjects_found(void *p)
 {
     paging_arg *a = p;
     fx_interest set = {0};
-    fx_err rc = fx_interest_fetch(srv.murl, ACCOUNT, NULL, 0, FETCH_MS, &set);
+    fx_err rc = fx_interest_fetch(srv.monitor_url, ACCOUNT, NULL, 0, FETCH_MS, &set);
     if (rc != FX_OK) {
         fprintf(stderr, "fetch: %s: %s\n", fx_errname(rc), fx_err_detail());
         return false;
@@ -371,7 +229,7 @@ static void interest_http_errors(void **state)
     fx_interest set = {0};
     char url[96];
     /* nats-server answers 404 below an unknown path. */
-    snprintf(url, sizeof url, "%s/nope", srv.murl);
+    snprintf(url, sizeof url, "%s/nope", srv.monitor_url);
     assert_int_equal(fx_interest_fetch(url, ACCOUNT, NULL, 0, FETCH_MS, &set), FX_EUNAVAIL);
     assert_non_null(strstr(fx_err_detail(), "HTTP 404"));
     assert_int_equal(set.n, 0);

@@ -1,7 +1,7 @@
 /* test_leaf.c -- the leafnode publisher (plugin/leaf.h) against a real nats-server 2.9.
  *
  * The server runs from a generated config: client port, monitoring, ping_interval 1s and a
- * leafnode listener, all on free loopback ports. It is started here (fork/exec,
+ * leafnode listener, all on free loopback ports, started by the harness (fxt_nats_start:
  * PR_SET_PDEATHSIG, pidfile under $FXT_TMPDIR so tests/run.sh kills leftovers).
  *
  * leaf_publish_headers_and_reply: HMSG with headers and the reply
@@ -63,174 +63,20 @@
     "X-Multi: two\r\n\r\n"
 #define WAIT_MS 15000
 
-static struct {
-    pid_t pid;
-    int port, mport, lport;
-    char url[64], leaf_url[64];
-    char conf[512], pidfile[512], logfile[512];
-} srv;
-
-/* ---- nats-server process -------------------------------------------------------------------- */
-
-static void pause_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
-static const char *tmp_root(void)
-{
-    const char *t = getenv("FXT_TMPDIR");
-    return (t && *t) ? t : "/tmp";
-}
-
-/* GET /healthz over a raw socket: true on a 200 with {"status":"ok"}. */
-static bool nats_healthy(int mport)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return false;
-    struct timeval tv = {1, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)mport)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bool ok = false;
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
-        static const char req[] = "GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-        if (write(fd, req, sizeof req - 1) == (ssize_t)(sizeof req - 1)) {
-            char buf[2048];
-            size_t got = 0;
-            ssize_t n;
-            while (got < sizeof buf - 1 && (n = read(fd, buf + got, sizeof buf - 1 - got)) > 0)
-                got += (size_t)n;
-            buf[got] = '\0';
-            ok = strncmp(buf, "HTTP/1.", 7) == 0 && strstr(buf, " 200 ") &&
-                 strstr(buf, "\"status\":\"ok\"");
-        }
-    }
-    close(fd);
-    return ok;
-}
-
-static void server_kill(void)
-{
-    if (srv.pid > 0) {
-        kill(srv.pid, SIGCONT);
-        kill(srv.pid, SIGTERM);
-        int64_t deadline = fxt_now_ms() + 5000;
-        int st;
-        for (;;) {
-            pid_t r = waitpid(srv.pid, &st, WNOHANG);
-            if (r == srv.pid || (r < 0 && errno == ECHILD)) break;
-            if (fxt_now_ms() >= deadline) {
-                kill(srv.pid, SIGKILL);
-                waitpid(srv.pid, &st, 0);
-                break;
-            }
-            pause_ms(20);
-        }
-        srv.pid = 0;
-    }
-    if (srv.pidfile[0]) unlink(srv.pidfile);
-}
-
-static int write_conf(void)
-{
-    FILE *f = fopen(srv.conf, "w");
-    if (!f) return -1;
-    fprintf(f,
-            "listen: \"127.0.0.1:%d\"\n"
-            "http: \"127.0.0.1:%d\"\n"
-            "ping_interval: \"1s\"\n"
-            "leafnodes {\n  listen: \"127.0.0.1:%d\"\n}\n",
-            srv.port, srv.mport, srv.lport);
-    return fclose(f) == 0 ? 0 : -1;
-}
-
-static int server_spawn(void)
-{
-    const char *bin = getenv("FXT_NATS_BIN");
-    if (!bin || !*bin) bin = "nats-server";
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) _exit(127);
-        setpgid(0, 0);
-        int fd = open(srv.logfile, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        int dn = open("/dev/null", O_RDONLY);
-        if (dn >= 0) {
-            dup2(dn, 0);
-            close(dn);
-        }
-        execlp(bin, bin, "-c", srv.conf, (char *)NULL);
-        _exit(127);
-    }
-    srv.pid = pid;
-    FILE *f = fopen(srv.pidfile, "w");
-    if (f) {
-        fprintf(f, "%d\n", (int)pid);
-        fclose(f);
-    }
-    int64_t deadline = fxt_now_ms() + 20000;
-    while (fxt_now_ms() < deadline) {
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) {
-            fprintf(stderr, "nats-server exited during start-up; log: %s\n", srv.logfile);
-            srv.pid = 0;
-            unlink(srv.pidfile);
-            return -1;
-        }
-        if (nats_healthy(srv.mport)) return 0; /* ready: every listener is up */
-        pause_ms(50);
-    }
-    fprintf(stderr, "nats-server not healthy within 20 s; log: %s\n", srv.logfile);
-    server_kill();
-    return -1;
-}
+static fxt_nats srv;
 
 static int group_setup(void **state)
 {
     (void)state;
-    snprintf(srv.pidfile, sizeof srv.pidfile, "%s/fxt-nats-leaf-%d.pid", tmp_root(), (int)getpid());
-    snprintf(srv.logfile, sizeof srv.logfile, "%s/fxt-nats-leaf-%d.log", tmp_root(), (int)getpid());
-    snprintf(srv.conf, sizeof srv.conf, "%s/fxt-nats-leaf-%d.conf", tmp_root(), (int)getpid());
-    for (int attempt = 0; attempt < 3; attempt++) {
-        srv.port = fxt_dead_port();
-        srv.mport = fxt_dead_port();
-        srv.lport = fxt_dead_port();
-        if (srv.port <= 0 || srv.mport <= 0 || srv.lport <= 0) return -1;
-        snprintf(srv.url, sizeof srv.url, "nats://127.0.0.1:%d", srv.port);
-        snprintf(srv.leaf_url, sizeof srv.leaf_url, "nats://127.0.0.1:%d", srv.lport);
-        if (write_conf() != 0) return -1;
-        if (server_spawn() == 0) return 0; /* else a port race: try fresh ports */
-    }
-    FILE *f = fopen(srv.logfile, "r");
-    if (f) {
-        char buf[4096];
-        size_t n = fread(buf, 1, sizeof buf - 1, f);
-        buf[n] = '\0';
-        fprintf(stderr, "nats-server log:\n%s\n", buf);
-        fclose(f);
-    }
-    unlink(srv.logfile);
-    unlink(srv.conf);
-    return -1;
+    srv.leafnodes = true;
+    snprintf(srv.extra_conf, sizeof srv.extra_conf, "ping_interval: \"1s\"");
+    return fxt_nats_start(&srv) == 0 ? 0 : -1;
 }
 
 static int group_teardown(void **state)
 {
     (void)state;
-    server_kill();
-    unlink(srv.logfile);
-    unlink(srv.conf);
+    fxt_nats_destroy(&srv);
     nats_Close();
     return 0;
 }
@@ -459,7 +305,7 @@ static void leaf_bounded_buffer(void **state)
     natsSubscription_SetPendingLimits(q, -1, -1); /* no client-side limit: count every message */
     fx_leaf *l = leaf_new(srv.leaf_url, 0, 256 * 1024);
     wait_connected(l);
-    assert_int_equal(kill(srv.pid, SIGSTOP), 0);
+    assert_int_equal(fxt_nats_pause(&srv), 0);
     size_t sz = 64 * 1024;
     char *p = malloc(sz);
     assert_non_null(p);
@@ -473,7 +319,7 @@ static void leaf_bounded_buffer(void **state)
     assert_int_equal(e, FX_EFULL);
     assert_true(sent > 0);
     assert_true(fx_leaf_connected(l));
-    assert_int_equal(kill(srv.pid, SIGCONT), 0);
+    assert_int_equal(fxt_nats_resume(&srv), 0);
     /* the I/O thread drains the buffer once the server reads again */
     assert_int_equal(fx_leaf_flush(l, WAIT_MS), FX_OK);
     assert_int_equal(fx_leaf_publish(l, "q.orders.big", NULL, NULL, 0, "end", 3), FX_OK);
@@ -809,7 +655,7 @@ static void leaf_reconnect_after_restart(void **state)
     gone = qsub(old, "q.orders.z", "gone");
     wait_queue(l, "q.orders.z", "gone", true);
     /* the server goes while the group is known: the next connection must not keep it */
-    server_kill();
+    assert_int_equal(fxt_nats_stop(&srv), 0);
     natsSubscription_Destroy(gone);
     natsConnection_Destroy(old);
     assert_true(fxt_wait_until(is_down, l, WAIT_MS));
@@ -817,7 +663,7 @@ static void leaf_reconnect_after_restart(void **state)
                                      1),
                      FX_EUNAVAIL);
     assert_int_equal(fx_leaf_flush(l, 100), FX_EUNAVAIL);
-    assert_int_equal(server_spawn(), 0); /* same config, same ports */
+    assert_int_equal(fxt_nats_restart(&srv), 0); /* same config, same ports */
     wait_connected(l);
     natsConnection *nc = connect_client();
     natsSubscription *q = sub(nc, "q.orders.a");

@@ -119,32 +119,10 @@ static void remove_pidfile(const fxt_etcd *e)
     unlink(path);
 }
 
-/* GET /health over a raw socket: true when etcd answers {"health":"true"}. */
-static bool etcd_healthy(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return false;
-    struct timeval tv = {1, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bool ok = false;
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
-        static const char req[] = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-        if (write(fd, req, sizeof req - 1) == (ssize_t)(sizeof req - 1)) {
-            char buf[1024];
-            size_t got = 0;
-            ssize_t n;
-            while (got < sizeof buf - 1 && (n = read(fd, buf + got, sizeof buf - 1 - got)) > 0)
-                got += (size_t)n;
-            buf[got] = '\0';
-            ok = strstr(buf, "\"health\":\"true\"") != NULL;
-        }
-    }
-    close(fd);
-    return ok;
-}
+static bool http_ok(int port, const char *path, const char *want);
+
+/* etcd answers GET /health with {"health":"true"} when it is ready. */
+static bool etcd_healthy(int port) { return http_ok(port, "/health", "\"health\":\"true\""); }
 
 static bool child_alive(pid_t pid)
 {
@@ -311,5 +289,169 @@ void fxt_etcd_destroy(fxt_etcd *e)
         rm_rf(e->dir);
         unlink(e->log_path);
         e->dir[0] = '\0';
+    }
+}
+
+/* ---- nats-server ---------------------------------------------------------------------------- */
+
+/* GET <path> over a raw socket on 127.0.0.1:port: true on HTTP 200 whose body contains `want`. */
+static bool http_ok(int port, const char *path, const char *want)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return false;
+    struct timeval tv = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool ok = false;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+        char req[256];
+        int len = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+        if (len > 0 && write(fd, req, (size_t)len) == (ssize_t)len) {
+            char buf[2048];
+            size_t got = 0;
+            ssize_t r;
+            while (got < sizeof buf - 1 && (r = read(fd, buf + got, sizeof buf - 1 - got)) > 0)
+                got += (size_t)r;
+            buf[got] = '\0';
+            ok = strncmp(buf, "HTTP/1.", 7) == 0 && strstr(buf, " 200 ") && strstr(buf, want);
+        }
+    }
+    close(fd);
+    return ok;
+}
+
+static int nats_write_conf(const fxt_nats *n)
+{
+    FILE *f = fopen(n->conf, "w");
+    if (!f) return -1;
+    fprintf(f, "listen: \"127.0.0.1:%d\"\nhttp: \"127.0.0.1:%d\"\n", n->port, n->mport);
+    if (n->leafnodes) fprintf(f, "leafnodes {\n  listen: \"127.0.0.1:%d\"\n}\n", n->lport);
+    if (n->extra_conf[0]) fprintf(f, "%s\n", n->extra_conf);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+static void nats_write_pid(const fxt_nats *n)
+{
+    FILE *f = fopen(n->pidfile, "w");
+    if (!f) return;
+    fprintf(f, "%d\n", (int)n->pid);
+    fclose(f);
+}
+
+static int nats_spawn(fxt_nats *n)
+{
+    const char *bin = getenv("FXT_NATS_BIN");
+    if (!bin || !*bin) bin = "nats-server";
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("fxt: fork");
+        return -1;
+    }
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(127);
+        setpgid(0, 0);
+        int fd = open(n->log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        int dn = open("/dev/null", O_RDONLY);
+        if (dn >= 0) {
+            dup2(dn, 0);
+            close(dn);
+        }
+        execlp(bin, bin, "-c", n->conf, (char *)NULL);
+        _exit(127);
+    }
+    n->pid = pid;
+    nats_write_pid(n);
+    int64_t deadline = fxt_now_ms() + 20000;
+    while (fxt_now_ms() < deadline) {
+        if (!child_alive(pid)) {
+            fprintf(stderr, "fxt: nats-server exited during start-up; log: %s\n", n->log_path);
+            n->pid = 0;
+            unlink(n->pidfile);
+            return -1;
+        }
+        /* /healthz answers ok once every listener is up */
+        if (http_ok(n->mport, "/healthz", "\"status\":\"ok\"")) return 0;
+        pause_ms(50);
+    }
+    fprintf(stderr, "fxt: nats-server not healthy within 20 s; log: %s\n", n->log_path);
+    fxt_nats_stop(n);
+    return -1;
+}
+
+int fxt_nats_start(fxt_nats *n)
+{
+    bool leaf = n->leafnodes;
+    char extra[sizeof n->extra_conf];
+    snprintf(extra, sizeof extra, "%s", n->extra_conf);
+    memset(n, 0, sizeof *n);
+    n->leafnodes = leaf;
+    snprintf(n->extra_conf, sizeof n->extra_conf, "%s", extra);
+    static int seq;
+    int id = ++seq;
+    snprintf(n->conf, sizeof n->conf, "%s/fxt-nats-%d-%d.conf", tmp_root(), (int)getpid(), id);
+    snprintf(n->log_path, sizeof n->log_path, "%s/fxt-nats-%d-%d.log", tmp_root(), (int)getpid(), id);
+    snprintf(n->pidfile, sizeof n->pidfile, "%s/fxt-nats-%d-%d.pid", tmp_root(), (int)getpid(), id);
+    for (int attempt = 0; attempt < 3; attempt++) {
+        n->port = free_port();
+        n->mport = free_port();
+        n->lport = leaf ? free_port() : 0;
+        if (n->port < 0 || n->mport < 0 || n->lport < 0) return -1;
+        snprintf(n->url, sizeof n->url, "nats://127.0.0.1:%d", n->port);
+        snprintf(n->monitor_url, sizeof n->monitor_url, "http://127.0.0.1:%d", n->mport);
+        if (leaf) snprintf(n->leaf_url, sizeof n->leaf_url, "nats://127.0.0.1:%d", n->lport);
+        if (nats_write_conf(n) != 0) return -1;
+        if (nats_spawn(n) == 0) return 0; /* else a port race: try fresh ports */
+    }
+    return -1;
+}
+
+int fxt_nats_stop(fxt_nats *n)
+{
+    if (n->pid <= 0) return 0;
+    kill(n->pid, SIGCONT);
+    kill(n->pid, SIGTERM);
+    int64_t deadline = fxt_now_ms() + 5000;
+    int st;
+    for (;;) {
+        pid_t r = waitpid(n->pid, &st, WNOHANG);
+        if (r == n->pid || (r < 0 && errno == ECHILD)) break;
+        if (fxt_now_ms() >= deadline) {
+            kill(n->pid, SIGKILL);
+            waitpid(n->pid, &st, 0);
+            break;
+        }
+        pause_ms(20);
+    }
+    n->pid = 0;
+    unlink(n->pidfile);
+    return 0;
+}
+
+int fxt_nats_restart(fxt_nats *n)
+{
+    if (n->pid > 0) fxt_nats_stop(n);
+    return nats_spawn(n);
+}
+
+int fxt_nats_pause(fxt_nats *n) { return n->pid > 0 ? kill(n->pid, SIGSTOP) : -1; }
+
+int fxt_nats_resume(fxt_nats *n) { return n->pid > 0 ? kill(n->pid, SIGCONT) : -1; }
+
+void fxt_nats_destroy(fxt_nats *n)
+{
+    fxt_nats_stop(n);
+    if (n->conf[0]) {
+        unlink(n->conf);
+        unlink(n->log_path);
+        n->conf[0] = '\0';
     }
 }

@@ -37,6 +37,31 @@ int fxt_etcd_resume(fxt_etcd *e);
 /* Stop if running and remove the data dir. Safe to call twice. */
 void fxt_etcd_destroy(fxt_etcd *e);
 
+/* A nats-server with a generated config: client port, monitoring port and, when `leafnodes`
+ * is set before start, a leafnode listener; `extra_conf` lines are appended to the config. */
+typedef struct fxt_nats {
+    pid_t pid;          /* 0 when not running */
+    int port, mport, lport;
+    char url[64];       /* "nats://127.0.0.1:<port>" */
+    char monitor_url[64];
+    char leaf_url[64];  /* "nats://127.0.0.1:<lport>" when leafnodes */
+    char conf[512], log_path[512], pidfile[512];
+    bool leafnodes;            /* set before start */
+    char extra_conf[256];      /* set before start */
+} fxt_nats;
+
+/* Start on free ports and wait until /healthz answers ok (deadline 20 s). */
+int fxt_nats_start(fxt_nats *n);
+/* Stop (SIGTERM, then SIGKILL after 5 s); keeps ports and config. */
+int fxt_nats_stop(fxt_nats *n);
+/* Start again with the same config and ports; wait healthy. */
+int fxt_nats_restart(fxt_nats *n);
+/* SIGSTOP / SIGCONT (connections stay open, nothing is answered while stopped). */
+int fxt_nats_pause(fxt_nats *n);
+int fxt_nats_resume(fxt_nats *n);
+/* Stop if running and remove config, log and pidfile. Safe to call twice. */
+void fxt_nats_destroy(fxt_nats *n);
+
 /* A TCP port on 127.0.0.1 with nothing listening (connections are refused). */
 int fxt_dead_port(void);
 /* A listening socket that never accepts and never answers: connects succeed (kernel backlog),
