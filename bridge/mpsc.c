@@ -132,6 +132,31 @@ static fx_err life_gate(life *lf, const char *what, int64_t chan, int64_t idx, b
     return FX_OK;
 }
 
+/* End of a close: mark DONE (wakes concurrent closers and waiting calls), unregister a standalone
+ * endpoint from the client root (which may wait for the root's own close of it), then FINISHED. */
+static void life_finish(life *lf, pthread_mutex_t *mu, pthread_cond_t *cv, fx_mq_client *c,
+                        fx__mq_endpoint *ep, bool registered)
+{
+    pthread_mutex_lock(mu);
+    lf->state = ST_DONE;
+    lf->result = FX_OK;
+    pthread_cond_broadcast(cv);
+    pthread_mutex_unlock(mu);
+    if (registered) fx__mq_unregister(c, ep);
+    pthread_mutex_lock(mu);
+    lf->state = ST_FINISHED;
+    pthread_cond_broadcast(cv);
+    pthread_mutex_unlock(mu);
+}
+
+/* free(): wait until the close has finished and no concurrent closer is still inside it. */
+static void life_wait_finished(life *lf, pthread_mutex_t *mu, pthread_cond_t *cv)
+{
+    pthread_mutex_lock(mu);
+    while (lf->state != ST_FINISHED || lf->waiters > 0) pthread_cond_wait(cv, mu);
+    pthread_mutex_unlock(mu);
+}
+
 static bool transient(fx_err e)
 {
     return e == FX_ETIMEDOUT || e == FX_EUNAVAIL || e == FX_ESERVER || e == FX_ENOSPACE;
@@ -882,17 +907,7 @@ static fx_err prod_close_impl(fx_mpsc_producer *p)
         fx__mq_op_leave(c);
     }
     mgr_release(&p->m);
-
-    pthread_mutex_lock(&p->mu);
-    p->lf.state = ST_DONE;
-    p->lf.result = FX_OK;
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
-    if (!p->m.sub) fx__mq_unregister(c, &p->ep);
-    pthread_mutex_lock(&p->mu);
-    p->lf.state = ST_FINISHED;
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
+    life_finish(&p->lf, &p->mu, &p->cv, c, &p->ep, !p->m.sub);
     return FX_OK;
 }
 
@@ -906,9 +921,7 @@ void fx_mpsc_producer_free(fx_mpsc_producer *p)
 {
     if (!p) return;
     prod_close_impl(p);
-    pthread_mutex_lock(&p->mu);
-    while (p->lf.state != ST_FINISHED || p->lf.waiters > 0) pthread_cond_wait(&p->cv, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    life_wait_finished(&p->lf, &p->mu, &p->cv);
     prod_destroy(p);
 }
 
@@ -1673,16 +1686,9 @@ static fx_err cons_close_impl(fx_mpsc_consumer *c)
     mgr_release(&c->m);
 
     pthread_mutex_lock(&c->mu);
-    c->member_deleted = deleted;
-    c->lf.state = ST_DONE;
-    c->lf.result = FX_OK;
-    pthread_cond_broadcast(&c->cv);
+    c->member_deleted = deleted; /* read by the MPMC close once this close has returned */
     pthread_mutex_unlock(&c->mu);
-    if (!c->m.sub) fx__mq_unregister(cl, &c->ep);
-    pthread_mutex_lock(&c->mu);
-    c->lf.state = ST_FINISHED;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
+    life_finish(&c->lf, &c->mu, &c->cv, cl, &c->ep, !c->m.sub);
     return FX_OK;
 }
 
@@ -1696,9 +1702,7 @@ void fx_mpsc_consumer_free(fx_mpsc_consumer *c)
 {
     if (!c) return;
     cons_close_impl(c);
-    pthread_mutex_lock(&c->mu);
-    while (c->lf.state != ST_FINISHED || c->lf.waiters > 0) pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
+    life_wait_finished(&c->lf, &c->mu, &c->cv);
     cons_destroy(c);
 }
 
