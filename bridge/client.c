@@ -176,6 +176,7 @@ fx_err fx_mq_client_new(const fx_mq_client_opts *opts, fx_mq_client **out)
     fx_etcd_opts eo = opts->etcd;
     if (!eo.default_timeout_ms) eo.default_timeout_ms = c->op_timeout_ms;
     if ((e = fx_etcd_new(&eo, &c->etcd))) goto fail;
+    c->segments = !opts->per_message_keys;
     c->kv_shared = opts->n_kv_endpoints == 0;
     if (c->kv_shared) {
         e = fx_kv_new_etcd_shared(c->etcd, c->opts.kv_prefix, c->op_timeout_ms, &c->kv);

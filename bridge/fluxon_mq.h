@@ -68,6 +68,10 @@ typedef struct fx_mq_client_opts {
     int64_t min_ttl_s;           /* smallest accepted channel ttl; 0 -> 90. Tests use 2..3. */
     int op_timeout_ms;           /* deadline of each etcd/KV call; 0 -> 5000 */
     int close_timeout_ms;        /* best-effort delete pass on close; 0 -> 1000 */
+    /* Payload layout of the channels this client CREATES (readers and writers of an existing
+     * channel follow its meta): false (default) = one segment per batch; true = one key per
+     * message, the reference layout (kept for interoperability and for the benchmark). */
+    bool per_message_keys;
     fx_lease_mgr_opts lease;     /* LeaseManager tuning */
 } fx_mq_client_opts;
 

@@ -478,17 +478,18 @@ fx_err fx_mq_chan_meta_encode(const fx_mq_chan_meta *m, char **out)
     bool ok = add_num(o, "capacity", m->capacity) && add_num(o, "ttl_seconds", m->ttl_seconds) &&
               add_num(o, "global_lease_id", m->global_lease_id) &&
               add_num(o, "global_long_lease_id", m->global_long_lease_id) &&
-              add_num(o, "payload_lease_id", m->payload_lease_id);
+              add_num(o, "payload_lease_id", m->payload_lease_id) &&
+              (!m->segments || cJSON_AddStringToObject(o, "payload_format", "segment"));
     return finish(o, ok, W_CHAN, out);
 }
 
 fx_err fx_mq_chan_meta_decode(const void *json, size_t len, fx_mq_chan_meta *out)
 {
-    enum { CAP, TTL, GL, GLL, PL, N };
+    enum { CAP, TTL, GL, GLL, PL, PF, N };
     static const jname names[] = {
         {"capacity", CAP},        {"ttl_seconds", TTL},          {"global_lease_id", GL},
         {"meta_lease_id", GL},    {"cluster_lease_id", GL},      {"global_long_lease_id", GLL},
-        {"cluster_long_lease_id", GLL}, {"payload_lease_id", PL},
+        {"cluster_long_lease_id", GLL}, {"payload_lease_id", PL}, {"payload_format", PF},
     };
     if (!out) return fx_seterr(FX_EINVAL, "%s: NULL output", W_CHAN);
     jf f[N];
@@ -503,6 +504,16 @@ fx_err fx_mq_chan_meta_decode(const void *json, size_t len, fx_mq_chan_meta *out
     if (!e) e = get_i64(&f[GLL], W_CHAN, "global_long_lease_id", 1, INT64_MAX,
                         &m.global_long_lease_id);
     if (!e) e = get_i64(&f[PL], W_CHAN, "payload_lease_id", 1, INT64_MAX, &m.payload_lease_id);
+    bool has_pf = false;
+    char pf[FX_MQ_STR_MAX + 1];
+    if (!e) e = get_opt_str(&f[PF], W_CHAN, "payload_format", &has_pf, pf);
+    if (!e && has_pf) {
+        if (strcmp(pf, "segment") == 0)
+            m.segments = true;
+        else
+            e = fx_seterr(FX_EPROTO, "%s: field 'payload_format': unsupported value '%s'", W_CHAN,
+                          pf);
+    }
     cJSON_Delete(root);
     if (!e) *out = m;
     return e;

@@ -102,6 +102,10 @@ typedef struct fx_mq_chan_meta {
     int64_t global_lease_id;
     int64_t global_long_lease_id;
     int64_t payload_lease_id;
+    /* Payload layout (DESIGN.md §4.2). false: one KV key per message (the reference layout; a
+     * meta without the field). true: one segment per batch (bridge/segment.h), written as
+     * "payload_format":"segment"; any other payload_format value is refused on decode. */
+    bool segments;
 } fx_mq_chan_meta;
 
 fx_err fx_mq_chan_meta_encode(const fx_mq_chan_meta *m, char **out);

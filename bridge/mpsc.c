@@ -46,6 +46,7 @@
 #include "fx_log.h"
 #include "fx_time.h"
 #include "mq_int.h"
+#include "segment.h"
 
 #define CHUNK_MSGS 127                 /* payload puts per txn (+1 offset put <= 128 ops) */
 #define CHUNK_BYTES (1024 * 1024)      /* payload bytes per txn (etcd max request 1.5 MiB) */
@@ -65,7 +66,7 @@ enum { ST_OPEN = 0, ST_RUNNING, ST_DONE, ST_FINISHED };
 
 typedef struct stats {
     _Atomic uint64_t put_calls, put_msgs, put_txns, put_retries, offset_rereads, full_waits,
-        full_errors, got_msgs, fetches, skipped_ids, acked, commits, commit_retries;
+        full_errors, cap_checks, got_msgs, fetches, skipped_ids, acked, commits, commit_retries;
 } stats;
 
 static void stats_copy(const stats *s, fx__mpsc_stats *o)
@@ -77,6 +78,7 @@ static void stats_copy(const stats *s, fx__mpsc_stats *o)
     o->offset_rereads = s->offset_rereads;
     o->full_waits = s->full_waits;
     o->full_errors = s->full_errors;
+    o->cap_checks = s->cap_checks;
     o->got_msgs = s->got_msgs;
     o->fetches = s->fetches;
     o->skipped_ids = s->skipped_ids;
@@ -409,7 +411,7 @@ fx_err fx__mpsc_create(fx_mq_client *c, const fx_mq_chan_cfg *cfg, const fx__mps
 
     fx_mq_chan_meta meta = {.capacity = cfg->capacity, .ttl_seconds = cfg->ttl_s,
                             .global_lease_id = gl, .global_long_lease_id = gll,
-                            .payload_lease_id = pl};
+                            .payload_lease_id = pl, .segments = c->segments};
     if ((e = fx_mq_chan_meta_encode(&meta, &js))) goto out;
     if ((e = key_err(fx_mq_key_chan_meta(&c->keys, chan, &k), "meta"))) goto out;
     fx_cmp cmp = {.target = FX_CMP_CREATE, .result = FX_CMP_EQUAL, .key = fx_mq_key_slice(&k)};
@@ -495,6 +497,7 @@ struct fx_mpsc_producer {
 
     pthread_mutex_t put_mu; /* serialises puts; guards next, offset_unknown */
     int64_t next;           /* next message id to write */
+    int64_t budget;         /* messages we may still write before counting again (capacity) */
     bool offset_unknown;    /* re-read the produce offset before choosing ids */
 
     pthread_mutex_t mu; /* guards lf */
@@ -566,6 +569,77 @@ static fx_err read_offset(fx_mq_client *c, const fx_mq_key *k, int64_t *out)
     return e;
 }
 
+typedef struct off_ent {
+    int64_t pidx, off;
+} off_ent;
+
+static int off_cmp(const void *a, const void *b)
+{
+    const off_ent *x = a, *y = b;
+    return (x->pidx > y->pidx) - (x->pidx < y->pidx);
+}
+
+/* Stored, unconsumed messages of channel `chan` from its offsets: sum over producers of
+ * produce - consume + 1 (DESIGN §4.2), and the number of producers with a produce offset.
+ * One etcd request (a txn of two range reads, so both are read at one revision). */
+static fx_err stored_count(fx_mq_client *c, int64_t chan, int64_t *stored, int64_t *producers)
+{
+    fx_mq_key pp, cp;
+    fx_err e;
+    if ((e = key_err(fx_mq_prefix_produce_offsets(&c->keys, chan, &pp), "prefix")) ||
+        (e = key_err(fx_mq_prefix_consume_offsets(&c->keys, chan, &cp), "prefix")))
+        return e;
+    uint8_t pe[FX_MQ_KEY_CAP], ce[FX_MQ_KEY_CAP];
+    fx_slice ps = fx_mq_key_slice(&pp), cs = fx_mq_key_slice(&cp);
+    fx_op ops[2] = {
+        {.type = FX_OP_RANGE, .u.range = {.key = ps, .range_end = {pe, fx_prefix_end(ps, pe)}}},
+        {.type = FX_OP_RANGE, .u.range = {.key = cs, .range_end = {ce, fx_prefix_end(cs, ce)}}},
+    };
+    fx_txn_req tx = {.success = ops, .n_success = 2};
+    fx_txn_resp r = {0};
+    if ((e = fx_etcd_txn(c->etcd, &tx, &r, c->op_timeout_ms))) return e;
+    if (!r.succeeded || r.n_responses != 2 || r.responses[0].type != FX_OP_RANGE ||
+        r.responses[1].type != FX_OP_RANGE) {
+        fx_txn_resp_free(&r);
+        return fx_seterr(FX_EPROTO, "mpsc capacity: unexpected txn response");
+    }
+    const fx_range_resp *pr = &r.responses[0].u.range, *cr = &r.responses[1].u.range;
+    off_ent *cons = cr->n_kvs ? malloc(cr->n_kvs * sizeof *cons) : NULL;
+    if (cr->n_kvs && !cons) {
+        fx_txn_resp_free(&r);
+        return fx_seterr(FX_ENOMEM, "mpsc capacity: out of memory");
+    }
+    size_t nc = 0;
+    for (size_t i = 0; i < cr->n_kvs; i++) { /* foreign or malformed entries are ignored */
+        const fx_kv *kv = &cr->kvs[i];
+        int64_t ch, pidx, off;
+        if (fx_mq_parse_consume_offset_key(&c->keys, (fx_slice){kv->key.data, kv->key.len}, &ch,
+                                           &pidx) == FX_OK &&
+            ch == chan && fx_mq_consume_offset_decode(kv->value.data, kv->value.len, &off) == FX_OK)
+            cons[nc++] = (off_ent){pidx, off};
+    }
+    if (nc > 1) qsort(cons, nc, sizeof *cons, off_cmp);
+    int64_t sum = 0, np = 0;
+    for (size_t i = 0; i < pr->n_kvs; i++) {
+        const fx_kv *kv = &pr->kvs[i];
+        int64_t ch, pidx, prod;
+        if (fx_mq_parse_produce_offset_key(&c->keys, (fx_slice){kv->key.data, kv->key.len}, &ch,
+                                           &pidx) != FX_OK ||
+            ch != chan || fx_mq_produce_offset_decode(kv->value.data, kv->value.len, &prod))
+            continue;
+        off_ent k = {pidx, 0};
+        const off_ent *f = nc ? bsearch(&k, cons, nc, sizeof *cons, off_cmp) : NULL;
+        int64_t cons_off = f ? f->off : FX_MQ_CONSUME_OFFSET_BEGIN;
+        if (prod >= cons_off) sum += prod - cons_off + 1;
+        np++;
+    }
+    free(cons);
+    fx_txn_resp_free(&r);
+    *stored = sum;
+    *producers = np;
+    return FX_OK;
+}
+
 /* One chunk write: ids [p->next, p->next + m). Retries transient failures with the same ids
  * until wdeadline. Called with put_mu held. */
 static fx_err write_chunk(fx_mpsc_producer *p, const fx_slice *vals, size_t m, int64_t wdeadline)
@@ -573,26 +647,43 @@ static fx_err write_chunk(fx_mpsc_producer *p, const fx_slice *vals, size_t m, i
     fx_mq_client *c = p->c;
     int64_t first = p->next, last = first + (int64_t)m - 1;
     fx_err e = FX_OK;
-    fx_mq_key *rel = malloc(m * sizeof *rel);
-    char *fk = c->kv_shared ? malloc(m * FULLKEY_CAP) : NULL;
-    size_t nops = c->kv_shared ? m + 1 : 1;
+    bool seg = p->m.meta.segments;
+    size_t nkeys = seg ? 1 : m; /* payload keys written by this chunk */
+    uint8_t *segbuf = NULL;
+    fx_slice segval = {0};
+    fx_mq_key *rel = malloc(nkeys * sizeof *rel);
+    char *fk = c->kv_shared ? malloc(nkeys * FULLKEY_CAP) : NULL;
+    size_t nops = c->kv_shared ? nkeys + 1 : 1;
     fx_op *ops = calloc(nops, sizeof *ops);
-    fx_kv_item *items = c->kv_shared ? NULL : calloc(m, sizeof *items);
+    fx_kv_item *items = c->kv_shared ? NULL : calloc(nkeys, sizeof *items);
     if (!rel || !ops || (c->kv_shared ? !fk : !items)) {
         e = fx_seterr(FX_ENOMEM, "mpsc put: out of memory");
         goto out;
     }
-    for (size_t i = 0; i < m; i++) {
-        if ((e = key_err(pay_key(&p->m, p->pidx, first + (int64_t)i, &rel[i]), "payload")))
+    if (seg) { /* one value: the batch back to back, under the key of its last id */
+        size_t sz = fx_seg_size(vals, m);
+        if (!(segbuf = malloc(sz))) {
+            e = fx_seterr(FX_ENOMEM, "mpsc put: out of memory");
             goto out;
+        }
+        segval = (fx_slice){segbuf, fx_seg_encode(vals, m, segbuf, sz)};
+        if (!segval.len) {
+            e = fx_seterr(FX_EINVAL, "mpsc put: batch of %zu values cannot form a segment", m);
+            goto out;
+        }
+    }
+    for (size_t i = 0; i < nkeys; i++) {
+        int64_t id = seg ? last : first + (int64_t)i;
+        fx_slice v = seg ? segval : vals[i];
+        if ((e = key_err(pay_key(&p->m, p->pidx, id, &rel[i]), "payload"))) goto out;
         if (c->kv_shared) {
             fx_slice full;
             if ((e = full_key(c, &rel[i], fk + i * FULLKEY_CAP, FULLKEY_CAP, &full))) goto out;
             ops[i] = (fx_op){.type = FX_OP_PUT,
-                             .u.put = {.key = full, .value = vals[i],
+                             .u.put = {.key = full, .value = v,
                                        .lease = p->m.meta.payload_lease_id}};
         } else {
-            items[i] = (fx_kv_item){fx_mq_key_slice(&rel[i]), vals[i]};
+            items[i] = (fx_kv_item){fx_mq_key_slice(&rel[i]), v};
         }
     }
     char lastv[FX_MQ_DEC_BUF], prevv[FX_MQ_DEC_BUF];
@@ -632,7 +723,7 @@ static fx_err write_chunk(fx_mpsc_producer *p, const fx_slice *vals, size_t m, i
             }
         }
         if (!c->kv_shared) {
-            e = fx_kv_put_many(c->kv, items, m, &po, c->op_timeout_ms);
+            e = fx_kv_put_many(c->kv, items, nkeys, &po, c->op_timeout_ms);
             if (e == FX_ELEASE_EXPIRED) {
                 e = prod_fault_now(p, "payload lease expired");
                 goto out;
@@ -705,6 +796,7 @@ static fx_err write_chunk(fx_mpsc_producer *p, const fx_slice *vals, size_t m, i
         goto out;
     }
 out:
+    free(segbuf);
     free(items);
     free(ops);
     free(fk);
@@ -712,14 +804,17 @@ out:
     return e;
 }
 
-/* Chunk size starting at vals[0]: <= max values, <= CHUNK_BYTES payload bytes, >= 1. */
-static size_t chunk_len(const fx_slice *vals, size_t max)
+/* Chunk size starting at vals[0], >= 1. One key per message: <= CHUNK_MSGS values and
+ * <= CHUNK_BYTES counting 128 bytes of key/JSON per value. Segment: <= FX_SEG_MAX_MSGS values and
+ * an encoded segment of <= CHUNK_BYTES. */
+static size_t chunk_len(const fx_slice *vals, size_t max, bool seg)
 {
-    size_t bytes = 0, i = 0;
-    size_t lim = max < CHUNK_MSGS ? max : CHUNK_MSGS;
+    size_t per = seg ? FX_SEG_PER_MSG : 128, bytes = seg ? FX_SEG_HDR : 0, i = 0;
+    size_t lim = seg ? FX_SEG_MAX_MSGS : CHUNK_MSGS;
+    if (max < lim) lim = max;
     for (; i < lim; i++) {
-        if (i > 0 && bytes + vals[i].len + 128 > CHUNK_BYTES) break;
-        bytes += vals[i].len + 128;
+        if (i > 0 && bytes + vals[i].len + per > CHUNK_BYTES) break;
+        bytes += vals[i].len + per;
     }
     return i ? i : 1;
 }
@@ -749,7 +844,6 @@ static fx_err put_impl(fx_mpsc_producer *p, const fx_slice *values, size_t n, in
     int64_t deadline = start + (wait && timeout_ms > 0 ? timeout_ms : 0);
     int64_t wdeadline = start + (timeout_ms > c->op_timeout_ms ? timeout_ms : c->op_timeout_ms);
     size_t done = 0;
-    fx_mq_key pre = p->k_prefix;
     int64_t backoff = RETRY_MIN_MS;
     bool waited = false;
     while (done < n) {
@@ -776,32 +870,43 @@ static fx_err put_impl(fx_mpsc_producer *p, const fx_slice *values, size_t n, in
             p->next = cur + 1;
             p->offset_unknown = false;
         }
-        int64_t count = 0;
-        e = fx_kv_count_prefix(c->kv, fx_mq_key_slice(&pre), &count, c->op_timeout_ms);
-        if (e) {
-            if (transient(e) && fx_now_ms() + backoff < wdeadline) {
-                nap(&p->mu, &p->cv, &p->lf.stop, backoff);
-                backoff = min64(backoff * 2, RETRY_MAX_MS);
-                continue;
-            }
-            break;
-        }
-        int64_t room = p->capacity - count;
-        if (room <= 0) {
-            if (!waited) p->st.full_waits++;
-            waited = true;
-            int64_t left = fx_ms_left(deadline);
-            if (left <= 0) {
-                e = fx_seterr(FX_EFULL, "mpsc channel %lld full (%lld stored, capacity %lld)",
-                              (long long)p->m.chan, (long long)count, (long long)p->capacity);
+        int64_t rest = (int64_t)(n - done);
+        if (p->budget < rest) { /* spent our share of the room: count again */
+            int64_t count = 0, np = 0;
+            p->st.cap_checks++;
+            e = stored_count(c, p->m.chan, &count, &np);
+            if (e) {
+                p->budget = 0;
+                if (transient(e) && fx_now_ms() + backoff < wdeadline) {
+                    nap(&p->mu, &p->cv, &p->lf.stop, backoff);
+                    backoff = min64(backoff * 2, RETRY_MAX_MS);
+                    continue;
+                }
                 break;
             }
-            nap(&p->mu, &p->cv, &p->lf.stop, min64(left, CAP_POLL_MS));
-            continue;
+            int64_t room = p->capacity - count;
+            if (np < 1) np = 1;
+            /* Each of the np producers may use 1/np of the room before counting again, so the
+             * sum stays within capacity (plus at most np when room < np). */
+            p->budget = room <= 0 ? 0 : room >= np ? room / np : 1;
+            if (room <= 0) {
+                if (!waited) p->st.full_waits++;
+                waited = true;
+                int64_t left = fx_ms_left(deadline);
+                if (left <= 0) {
+                    e = fx_seterr(FX_EFULL, "mpsc channel %lld full (%lld stored, capacity %lld)",
+                                  (long long)p->m.chan, (long long)count,
+                                  (long long)p->capacity);
+                    break;
+                }
+                nap(&p->mu, &p->cv, &p->lf.stop, min64(left, CAP_POLL_MS));
+                continue;
+            }
         }
+        int64_t room = p->budget;
         size_t k = (size_t)min64(room, (int64_t)(n - done));
         while (k > 0) {
-            size_t m = chunk_len(values + done, k);
+            size_t m = chunk_len(values + done, k, p->m.meta.segments);
             int64_t first = p->next;
             e = write_chunk(p, values + done, m, wdeadline);
             if (e) break;
@@ -810,6 +915,7 @@ static fx_err put_impl(fx_mpsc_producer *p, const fx_slice *values, size_t n, in
                     ids[done + i] = (fx_mq_msg_id){p->m.chan, p->pidx, first + (int64_t)i};
             done += m;
             k -= m;
+            p->budget -= (int64_t)m;
             p->st.put_msgs += m;
         }
         if (e) break;
@@ -851,7 +957,8 @@ fx_err fx__mpsc_backlog(fx_mpsc_producer *p, int64_t *out)
         return e;
     }
     if ((e = fx__mq_op_enter(p->c))) return e;
-    e = fx_kv_count_prefix(p->c->kv, fx_mq_key_slice(&p->k_prefix), out, p->c->op_timeout_ms);
+    int64_t np;
+    e = stored_count(p->c, p->m.chan, out, &np);
     fx__mq_op_leave(p->c);
     return e;
 }
@@ -1074,6 +1181,11 @@ typedef struct pstate {
     bool del_pending;   /* payloads below `committed` may still exist (kv apart) */
     uint8_t *win;       /* ring of acked flags for [ack_base, next_fetch) */
     size_t cap, head;
+    /* Segment layout: the fetched segment holding next_fetch, while part of it is not handed
+     * out yet (at most one per producer; touched by get() under mu). */
+    fx_bytes seg;
+    fx_seg_iter seg_it;
+    int64_t seg_next, seg_last; /* id of the next message in seg_it; the segment's last id */
 } pstate;
 
 typedef struct resume_pt {
@@ -1427,7 +1539,8 @@ void fx_mq_delivery_free(fx_mq_delivery *d)
 }
 
 /* Pick a ready producer round robin; fills *pidx, *from, *to. Called with mu held. */
-static bool pick(fx_mpsc_consumer *c, size_t want, int64_t *pidx, int64_t *from, int64_t *to)
+static bool pick(fx_mpsc_consumer *c, size_t want, int64_t *pidx, int64_t *from, int64_t *to,
+                 int64_t *hi)
 {
     for (size_t k = 0; k < c->n_ps; k++) {
         size_t i = (c->rr + k) % c->n_ps;
@@ -1439,10 +1552,137 @@ static bool pick(fx_mpsc_consumer *c, size_t want, int64_t *pidx, int64_t *from,
         *pidx = s->pidx;
         *from = s->next_fetch;
         *to = s->next_fetch + n - 1;
+        *hi = s->produce;
         c->rr = i + 1;
         return true;
     }
     return false;
+}
+
+/* Skipped ids of producer pidx in [from, to]: one rate-limited warning. Called with mu held. */
+static void note_skipped(fx_mpsc_consumer *c, pstate *s, uint64_t skipped, int64_t from,
+                         int64_t to, const char *why)
+{
+    c->st.skipped_ids += skipped;
+    fx_log_ratelimited(&c->skip_log, SKIP_LOG_MS, FX_LOG_WRN,
+                       "mpsc consumer %lld/%lld: %llu message id(s) of producer %lld in "
+                       "[%lld, %lld] %s; skipped",
+                       (long long)c->m.chan, (long long)c->cidx, (unsigned long long)skipped,
+                       (long long)s->pidx, (long long)from, (long long)to, why);
+    if (win_advance(s)) {
+        c->ack_seq++;
+        pthread_cond_signal(&c->commit_cv);
+    }
+}
+
+/* Segment layout: hand out ids [from, <= to] of producer pidx (hi: its produce offset when
+ * picked) from the buffered segment, fetching the segment that holds `from` first if needed:
+ * the first payload key in [key(from), key(hi+1)) (limit 1). Ids with no message (a hole
+ * before the segment, no segment at all, a corrupt segment) are skipped as acked. Called from
+ * get() with get_mu held and mu not held. */
+static fx_err seg_get(fx_mpsc_consumer *c, int64_t pidx, int64_t from, int64_t to, int64_t hi,
+                      fx_mq_delivery *out, size_t *got)
+{
+    fx_mq_client *cl = c->c;
+    pthread_mutex_lock(&c->mu);
+    pstate *s = ps_find(c, pidx);
+    bool have = s && s->seg.data && s->seg_next >= from && s->seg_last >= from;
+    pthread_mutex_unlock(&c->mu);
+
+    fx_bytes fetched = {0};
+    fx_seg_iter it = {0};
+    int64_t f_last = -1, bad_last = -1; /* fetched segment's last id; corrupt segment's */
+    fx_err e;
+    if (!have) {
+        fx_mq_key ks, ke;
+        if ((e = key_err(pay_key(&c->m, pidx, from, &ks), "payload")) ||
+            (e = key_err(pay_key(&c->m, pidx, hi + 1, &ke), "payload")))
+            return e;
+        fx_range_resp rr = {0};
+        c->st.fetches++;
+        e = fx_kv_get_range(cl->kv, fx_mq_key_slice(&ks), fx_mq_key_slice(&ke), 1, &rr,
+                            cl->op_timeout_ms);
+        if (e) {
+            fx_range_resp_free(&rr);
+            return e;
+        }
+        int64_t kp = -1, kid = -1;
+        if (rr.n_kvs == 1 &&
+            pay_parse(&c->m, (fx_slice){rr.kvs[0].key.data, rr.kvs[0].key.len}, &kp, &kid) ==
+                FX_OK &&
+            kp == pidx && kid >= from) {
+            if (fx_seg_open(rr.kvs[0].value.data, rr.kvs[0].value.len, &it) == FX_OK &&
+                (int64_t)it.n <= kid + 1) {
+                fetched = rr.kvs[0].value;
+                rr.kvs[0].value = (fx_bytes){0};
+                f_last = kid;
+            } else {
+                bad_last = kid;
+                FX_WRN("mpsc consumer %lld/%lld: payload segment of producer %lld ending at id "
+                       "%lld is corrupt (%s)", (long long)c->m.chan, (long long)c->cidx,
+                       (long long)pidx, (long long)kid, fx_err_detail());
+            }
+        }
+        fx_range_resp_free(&rr);
+    }
+
+    pthread_mutex_lock(&c->mu);
+    s = ps_find(c, pidx);
+    if (!s || s->next_fetch != from || c->lf.stop) {
+        bool stopped = c->lf.stop;
+        pthread_mutex_unlock(&c->mu);
+        fx_bytes_free(&fetched);
+        return stopped ? FX_OK : fx_seterr(FX_EPROTO, "mpsc get: producer state moved");
+    }
+    if (!have) {
+        fx_bytes_free(&s->seg);
+        if (fetched.data) {
+            s->seg = fetched;
+            s->seg_it = it;
+            s->seg_last = f_last;
+            s->seg_next = f_last - (int64_t)it.n + 1;
+            fx_slice skip;
+            while (s->seg_next < from && fx_seg_next(&s->seg_it, &skip)) s->seg_next++;
+        }
+    }
+    int64_t end = s->seg.data ? min64(to, s->seg_last) : bad_last >= 0 ? min64(to, bad_last) : to;
+    if (!win_reserve(s, (size_t)(end - from + 1))) {
+        pthread_mutex_unlock(&c->mu);
+        return fx_seterr(FX_ENOMEM, "mpsc get: out of memory");
+    }
+    uint64_t skipped = 0;
+    e = FX_OK;
+    for (int64_t id = from; id <= end; id++) {
+        size_t slot = win_len(s);
+        if (s->seg.data && id >= s->seg_next) {
+            fx_seg_iter peek = s->seg_it;
+            fx_slice m;
+            uint8_t *buf = fx_seg_next(&peek, &m) ? malloc(m.len + 1) : NULL;
+            if (!buf) {
+                e = fx_seterr(FX_ENOMEM, "mpsc get: out of memory");
+                break;
+            }
+            memcpy(buf, m.data, m.len);
+            buf[m.len] = 0;
+            s->seg_it = peek;
+            s->seg_next++;
+            out[*got] = (fx_mq_delivery){.id = {c->m.chan, pidx, id},
+                                         .value = {buf, m.len}};
+            (*got)++;
+            *win_at(s, slot) = 0;
+        } else {
+            skipped++;
+            *win_at(s, slot) = 1; /* treated as acked */
+        }
+        s->next_fetch = id + 1;
+    }
+    if (s->seg.data && s->seg_it.left == 0) fx_bytes_free(&s->seg);
+    if (skipped)
+        note_skipped(c, s, skipped, from, end,
+                     bad_last >= 0 ? "are in a corrupt segment" : "are missing below the produce "
+                                                                  "offset");
+    pthread_mutex_unlock(&c->mu);
+    return e;
 }
 
 fx_err fx_mpsc_get(fx_mpsc_consumer *c, fx_mq_delivery *out, size_t max, size_t *n,
@@ -1464,14 +1704,14 @@ fx_err fx_mpsc_get(fx_mpsc_consumer *c, fx_mq_delivery *out, size_t max, size_t 
     int64_t deadline = fx_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
     size_t got = 0;
     for (;;) {
-        int64_t pidx, from, to;
+        int64_t pidx, from, to, hi;
         pthread_mutex_lock(&c->mu);
         e = cons_gate_locked(c, &self_close);
         if (e) {
             pthread_mutex_unlock(&c->mu);
             break;
         }
-        if (!pick(c, max - got, &pidx, &from, &to)) {
+        if (!pick(c, max - got, &pidx, &from, &to, &hi)) {
             if (got > 0) {
                 pthread_mutex_unlock(&c->mu);
                 break;
@@ -1488,6 +1728,11 @@ fx_err fx_mpsc_get(fx_mpsc_consumer *c, fx_mq_delivery *out, size_t max, size_t 
         }
         pthread_mutex_unlock(&c->mu);
 
+        if (c->m.meta.segments) {
+            if ((e = seg_get(c, pidx, from, to, hi, out, &got))) break;
+            if (got >= max) break;
+            continue;
+        }
         fx_mq_key ks, ke;
         if ((e = key_err(pay_key(&c->m, pidx, from, &ks), "payload")) ||
             (e = key_err(pay_key(&c->m, pidx, to + 1, &ke), "payload")))
@@ -1535,19 +1780,7 @@ fx_err fx_mpsc_get(fx_mpsc_consumer *c, fx_mq_delivery *out, size_t max, size_t 
                 *win_at(s, slot) = 1; /* treated as acked */
             }
         }
-        if (skipped) {
-            c->st.skipped_ids += skipped;
-            fx_log_ratelimited(&c->skip_log, SKIP_LOG_MS, FX_LOG_WRN,
-                               "mpsc consumer %lld/%lld: %llu message id(s) of producer %lld in "
-                               "[%lld, %lld] are missing below the produce offset; skipped",
-                               (long long)c->m.chan, (long long)c->cidx,
-                               (unsigned long long)skipped, (long long)pidx, (long long)from,
-                               (long long)to);
-            if (win_advance(s)) {
-                c->ack_seq++;
-                pthread_cond_signal(&c->commit_cv);
-            }
-        }
+        if (skipped) note_skipped(c, s, skipped, from, to, "are missing below the produce offset");
         pthread_mutex_unlock(&c->mu);
         fx_range_resp_free(&rr);
         if (got >= max) break;
@@ -1629,7 +1862,10 @@ static fx_err cons_close_cb(void *self) { return fx_mpsc_consumer_close(self); }
 
 static void cons_destroy(fx_mpsc_consumer *c)
 {
-    for (size_t i = 0; i < c->n_ps; i++) free(c->ps[i].win);
+    for (size_t i = 0; i < c->n_ps; i++) {
+        free(c->ps[i].win);
+        fx_bytes_free(&c->ps[i].seg);
+    }
     free(c->ps);
     free(c->resume);
     pthread_cond_destroy(&c->commit_cv);

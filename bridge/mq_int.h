@@ -27,6 +27,7 @@ struct fx_mq_client {
     fx_mq_keys keys;          /* root prefix */
     fx_etcd *etcd;            /* control plane (owned) */
     fx_kv_store *kv;          /* payload plane (owned) */
+    bool segments;            /* new channels store one segment per batch (opts) */
     bool kv_shared;           /* kv uses `etcd` itself: one txn for payload + offsets */
     fx_lease_mgr *leases;     /* owned */
     fx_lease_backend etcd_backend; /* lease backend descriptors (uid strings owned by etcd/kv) */
@@ -135,6 +136,7 @@ typedef struct fx__mpsc_stats {
     uint64_t offset_rereads; /* produce-offset re-reads after an ambiguous failure */
     uint64_t full_waits;     /* capacity waits (a put found no room) */
     uint64_t full_errors;    /* puts that returned FX_EFULL */
+    uint64_t cap_checks;     /* stored-count requests (capacity) */
     uint64_t got_msgs;       /* messages handed out by get */
     uint64_t fetches;        /* payload range reads */
     uint64_t skipped_ids;    /* missing ids below the produce offset, skipped */

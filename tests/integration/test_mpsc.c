@@ -3,8 +3,8 @@
  *
  * mpsc_roundtrip: create/bind/put/get/ack/flush: payloads deleted, consume offset committed,
  *   membership keys removed by close, per-producer FIFO, ack of an unknown id rejected.
- * mpsc_batch_over_127: one put of 300 values (3 chunk txns): ids 0..299, produce offset 299,
- *   all delivered in order.
+ * mpsc_batch_over_127: one put of 5000 values (40 chunk txns of <= 127 keys, or 2 segments of
+ *   <= 4096): ids 0..4999, produce offset 4999, all delivered in order.
  * mpsc_capacity_full_then_close: capacity 2: a 3-value put stores 2 and returns FX_EFULL at its
  *   deadline; a waiting put is released by close at once (FX_ECLOSED).
  * mpsc_gap_skipped: a payload deleted by hand below the produce offset: the consumer skips it with
@@ -24,8 +24,11 @@
  * mpsc_long_lease_renewed: the id-allocator lease expired while the meta lives: a bind renews it.
  * mpsc_close_commits_pending_acks: close commits the acked prefix; a new consumer gets exactly
  *   the unacknowledged rest.
- * Several tests run twice: with the payload plane sharing the control-plane client (one txn per
- * batch) and with a separate KV client.
+ * mpsc_segment_corrupt_skipped: a segment value that does not decode is skipped as a whole
+ *   (counter), the next segment is delivered, the commit removes the bad value.
+ * Several tests run more than once: with the payload plane sharing the control-plane client (one
+ * txn per batch) and with a separate KV client; and in both payload layouts (one segment per
+ * batch, the default; one key per message, the reference layout).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -44,6 +47,7 @@
 #include "fx_log.h"
 #include "fx_time.h"
 #include "mq_int.h"
+#include "segment.h"
 #include "tests/support/fxt.h"
 
 #define OP_MS 3000
@@ -52,6 +56,7 @@
 typedef struct ctx {
     fxt_etcd etcd;
     fx_mq_client *cl;
+    bool per_key; /* channels use the one-key-per-message layout (else segments) */
 } ctx;
 
 #define CHECK(call)                                                                              \
@@ -75,7 +80,8 @@ static fx_mq_client *new_client_kv(ctx *x, int op_ms, bool kv_apart)
     fx_mq_client_opts o = {.etcd = {.endpoints = eps, .n_endpoints = 1, .connect_timeout_ms = 500},
                            .min_ttl_s = 2,
                            .op_timeout_ms = op_ms,
-                           .close_timeout_ms = 1000};
+                           .close_timeout_ms = 1000,
+                           .per_message_keys = x->per_key};
     if (kv_apart) { /* its own KV client: payload write and offset advance are separate calls */
         o.kv_endpoints = eps;
         o.n_kv_endpoints = 1;
@@ -113,6 +119,7 @@ static int group_teardown(void **state)
 static int test_setup(void **state)
 {
     ctx *x = *state;
+    x->per_key = false;
     x->cl = new_client(x, OP_MS);
     return 0;
 }
@@ -120,6 +127,23 @@ static int test_setup(void **state)
 static int test_setup_kv_apart(void **state)
 {
     ctx *x = *state;
+    x->per_key = false;
+    x->cl = new_client_kv(x, OP_MS, true);
+    return 0;
+}
+
+static int test_setup_per_key(void **state)
+{
+    ctx *x = *state;
+    x->per_key = true;
+    x->cl = new_client(x, OP_MS);
+    return 0;
+}
+
+static int test_setup_per_key_apart(void **state)
+{
+    ctx *x = *state;
+    x->per_key = true;
     x->cl = new_client_kv(x, OP_MS, true);
     return 0;
 }
@@ -164,7 +188,28 @@ static int64_t key_int(fx_etcd *e, const fx_mq_key *k, int64_t absent)
     return v;
 }
 
+/* Messages stored under the channel's payload prefix: one per key, or the message count of each
+ * segment (read from the values themselves, independent of the offsets the MQ uses). */
 static int64_t stored(fx_mq_client *c, int64_t chan)
+{
+    fx_mq_key pre;
+    CHECK(fx_mq_mpsc_payload_prefix_chan(chan, &pre));
+    uint8_t end[FX_MQ_KEY_CAP];
+    fx_slice ps = fx_mq_key_slice(&pre);
+    fx_range_resp rr = {0};
+    CHECK(fx_kv_get_range(fx_mq_client_kv(c), ps, (fx_slice){end, fx_prefix_end(ps, end)}, 0,
+                          &rr, OP_MS));
+    int64_t n = 0;
+    for (size_t i = 0; i < rr.n_kvs; i++) {
+        fx_seg_iter it;
+        n += fx_seg_open(rr.kvs[i].value.data, rr.kvs[i].value.len, &it) == FX_OK ? it.n : 1;
+    }
+    fx_range_resp_free(&rr);
+    return n;
+}
+
+/* Payload keys (not messages) under the channel's payload prefix. */
+static int64_t payload_keys(fx_mq_client *c, int64_t chan)
 {
     fx_mq_key pre;
     CHECK(fx_mq_mpsc_payload_prefix_chan(chan, &pre));
@@ -279,7 +324,11 @@ static void mpsc_roundtrip(void **state)
     assert_int_equal(key_int(e, &co1, -1), 5);
     assert_int_equal(key_int(e, &co2, -1), 10);
     assert_int_equal(key_int(e, &po1, -9), 9);
-    assert_int_equal(stored(x->cl, chan), 5);
+    int64_t bl = -1;
+    CHECK(fx__mpsc_backlog(p1, &bl));
+    assert_int_equal(bl, 5);
+    /* per key: ids 5..9 of p1; segments: p1's whole segment until its id 5 is acked */
+    assert_int_equal(stored(x->cl, chan), x->per_key ? 5 : 10);
     for (size_t i = 0; i < got; i++)
         if (out[i].id.pidx == i1 && out[i].id.msg == 5) CHECK(fx_mpsc_ack(cs, &out[i].id, 1));
     CHECK(fx_mpsc_flush(cs, 3000));
@@ -317,18 +366,20 @@ static void mpsc_batch_over_127(void **state)
     fx_mpsc_producer *p = NULL;
     fx_mpsc_consumer *cs = NULL;
     CHECK(fx_mpsc_producer_open(x->cl, chan, 0, &p));
-    enum { N = 300 };
+    enum { N = 5000 };
     static char buf[N][32];
-    fx_slice v[N];
+    static fx_slice v[N];
     vals_make(v, buf, N, "m");
-    fx_mq_msg_id ids[N];
+    static fx_mq_msg_id ids[N];
     size_t np = 0;
     fx__mpsc_stats st0, st1;
     fx__mpsc_producer_stats(p, &st0);
-    CHECK(fx_mpsc_put(p, v, N, 3000, &np, ids));
+    CHECK(fx_mpsc_put(p, v, N, 10000, &np, ids));
     fx__mpsc_producer_stats(p, &st1);
     assert_int_equal(np, N);
-    assert_int_equal(st1.put_txns - st0.put_txns, 3); /* 127 + 127 + 46 */
+    /* per key: 39 x 127 + 47; segments: 4096 + 904, i.e. two payload keys */
+    assert_int_equal(st1.put_txns - st0.put_txns, x->per_key ? 40 : 2);
+    assert_int_equal(payload_keys(x->cl, chan), x->per_key ? N : 2);
     for (int i = 0; i < N; i++) assert_int_equal(ids[i].msg, i);
     fx_mq_key po;
     CHECK(fx_mq_key_produce_offset(&x->cl->keys, chan, fx_mpsc_producer_idx(p), &po));
@@ -440,18 +491,31 @@ static void mpsc_gap_skipped(void **state)
     char b[6][32];
     vals_make(v, b, 6, "g");
     size_t np = 0;
-    CHECK(fx_mpsc_put(p, v, 6, 1000, &np, NULL));
     int64_t pidx = fx_mpsc_producer_idx(p);
     fx_mq_key hole;
-    CHECK(fx_mq_mpsc_payload_key(chan, pidx, 2, &hole));
-    CHECK(fx_kv_delete(fx_mq_client_kv(x->cl), fx_mq_key_slice(&hole), OP_MS));
-    CHECK(fx_mq_mpsc_payload_key(chan, pidx, 5, &hole)); /* a hole at the end, too */
-    CHECK(fx_kv_delete(fx_mq_client_kv(x->cl), fx_mq_key_slice(&hole), OP_MS));
+    int64_t want[4] = {0, 1, 3, 4};
+    if (x->per_key) {
+        CHECK(fx_mpsc_put(p, v, 6, 1000, &np, NULL));
+        CHECK(fx_mq_mpsc_payload_key(chan, pidx, 2, &hole));
+        CHECK(fx_kv_delete(fx_mq_client_kv(x->cl), fx_mq_key_slice(&hole), OP_MS));
+        CHECK(fx_mq_mpsc_payload_key(chan, pidx, 5, &hole)); /* a hole at the end, too */
+        CHECK(fx_kv_delete(fx_mq_client_kv(x->cl), fx_mq_key_slice(&hole), OP_MS));
+    } else { /* segments [0,1] [2] [3,4] [5]: delete [2] and the last one */
+        size_t sizes[4] = {2, 1, 2, 1}, at = 0;
+        for (int i = 0; i < 4; i++) {
+            CHECK(fx_mpsc_put(p, v + at, sizes[i], 1000, &np, NULL));
+            at += sizes[i];
+        }
+        assert_int_equal(payload_keys(x->cl, chan), 4);
+        CHECK(fx_mq_mpsc_payload_key(chan, pidx, 2, &hole));
+        CHECK(fx_kv_delete(fx_mq_client_kv(x->cl), fx_mq_key_slice(&hole), OP_MS));
+        CHECK(fx_mq_mpsc_payload_key(chan, pidx, 5, &hole));
+        CHECK(fx_kv_delete(fx_mq_client_kv(x->cl), fx_mq_key_slice(&hole), OP_MS));
+    }
     CHECK(fx_mpsc_consumer_open(x->cl, chan, &cs));
     fx_mq_delivery out[8];
     size_t got = drain(cs, out, 8, 4);
     assert_int_equal(got, 4);
-    int64_t want[4] = {0, 1, 3, 4};
     for (int i = 0; i < 4; i++) assert_int_equal(out[i].id.msg, want[i]);
     fx__mpsc_stats st;
     fx__mpsc_consumer_stats(cs, &st);
@@ -500,13 +564,19 @@ static void mpsc_put_retry_no_gap(void **state)
     int64_t chan = create_chan(cl, 100000);
     fx_mpsc_producer *p = NULL;
     CHECK(fx_mpsc_producer_open(cl, chan, 0, &p));
-    enum { N = 2000 };
-    static char b[N][32];
+    /* 4000-byte values: a chunk is 127 of them with one key each, 261 in a segment (1 MiB) */
+    enum { N = 2000, VLEN = 4000 };
+    const size_t C = x->per_key ? 127 : 261;
+    static char b[N][VLEN];
     static fx_slice v[N];
-    vals_make(v, b, N, "r");
+    for (size_t i = 0; i < N; i++) {
+        memset(b[i], 'r', VLEN);
+        snprintf(b[i], 32, "r-%zu", i);
+        v[i] = (fx_slice){b[i], VLEN};
+    }
     size_t np = 0;
     CHECK(fx_mpsc_put(p, v, 2, 1000, &np, NULL)); /* ids 0, 1 */
-    /* A 16-chunk put; etcd is paused right after its first chunk landed, so a later chunk's txn
+    /* A multi-chunk put; etcd is paused right after its first chunk landed, so a later chunk's txn
      * is sent and never answered (an ambiguous failure). */
     bigput_arg a = {.p = p, .v = v + 2, .n = N - 2};
     pthread_t th;
@@ -522,7 +592,7 @@ static void mpsc_put_retry_no_gap(void **state)
                   fx_errname(a.result), a.n_put, N - 2, (unsigned long long)st.put_retries);
     if (a.result == FX_OK) skip(); /* the put finished before the pause took effect */
     assert_true(a.result == FX_ETIMEDOUT || a.result == FX_EUNAVAIL);
-    assert_true(a.n_put >= 127 && a.n_put < N - 2 && a.n_put % 127 == 0);
+    assert_true(a.n_put >= C && a.n_put < N - 2 && a.n_put % C == 0);
     assert_true(st.put_retries >= 1);
     /* next put: re-reads the offset first, then continues without a hole */
     fx_mq_msg_id id;
@@ -538,7 +608,7 @@ static void mpsc_put_retry_no_gap(void **state)
     print_message("next id after the failure: %lld (%lld confirmed before)\n", (long long)id.msg,
                   (long long)base);
     /* the unconfirmed chunk either landed after the resume (id moves past it) or not */
-    assert_true(id.msg == base || id.msg == base + 127);
+    assert_true(id.msg == base || id.msg == base + (int64_t)C);
     fx_mpsc_consumer *cs = NULL;
     CHECK(fx_mpsc_consumer_open(cl, chan, &cs));
     static fx_mq_delivery out[N];
@@ -687,7 +757,7 @@ static void mpsc_sub_overrides(void **state)
     CHECK(fx_mq_payload_prefix_mpsc(77, chan, &pre));
     int64_t cnt = -1;
     CHECK(fx_kv_count_prefix(fx_mq_client_kv(c), fx_mq_key_slice(&pre), &cnt, OP_MS));
-    assert_int_equal(cnt, 2);
+    assert_int_equal(cnt, x->per_key ? 2 : 1); /* two messages: two keys, or one segment */
     fx_mq_key pm;
     CHECK(fx_mq_key_producer_member(&c->keys, chan, 5, &pm));
     fx_kv kv = {0};
@@ -875,8 +945,13 @@ static void mpsc_close_commits_pending_acks(void **state)
     fx_mq_key co;
     CHECK(fx_mq_key_consume_offset(&x->cl->keys, chan, fx_mpsc_producer_idx(p), &co));
     assert_int_equal(key_int(fx_mq_client_etcd(x->cl), &co, -1), 5);
-    assert_int_equal(stored(x->cl, chan), 3);
-    /* a new consumer gets exactly the unacknowledged window again (at-least-once) */
+    int64_t bl = -1;
+    CHECK(fx__mpsc_backlog(p, &bl));
+    assert_int_equal(bl, 3);
+    /* per key: the 3 unacked payloads; segments: the one segment stays until all 8 are acked */
+    assert_int_equal(payload_keys(x->cl, chan), x->per_key ? 3 : 1);
+    /* a new consumer gets exactly the unacknowledged window again (at-least-once); with
+     * segments it starts in the middle of the segment */
     CHECK(fx_mpsc_consumer_open(x->cl, chan, &cs));
     got = drain(cs, out, 8, 3);
     assert_int_equal(got, 3);
@@ -886,6 +961,49 @@ static void mpsc_close_commits_pending_acks(void **state)
     }
     CHECK(fx_mpsc_flush(cs, 3000));
     assert_int_equal(stored(x->cl, chan), 0);
+    assert_int_equal(payload_keys(x->cl, chan), 0);
+    fx_mpsc_consumer_free(cs);
+    fx_mpsc_producer_free(p);
+}
+
+/* Segments only: a segment value that does not decode is skipped as a whole (counted, logged),
+ * the next segment is delivered, and the commit removes the bad value too. */
+static void mpsc_segment_corrupt_skipped(void **state)
+{
+    ctx *x = *state;
+    int64_t chan = create_chan(x->cl, 100);
+    fx_mpsc_producer *p = NULL;
+    fx_mpsc_consumer *cs = NULL;
+    CHECK(fx_mpsc_producer_open(x->cl, chan, 0, &p));
+    fx_slice v[5];
+    char b[5][32];
+    vals_make(v, b, 5, "s");
+    size_t np = 0;
+    CHECK(fx_mpsc_put(p, v, 3, 1000, &np, NULL));     /* segment [0,2] */
+    CHECK(fx_mpsc_put(p, v + 3, 2, 1000, &np, NULL)); /* segment [3,4] */
+    int64_t pidx = fx_mpsc_producer_idx(p);
+    fx_mq_key k;
+    CHECK(fx_mq_mpsc_payload_key(chan, pidx, 2, &k));
+    /* a plausible header whose first length runs past the end */
+    static const char bad[] = "FXS1\0\0\0\x03\0\0\0\x09" "abc";
+    CHECK(fx_kv_put(fx_mq_client_kv(x->cl), fx_mq_key_slice(&k), (fx_slice){bad, sizeof bad - 1},
+                    NULL, OP_MS));
+    CHECK(fx_mpsc_consumer_open(x->cl, chan, &cs));
+    fx_mq_delivery out[8];
+    size_t got = drain(cs, out, 8, 2);
+    assert_int_equal(got, 2);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(out[i].id.msg, 3 + i);
+        char want[32];
+        snprintf(want, sizeof want, "s-%d", 3 + i);
+        assert_memory_equal(out[i].value.data, want, strlen(want) + 1);
+        fx_mq_delivery_free(&out[i]);
+    }
+    fx__mpsc_stats st;
+    fx__mpsc_consumer_stats(cs, &st);
+    assert_int_equal(st.skipped_ids, 3);
+    CHECK(fx_mpsc_flush(cs, 3000));
+    assert_int_equal(payload_keys(x->cl, chan), 0);
     fx_mpsc_consumer_free(cs);
     fx_mpsc_producer_free(p);
 }
@@ -968,6 +1086,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(mpsc_batch_over_127, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(mpsc_capacity_full_then_close, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(mpsc_gap_skipped, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(mpsc_segment_corrupt_skipped, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(mpsc_put_retry_no_gap, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(mpsc_payload_lease_revoked, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(mpsc_client_close_closes_endpoints, test_setup,
@@ -983,11 +1102,26 @@ int main(void)
         cmocka_unit_test_setup_teardown(mpsc_roundtrip, test_setup_kv_apart, test_teardown),
         cmocka_unit_test_setup_teardown(mpsc_batch_over_127, test_setup_kv_apart, test_teardown),
         cmocka_unit_test_setup_teardown(mpsc_gap_skipped, test_setup_kv_apart, test_teardown),
+        cmocka_unit_test_setup_teardown(mpsc_segment_corrupt_skipped, test_setup_kv_apart,
+                                        test_teardown),
         cmocka_unit_test_setup_teardown(mpsc_payload_lease_revoked, test_setup_kv_apart,
                                         test_teardown),
         cmocka_unit_test_setup_teardown(mpsc_close_commits_pending_acks, test_setup_kv_apart,
                                         test_teardown),
         cmocka_unit_test_setup_teardown(mpsc_member_lease_lost, test_setup_kv_apart,
+                                        test_teardown),
+        /* the reference layout (one key per message), both payload planes */
+        cmocka_unit_test_setup_teardown(mpsc_roundtrip, test_setup_per_key, test_teardown),
+        cmocka_unit_test_setup_teardown(mpsc_batch_over_127, test_setup_per_key, test_teardown),
+        cmocka_unit_test_setup_teardown(mpsc_capacity_full_then_close, test_setup_per_key,
+                                        test_teardown),
+        cmocka_unit_test_setup_teardown(mpsc_gap_skipped, test_setup_per_key, test_teardown),
+        cmocka_unit_test_setup_teardown(mpsc_put_retry_no_gap, test_setup_per_key, test_teardown),
+        cmocka_unit_test_setup_teardown(mpsc_close_commits_pending_acks, test_setup_per_key,
+                                        test_teardown),
+        cmocka_unit_test_setup_teardown(mpsc_batch_over_127, test_setup_per_key_apart,
+                                        test_teardown),
+        cmocka_unit_test_setup_teardown(mpsc_gap_skipped, test_setup_per_key_apart,
                                         test_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

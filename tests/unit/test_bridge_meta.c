@@ -149,6 +149,35 @@ static void test_chan_meta_roundtrip(void **state)
     assert_memory_equal(&m, &d, sizeof m);
 }
 
+/* payload_format: written only for segments; absent means one key per message (the reference
+ * layout); any other value is refused, so a reader never misreads a layout it does not know. */
+static void test_chan_meta_payload_format(void **state)
+{
+    (void)state;
+    fx_mq_chan_meta m = {.capacity = 10, .ttl_seconds = 90, .global_lease_id = 1,
+                         .global_long_lease_id = 2, .payload_lease_id = 3, .segments = true};
+    fx_mq_chan_meta d;
+    char *js = NULL;
+    assert_int_equal(fx_mq_chan_meta_encode(&m, &js), FX_OK);
+    assert_non_null(strstr(js, "\"payload_format\":\"segment\""));
+    memset(&d, 0, sizeof d);
+    assert_int_equal(DEC(fx_mq_chan_meta_decode, js, &d), FX_OK);
+    assert_true(d.segments);
+    free(js);
+    m.segments = false;
+    assert_int_equal(fx_mq_chan_meta_encode(&m, &js), FX_OK);
+    assert_null(strstr(js, "payload_format"));
+    d.segments = true;
+    assert_int_equal(DEC(fx_mq_chan_meta_decode, js, &d), FX_OK);
+    assert_false(d.segments);
+    free(js);
+    const char *bad = "{\"capacity\":1,\"ttl_seconds\":90,\"global_lease_id\":1,"
+                      "\"global_long_lease_id\":2,\"payload_lease_id\":3,"
+                      "\"payload_format\":\"zstd\"}";
+    assert_int_equal(DEC(fx_mq_chan_meta_decode, bad, &d), FX_EPROTO);
+    assert_non_null(strstr(fx_err_detail(), "unsupported value 'zstd'"));
+}
+
 /* The codecs accept any ttl >= FX_MQ_CODEC_MIN_TTL_SECONDS (1): the product minimum (90 by
  * default) is the client's min_ttl_s, checked by fx__mq_cfg_validate, not here. */
 static void test_short_ttl_accepted(void **state)
@@ -746,6 +775,7 @@ int main(void)
         cmocka_unit_test(test_dec),
         cmocka_unit_test(test_dec_random_roundtrip),
         cmocka_unit_test(test_chan_meta_roundtrip),
+        cmocka_unit_test(test_chan_meta_payload_format),
         cmocka_unit_test(test_short_ttl_accepted),
         cmocka_unit_test(test_chan_meta_aliases_and_forms),
         cmocka_unit_test(test_chan_meta_reject),
