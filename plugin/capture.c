@@ -475,18 +475,11 @@ static void *producer_main(void *arg)
             pthread_mutex_unlock(&q->mu);
             break;
         }
-        int64_t linger_until = fx_now_ms() + FX_DM_LINGER_MS;
-        for (;;) {
-            while (q->head && n < FX_DM_BATCH_MSGS &&
-                   (n == 0 || bytes + q->head->rec_len <= FX_DM_BATCH_BYTES)) {
-                pq_item *it = pq_take_locked(q);
-                bytes += it->rec_len;
-                batch[n++] = it;
-            }
-            if (n >= FX_DM_BATCH_MSGS || q->head || bytes >= FX_DM_BATCH_BYTES || q->stop) break;
-            if (fx_ms_left(linger_until) <= 0) break;
-            struct timespec ts = fx_deadline_ts(linger_until);
-            pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+        while (q->head && n < FX_DM_BATCH_MSGS &&
+               (n == 0 || bytes + q->head->rec_len <= FX_DM_BATCH_BYTES)) {
+            pq_item *it = pq_take_locked(q);
+            bytes += it->rec_len;
+            batch[n++] = it;
         }
         pthread_mutex_unlock(&q->mu);
         process_batch(ch, &ps, batch, n);

@@ -20,8 +20,9 @@
  * Threads (all created after main blocked SIGINT/SIGTERM/SIGHUP):
  *   cnats: reader, flusher, timers and a global delivery pool of FX_DM_DELIVERY_THREADS; NATS
  *          callbacks only copy and enqueue (never etcd).
- *   producer (one per channel, DLQ channels included): capture queue -> batches (127 msgs,
- *          1 MiB, 1 ms linger) -> fx_mpmc_put -> PubAck replies / dead-letter completions.
+ *   producer (one per channel, DLQ channels included): capture queue -> batches (what queued
+ *          while the previous batch was stored, <= 1024 msgs / 1 MiB) -> fx_mpmc_put (one
+ *          segment, one etcd txn) -> PubAck replies / dead-letter completions.
  *   claim (one per claim): fx_mpmc_get -> deliver -> in-flight table -> acks, redelivery,
  *          dead letters; owns its MPMC consumer.
  *   interest (one): polls /subsz, opens and releases claims.

@@ -44,9 +44,11 @@
 #define FX_DM_CAPQ_MAX_BYTES (64u << 20)   /* ... and bytes; full -> 503 "bridge queue full" */
 #define FX_DM_SUB_PENDING_MSGS 65536       /* cnats pending per capture sub (slow consumer) */
 #define FX_DM_SUB_PENDING_BYTES (128 << 20)
-#define FX_DM_BATCH_MSGS 127               /* one etcd txn: 127 payload puts + 1 offset put */
+/* One batch = what queued while the previous batch was being stored (no linger: a lone publish
+ * is stored at once, and under load the batches grow by themselves), at most this many messages
+ * and bytes; the MQ writes it as one segment (<= 4096 msgs, 1 MiB) in one etcd txn. */
+#define FX_DM_BATCH_MSGS 1024
 #define FX_DM_BATCH_BYTES (1u << 20)
-#define FX_DM_LINGER_MS 1
 #define FX_DM_PUT_TIMEOUT_MS 4000          /* under the 5 s default publish timeout of clients */
 #define FX_DM_MAX_MSG_BYTES (1u << 20)     /* payload + header block, before the headroom */
 #define FX_DM_DELIVERY_HEADROOM 4096       /* room for the Fluxon-* delivery headers */
