@@ -7,14 +7,18 @@
  * consumer threads that get and ack everything; then it drains (until every stored message was
  * consumed) and prints one markdown row: messages/s end to end (acked / time until drained),
  * put-batch latency p50/p99, and the etcd requests per message.
- * Rows compare batch sizes and the two payload-plane layouts side by side in the same run:
- *   shared: payloads share the control-plane client (a batch = one txn with its offset advance);
- *   split:  payloads go through their own client (put_many txn + offset txn: two raft commits).
+ * Rows compare batch sizes, the two payload layouts and the two payload planes side by side in
+ * the same run:
+ *   payload "segment": one KV value per batch; "key per msg": one key per message (reference);
+ *   plane shared: payloads share the control-plane client (a batch = one txn with its offset
+ *   advance); split: payloads go through their own client (payload put + offset txn: two raft
+ *   commits).
  * Exit 1 on any lost message (acked != stored) or error.
  */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +32,7 @@
 
 typedef struct row {
     const char *layout;
+    bool per_key; /* payloads one key per message (the reference layout), else one segment/batch */
     int producers, consumers, batch;
 } row;
 
@@ -130,7 +135,8 @@ static int cmp_i64(const void *a, const void *b)
 static int run_row(const char *endpoint, const row *w, int seconds, size_t size, int idx)
 {
     const char *eps[] = {endpoint};
-    fx_mq_client_opts o = {.etcd = {.endpoints = eps, .n_endpoints = 1}, .min_ttl_s = 2};
+    fx_mq_client_opts o = {.etcd = {.endpoints = eps, .n_endpoints = 1}, .min_ttl_s = 2,
+                           .per_message_keys = w->per_key};
     char root[64];
     snprintf(root, sizeof root, "/bench%d", idx);
     o.root = root;
@@ -184,8 +190,8 @@ static int run_row(const char *endpoint, const row *w, int seconds, size_t size,
     double p99 = r.n_lat ? (double)r.lat_us[(r.n_lat * 99) / 100] / 1000.0 : 0;
     long long stored = atomic_load(&r.stored), acked = atomic_load(&r.acked);
     double secs = (double)(t1 - t0) / 1000.0;
-    printf("| %s | %d | %d | %d | %zu B | %lld | %lld | %.0f | %.2f / %.2f | %.2f |\n", w->layout,
-           w->producers, w->consumers, w->batch, size, stored, acked, (double)acked / secs, p50, p99,
+    printf("| %s | %s | %d | %d | %d | %zu B | %lld | %lld | %.0f | %.2f / %.2f | %.2f |\n",
+           w->layout, w->per_key ? "key per msg" : "segment", w->producers, w->consumers, w->batch, size, stored, acked, (double)acked / secs, p50, p99,
            acked ? (double)reqs / (double)acked : 0.0);
     fflush(stdout);
     free(r.lat_us);
@@ -220,11 +226,13 @@ int main(int argc, char **argv)
         ep = etcd.endpoint;
     }
     static const row rows[] = {
-        {"shared", 1, 1, 1},  {"shared", 1, 1, 32},  {"shared", 4, 2, 32},
-        {"split", 1, 1, 32},  {"shared", 4, 2, 100}, {"split", 4, 2, 100},
+        {"shared", true, 1, 1, 1},    {"shared", false, 1, 1, 1},
+        {"shared", true, 1, 1, 100},  {"shared", false, 1, 1, 100},
+        {"shared", true, 4, 2, 100},  {"shared", false, 4, 2, 100},
+        {"split", false, 4, 2, 100},  {"shared", false, 4, 2, 1000},
     };
-    printf("| layout | producers | consumers | batch | size | stored | acked | msgs/s | put p50/p99 ms | etcd req/msg |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| plane | payload | producers | consumers | batch | size | stored | acked | msgs/s | put p50/p99 ms | etcd req/msg |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
     int rc = 0;
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         if (run_row(ep, &rows[i], seconds, size, (int)i) != 0) rc = 1;
