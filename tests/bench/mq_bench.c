@@ -28,6 +28,7 @@
 #include "tests/support/fxt.h"
 
 #define MAX_THREADS 16
+#define MAX_BATCH 1024 /* rows[].batch must not exceed it (checked in main) */
 #define LAT_MAX 200000
 
 typedef struct row {
@@ -61,7 +62,7 @@ static void *producer_main(void *arg)
     }
     char *buf = malloc(r->size);
     memset(buf, 'x', r->size);
-    fx_slice vals[128];
+    fx_slice vals[MAX_BATCH];
     for (int i = 0; i < r->batch; i++) vals[i] = (fx_slice){buf, r->size};
     while (fxt_now_ms() < r->stop_ms) {
         size_t n_put = 0;
@@ -234,6 +235,12 @@ int main(int argc, char **argv)
     printf("| plane | payload | producers | consumers | batch | size | stored | acked | msgs/s | put p50/p99 ms | etcd req/msg |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
     int rc = 0;
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        if (rows[i].batch < 1 || rows[i].batch > MAX_BATCH || rows[i].producers > MAX_THREADS ||
+            rows[i].consumers > MAX_THREADS) {
+            fprintf(stderr, "row %zu: batch or thread count out of range\n", i);
+            return 2;
+        }
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         if (run_row(ep, &rows[i], seconds, size, (int)i) != 0) rc = 1;
     fxt_etcd_destroy(&etcd);
