@@ -32,6 +32,7 @@ start() {
       --listen-client-urls="http://127.0.0.1:$ETCD_PORT" --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" \
       --listen-peer-urls="http://127.0.0.1:$((ETCD_PORT + 1))" --initial-advertise-peer-urls="http://127.0.0.1:$((ETCD_PORT + 1))" \
       --initial-cluster="local=http://127.0.0.1:$((ETCD_PORT + 1))" \
+      --auto-compaction-mode=periodic --auto-compaction-retention=5m \
       --logger=zap --log-level=warn >"$DIR/etcd.log" 2>&1 &
     echo $! >"$DIR/etcd.pid"
   fi
