@@ -2,6 +2,7 @@
  *
  *   nats_bench [-d seconds] [-w warmup_ms] [-b bridge_binary] [-D drain_ms] [-W window] [-P pubs]
  *              [-o scenarios] [-s sizes]
+ *   nats_bench -S seconds [-s size] [-w warmup_ms] [-b bridge_binary] [-D drain_ms] [-W window]
  *
  * Starts its own etcd (tests/support/fxt), nats-server (monitoring, leafnodes listener, JetStream
  * file store) and fluxon-bridge (path from -b, else $BUILD/fluxon-bridge, else build/fluxon-bridge)
@@ -18,7 +19,11 @@
  *       (default 4), names c1..c4. Publishers publish to bench.x with a reply inbox (window of
  *       in-flight PubAcks); consumers ack every delivery with "+ACK" to its reply subject.
  *   5   bridge: natsConnection_Request to bench.x one at a time (timeout 5 s), consumer c1 acking.
- * Scenario 6 (raw etcd txn rate) is etcd_bench, run by tests/bench/run.sh.
+ * Scenario 6 (raw etcd rate: etcd_bench's txn rows, and payload_bench, the MQ's per-batch etcd
+ * work without MQ code) is run by tests/bench/run.sh.
+ * Before each bridge row the bench waits until the bridge holds no claim (/metrics fluxon_claims
+ * == 0; the channel's release_after is 1 s), so a row never routes into the previous row's
+ * consumers' sub-MPSCs.
  *
  * Every message carries its publish time (CLOCK_REALTIME ns, bytes 0..7) and the row's id
  * (bytes 8..15). A row: warm-up (-w, default 1000 ms, not counted), measured window (-d, default
@@ -29,11 +34,28 @@
  * (default 10000) messages published but not yet consumed, and at most 1000 publishes without
  * their PubAck (JetStream async, bridge), so queues and disk stay bounded; e2e latency therefore
  * includes the queueing such a window allows. CPU% is (utime+stime) delta over the measured window
- * per wall second (100% = one core); bridge RSS is VmHWM, reset (clear_refs 5) at each row start.
+ * per wall second (100% = one core), for the bridge, etcd, nats-server and this program (client:
+ * the scenario's NATS clients); bridge RSS is VmHWM, reset (clear_refs 5) at each row start.
  * etcd req/msg: delta of the bridge's fluxon_etcd_requests_total over the row / messages consumed.
  *
  * Output: one markdown table and ratio lines on stdout; progress on stderr. Exit 0 when every row
  * ran without error, 1 otherwise (a failed row prints its error in the note column).
+ *
+ * Soak mode (-S seconds, at least 20; -d and -o do not apply): does the bridge's memory stay flat
+ * under sustained full load? Runs scenario 4a's traffic (1 publisher with PubAcks, consumer c1
+ * acking each delivery, the same closed loop) as one row whose window is -S seconds, with one size
+ * (-s, default 128). etcd is started with --auto-compaction-mode=periodic
+ * --auto-compaction-retention=1m so its db does not fill up. Every 10 s of the window it prints a
+ * markdown table row: elapsed s, msgs/s consumed in the interval, bridge VmRSS and VmHWM MiB
+ * (HWM reset at the window start), bridge CPU% in the interval, etcd db size MiB (total / in use,
+ * from etcd's /metrics) and published-not-consumed messages. Then a summary: messages, mean rate,
+ * peak RSS (VmHWM over the window and the drain), the RSS reference (the sample at 60 s; for
+ * soaks under 120 s the sample at half the soak) and the max RSS of the last minute (the samples
+ * after the reference for soaks under 120 s), with growth in MiB and %, and the verdict:
+ * "soak: PASS" when peak RSS < 64 MiB and last-minute max <= reference * 1.10 + 2 MiB, else
+ * "soak: FAIL (reasons)". Exit 0 on PASS, 1 on FAIL or when the row has an error (stall, drain
+ * timeout = lost messages, error PubAcks, bridge died), 130 when interrupted (SIGINT / SIGTERM
+ * end the soak early and tear everything down as in the normal mode).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -69,6 +91,7 @@
 #define HB_FINE 10000   /* 2 us buckets up to 20 ms */
 #define HB_COARSE 60000 /* then 1 ms buckets up to 80 s */
 #define STALL_MS 10000  /* no progress for this long ends a row with an error */
+#define BENCH_RELEASE_MS 1000 /* the bench channel's release_after: claims left by a row go soon */
 
 static atomic_bool g_stop;
 static void on_signal(int sig) { (void)sig; atomic_store(&g_stop, true); }
@@ -278,16 +301,15 @@ static int wait_http_ok(const char *url, pid_t pid, int timeout_ms)
     return -1;
 }
 
-static double bridge_etcd_requests(void)
+/* Sum of the Prometheus metric `name` at `url` over its labels (-1: unreachable). */
+static double metric_sum(const char *url, const char *name)
 {
-    char url[128], *body = NULL;
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/metrics", g_http_port);
+    char *body = NULL;
     if (http_get(url, &body) != 200 || !body) {
         free(body);
         return -1;
     }
     double sum = 0;
-    const char *name = "fluxon_etcd_requests_total";
     for (char *l = body; l && *l;) {
         char *nl = strchr(l, '\n');
         if (strncmp(l, name, strlen(name)) == 0 && (l[strlen(name)] == ' ' || l[strlen(name)] == '{')) {
@@ -301,6 +323,24 @@ static double bridge_etcd_requests(void)
     free(body);
     return sum;
 }
+
+/* Sum of the bridge's metric `name` over its labels (-1: /metrics unreachable). */
+static double bridge_metric_sum(const char *name)
+{
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/metrics", g_http_port);
+    return metric_sum(url, name);
+}
+
+/* etcd's metric `name` from /metrics on its client port (-1: unreachable). */
+static double etcd_metric(const char *name)
+{
+    char url[128];
+    snprintf(url, sizeof url, "%s/metrics", g_etcd.endpoint);
+    return metric_sum(url, name);
+}
+
+static double bridge_etcd_requests(void) { return bridge_metric_sum("fluxon_etcd_requests_total"); }
 
 static int64_t proc_cpu_ticks(pid_t pid)
 {
@@ -320,18 +360,23 @@ static int64_t proc_cpu_ticks(pid_t pid)
     return (int64_t)(ut + st);
 }
 
-static long proc_hwm_kib(pid_t pid)
+/* A kB field ("VmHWM:", "VmRSS:") of /proc/<pid>/status (-1: unavailable). */
+static long proc_status_kib(pid_t pid, const char *field)
 {
+    if (pid <= 0) return -1;
     char p[64], line[256];
+    size_t fl = strlen(field);
     snprintf(p, sizeof p, "/proc/%d/status", (int)pid);
     FILE *f = fopen(p, "r");
     if (!f) return -1;
     long v = -1;
     while (fgets(line, sizeof line, f))
-        if (strncmp(line, "VmHWM:", 6) == 0) v = strtol(line + 6, NULL, 10);
+        if (strncmp(line, field, fl) == 0) v = strtol(line + fl, NULL, 10);
     fclose(f);
     return v;
 }
+
+static long proc_hwm_kib(pid_t pid) { return proc_status_kib(pid, "VmHWM:"); }
 
 static void proc_reset_hwm(pid_t pid)
 {
@@ -402,8 +447,8 @@ static int start_stack(const char *bridge_bin)
             " \"http\":{\"listen\":\"127.0.0.1:%d\"},\n"
             " \"channels\":[{\"name\":\"bench\",\"subjects\":[\"bench.>\"],\"deliver_prefix\":\"q.bench\","
             "\"ttl_seconds\":30,\"capacity\":1000000,\"ack\":\"explicit\",\"max_ack_pending\":5000,"
-            "\"interest_poll\":\"200ms\"}]}\n",
-            g_nats_url, g_mon_port, g_leaf_port, g_etcd.endpoint, g_etcd.endpoint, g_http_port);
+            "\"interest_poll\":\"200ms\",\"release_after\":\"%dms\"}]}\n",
+            g_nats_url, g_mon_port, g_leaf_port, g_etcd.endpoint, g_etcd.endpoint, g_http_port, BENCH_RELEASE_MS);
     fclose(f);
     if (access(bridge_bin, X_OK) != 0) {
         logf_("bridge binary %s is not executable (-b)", bridge_bin);
@@ -435,7 +480,7 @@ typedef struct row {
     hist e2e, pack;
     bool has_e2e, has_pack, bridge;
     /* results */
-    double rate, mbs, bridge_cpu, etcd_cpu, nats_cpu, req_per_msg;
+    double rate, mbs, bridge_cpu, etcd_cpu, nats_cpu, client_cpu, req_per_msg;
     long rss_kib;
     char err[200];
 } row;
@@ -521,7 +566,7 @@ static void drain(row *r, bool need_consume, bool pubwin, int drain_ms)
 typedef struct sampler {
     row *r;
     pthread_t th;
-    int64_t c0[3], c1[3];
+    int64_t c0[4], c1[4];
     double wall_s;
 } sampler;
 
@@ -530,13 +575,18 @@ static void sample(int64_t *c)
     c[0] = proc_cpu_ticks(g_bridge_pid);
     c[1] = proc_cpu_ticks(g_etcd.pid);
     c[2] = proc_cpu_ticks(g_nats_pid);
+    c[3] = proc_cpu_ticks(getpid()); /* this program: the NATS clients of the scenario */
 }
+
+/* Soak mode: set when the row's traffic ended before its window did (error), so the waits for the
+ * window's end return at once instead of idling out a long soak. */
+static atomic_bool g_row_over;
 
 static void sleep_until_rt(int64_t t)
 {
     for (;;) {
         int64_t d = t - rt_ns();
-        if (d <= 0 || atomic_load(&g_stop)) return;
+        if (d <= 0 || atomic_load(&g_stop) || atomic_load(&g_row_over)) return;
         sleep_us(d / 1000 > 50000 ? 50000 : d / 1000 + 1);
     }
 }
@@ -562,6 +612,170 @@ static double cpu_pct(sampler *s, int i)
 
 static int g_dur_s = 5, g_warm_ms = 1000, g_drain_ms = 15000, g_npubs = 4;
 static long long g_window = 10000;
+
+/* ---- soak mode (-S): bridge memory under sustained load ------------------------------------- */
+
+#define SOAK_INTERVAL_S 10
+#define SOAK_MIN_S 20
+#define SOAK_RSS_LIMIT_MIB 64.0
+#define SOAK_GROWTH_FACTOR 1.10
+#define SOAK_GROWTH_SLACK_MIB 2.0
+#define SOAK_ETCD_ARGS "--auto-compaction-mode=periodic --auto-compaction-retention=1m"
+
+typedef struct soak_sample {
+    double t_s;            /* elapsed since the window start */
+    long rss_kib, hwm_kib; /* bridge VmRSS / VmHWM (-1: unavailable) */
+} soak_sample;
+
+typedef struct soak_mon {
+    row *r;
+    pthread_t th;
+    soak_sample *s;
+    int n, cap;
+} soak_mon;
+
+static int g_soak_s; /* 0: normal mode */
+static soak_mon *g_soak;
+
+static void fmt_mib(char *o, size_t n, double bytes) { bytes < 0 ? snprintf(o, n, "-") : snprintf(o, n, "%.1f", bytes / 1048576.0); }
+
+/* One table row per SOAK_INTERVAL_S of the window (the last one may be shorter), on stdout. */
+static void *soak_main(void *arg)
+{
+    soak_mon *m = arg;
+    row *r = m->r;
+    sleep_until_rt(r->t0);
+    if (atomic_load(&g_stop) || atomic_load(&g_row_over)) return NULL;
+    int64_t prev_t = rt_ns();
+    long long prev_consumed = atomic_load(&r->consumed);
+    int64_t prev_ticks = proc_cpu_ticks(g_bridge_pid);
+    for (int k = 1;; k++) {
+        int64_t target = r->t0 + (int64_t)k * SOAK_INTERVAL_S * 1000000000LL;
+        if (target > r->t1) target = r->t1;
+        sleep_until_rt(target);
+        if (atomic_load(&g_stop) || atomic_load(&g_row_over)) break;
+        int64_t now = rt_ns();
+        long long consumed = atomic_load(&r->consumed), published = atomic_load(&r->published);
+        int64_t ticks = proc_cpu_ticks(g_bridge_pid);
+        soak_sample smp = {.t_s = (now - r->t0) / 1e9,
+                           .rss_kib = proc_status_kib(g_bridge_pid, "VmRSS:"),
+                           .hwm_kib = proc_hwm_kib(g_bridge_pid)};
+        double db = etcd_metric("etcd_mvcc_db_total_size_in_bytes");
+        double db_use = etcd_metric("etcd_mvcc_db_total_size_in_use_in_bytes");
+        double dt = (now - prev_t) / 1e9;
+        double cpu = ticks >= 0 && prev_ticks >= 0 && dt > 0
+                         ? (double)(ticks - prev_ticks) / (double)sysconf(_SC_CLK_TCK) / dt * 100.0
+                         : -1;
+        if (m->n == m->cap) {
+            int nc = m->cap ? m->cap * 2 : 64;
+            soak_sample *ns = realloc(m->s, (size_t)nc * sizeof *ns);
+            if (ns) {
+                m->s = ns;
+                m->cap = nc;
+            }
+        }
+        if (m->n < m->cap) m->s[m->n++] = smp;
+        char rss[16], hwm[16], cp[16], dbs[16], dbu[16];
+        fmt_mib(rss, sizeof rss, smp.rss_kib < 0 ? -1 : smp.rss_kib * 1024.0);
+        fmt_mib(hwm, sizeof hwm, smp.hwm_kib < 0 ? -1 : smp.hwm_kib * 1024.0);
+        cpu >= 0 ? snprintf(cp, sizeof cp, "%.0f", cpu) : snprintf(cp, sizeof cp, "-");
+        fmt_mib(dbs, sizeof dbs, db);
+        fmt_mib(dbu, sizeof dbu, db_use);
+        printf("| %.0f | %.0f | %s | %s | %s | %s / %s | %lld |\n", smp.t_s,
+               dt > 0 ? (double)(consumed - prev_consumed) / dt : 0.0, rss, hwm, cp, dbs, dbu,
+               published - consumed);
+        fflush(stdout);
+        prev_t = now;
+        prev_consumed = consumed;
+        prev_ticks = ticks;
+        if (target >= r->t1) break;
+    }
+    return NULL;
+}
+
+/* Index of the last sample taken at or before t_s (-1: none). */
+static int soak_at(const soak_mon *m, double t_s)
+{
+    int idx = -1;
+    for (int i = 0; i < m->n; i++)
+        if (m->s[i].t_s <= t_s + 0.5) idx = i;
+    return idx;
+}
+
+/* Summary and verdict; returns the exit code (0 PASS, 1 FAIL, 130 interrupted). */
+static int soak_report(soak_mon *m, row *r, bool interrupted, bool bridge_alive)
+{
+    long long counted = atomic_load(&r->counted), published = atomic_load(&r->published),
+              consumed = atomic_load(&r->consumed);
+    double win_s = g_soak_s, rate = r->rate;
+    if (interrupted) { /* the window was cut short: rate over the part that ran */
+        win_s = (atomic_load(&r->last_counted) - r->t0) / 1e9;
+        rate = win_s > 0 ? counted / win_s : 0;
+    }
+    printf("\n- messages: %lld published and consumed in the %.0f s window (%lld published, %lld "
+           "deliveries in all, warm-up and drain included); mean %.0f msgs/s; bridge CPU %.0f%%, "
+           "etcd CPU %.0f%% (mean over the window)\n",
+           counted, win_s, published, consumed, rate, r->bridge_cpu, r->etcd_cpu);
+    if (consumed > published)
+        printf("- redeliveries (deliveries beyond published): %lld\n", consumed - published);
+    double peak = r->rss_kib >= 0 ? r->rss_kib / 1024.0 : -1;
+    for (int i = 0; i < m->n; i++) {
+        double v = m->s[i].hwm_kib >= 0 ? m->s[i].hwm_kib / 1024.0 : -1;
+        if (v > peak) peak = v;
+    }
+    /* Reference: end of the first minute; the last minute: samples after g_soak_s - 60. A soak
+     * under 120 s has no separate minutes: reference at half the soak, compared with the rest. */
+    double ref_t = g_soak_s >= 120 ? 60 : (double)(g_soak_s / 2 / SOAK_INTERVAL_S * SOAK_INTERVAL_S);
+    double last_from = g_soak_s >= 120 ? g_soak_s - 60.0 : ref_t;
+    int ri = soak_at(m, ref_t);
+    double ref = ri >= 0 && m->s[ri].rss_kib >= 0 ? m->s[ri].rss_kib / 1024.0 : -1, last_max = -1;
+    int nlast = 0;
+    for (int i = 0; i < m->n; i++) {
+        if (m->s[i].t_s <= last_from + 0.5) continue;
+        nlast++;
+        double v = m->s[i].rss_kib >= 0 ? m->s[i].rss_kib / 1024.0 : -1;
+        if (v > last_max) last_max = v;
+    }
+    char peaks[16];
+    peak >= 0 ? snprintf(peaks, sizeof peaks, "%.1f", peak) : snprintf(peaks, sizeof peaks, "-");
+    printf("- bridge peak RSS (VmHWM since the window start, drain included): %s MiB\n", peaks);
+    if (ref >= 0 && last_max >= 0)
+        printf("- bridge RSS at %.0f s%s: %.1f MiB; max over (%.0f, %d] s%s: %.1f MiB; growth %+.1f MiB "
+               "(%+.1f%%)\n",
+               ref_t, g_soak_s >= 120 ? " (end of the first minute)" : " (half the soak)", ref, last_from,
+               g_soak_s, g_soak_s >= 120 ? " (the last minute)" : "", last_max, last_max - ref,
+               ref > 0 ? (last_max - ref) / ref * 100.0 : 0.0);
+    printf("- rule: PASS when peak RSS < %.0f MiB and last-minute max RSS <= first-minute-end RSS * %.2f "
+           "+ %.0f MiB (soaks under 120 s: RSS at half the soak vs the max after it), with no lost or "
+           "errored message\n",
+           SOAK_RSS_LIMIT_MIB, SOAK_GROWTH_FACTOR, SOAK_GROWTH_SLACK_MIB);
+    if (interrupted) {
+        printf("soak: INCOMPLETE (interrupted after %.0f s)\n", m->n ? m->s[m->n - 1].t_s : 0.0);
+        fflush(stdout);
+        return 130;
+    }
+    char why[512] = "";
+    size_t w = 0;
+#define WHY(...)                                                                                        \
+    do {                                                                                                \
+        if (w < sizeof why)                                                                             \
+            w += (size_t)snprintf(why + w, sizeof why - w, "%s", w ? "; " : "");                        \
+        if (w < sizeof why) w += (size_t)snprintf(why + w, sizeof why - w, __VA_ARGS__);                \
+    } while (0)
+    if (r->err[0]) WHY("%s", r->err);
+    if (!bridge_alive) WHY("bridge is not running at the end");
+    if (peak < 0) WHY("no bridge RSS reading");
+    else if (peak >= SOAK_RSS_LIMIT_MIB) WHY("peak RSS %.1f MiB >= %.0f MiB", peak, SOAK_RSS_LIMIT_MIB);
+    if (ref < 0 || nlast == 0 || last_max < 0) WHY("not enough RSS samples (%d)", m->n);
+    else if (last_max > ref * SOAK_GROWTH_FACTOR + SOAK_GROWTH_SLACK_MIB)
+        WHY("RSS grew from %.1f to %.1f MiB (limit %.1f MiB)", ref, last_max,
+            ref * SOAK_GROWTH_FACTOR + SOAK_GROWTH_SLACK_MIB);
+#undef WHY
+    if (why[0]) printf("soak: FAIL (%s)\n", why);
+    else printf("soak: PASS\n");
+    fflush(stdout);
+    return why[0] ? 1 : 0;
+}
 
 static natsConnection *connect_nc(row *r, const char *name)
 {
@@ -975,6 +1189,30 @@ out:
 
 /* ---- driver ------------------------------------------------------------------------------- */
 
+/* Row isolation: the consumers of the previous bridge row have unsubscribed, but the bridge keeps
+ * their claims (and the sub-MPSCs they hold stay ready, so the producer keeps routing into them)
+ * until release_after without interest. A row that started now would send most of its messages
+ * to sub-MPSCs nobody delivers from, and they would wait for the release plus the adoption of the
+ * stranded backlog (seconds of e2e latency at low rates, row 5). Wait until no claim is live,
+ * plus a short settle for the release (ready key delete) to reach etcd and the producer's watch. */
+static void wait_claims_released(row *r)
+{
+    int64_t deadline = fxt_now_ms() + BENCH_RELEASE_MS + 5000, t0 = fxt_now_ms();
+    while (!atomic_load(&g_stop)) {
+        double n = bridge_metric_sum("fluxon_claims");
+        if (n == 0) {
+            sleep_us(300000);
+            logf_("  previous claims released after %" PRId64 " ms", fxt_now_ms() - t0);
+            return;
+        }
+        if (fxt_now_ms() > deadline) {
+            row_err(r, "claims of the previous row not released (%.0f live)", n);
+            return;
+        }
+        sleep_us(50000);
+    }
+}
+
 static void run_row(row *r)
 {
     static uint64_t seq;
@@ -989,11 +1227,16 @@ static void run_row(row *r)
         free(payload);
         return;
     }
+    if (r->bridge) wait_claims_released(r);
     double req0 = r->bridge ? bridge_etcd_requests() : -1;
     r->t0 = rt_ns() + (int64_t)g_warm_ms * 1000000;
     r->t1 = r->t0 + (int64_t)g_dur_s * 1000000000;
     sampler smp = {.r = r};
     pthread_create(&smp.th, NULL, sampler_main, &smp);
+    if (g_soak) {
+        g_soak->r = r;
+        pthread_create(&g_soak->th, NULL, soak_main, g_soak);
+    }
     if (!strcmp(r->scen, "1")) run_core(r, payload);
     else if (!strcmp(r->scen, "2")) run_js_async(r, payload);
     else if (!strcmp(r->scen, "3")) run_js_sync(r, payload);
@@ -1002,8 +1245,10 @@ static void run_row(row *r)
     else if (!strcmp(r->scen, "4c")) run_bridge(r, g_npubs, 4, false, payload);
     else if (!strcmp(r->scen, "5")) run_bridge(r, 0, 1, true, payload);
     if (rt_ns() < r->t1 && !atomic_load(&g_stop) && !r->err[0]) row_err(r, "ended before the window");
+    if (g_soak && rt_ns() < r->t1) atomic_store(&g_row_over, true); /* don't idle out the soak */
     sleep_until_rt(r->t1);
     pthread_join(smp.th, NULL);
+    if (g_soak) pthread_join(g_soak->th, NULL);
     free(payload);
     double win = g_dur_s;
     long long counted = atomic_load(&r->counted);
@@ -1017,6 +1262,7 @@ static void run_row(row *r)
     r->bridge_cpu = r->bridge ? cpu_pct(&smp, 0) : -1;
     r->etcd_cpu = r->bridge ? cpu_pct(&smp, 1) : -1;
     r->nats_cpu = cpu_pct(&smp, 2);
+    r->client_cpu = cpu_pct(&smp, 3);
     r->rss_kib = r->bridge ? proc_hwm_kib(g_bridge_pid) : -1;
     r->req_per_msg = -1;
     if (r->bridge) {
@@ -1034,7 +1280,8 @@ static void fmt_ms(char *o, size_t n, double v) { v < 0 ? snprintf(o, n, "-") : 
 
 static void print_row(row *r)
 {
-    char e50[16], e99[16], e999[16], p50[16], p99[16], rss[16], bc[16], ec[16], nc[16], rq[16];
+    char e50[16], e99[16], e999[16], p50[16], p99[16], rss[16], bc[16], ec[16], nc[16], cc[16],
+        rq[16];
     fmt_ms(e50, 16, r->has_e2e ? hist_pct_ms(&r->e2e, 0.50) : -1);
     fmt_ms(e99, 16, r->has_e2e ? hist_pct_ms(&r->e2e, 0.99) : -1);
     fmt_ms(e999, 16, r->has_e2e ? hist_pct_ms(&r->e2e, 0.999) : -1);
@@ -1044,13 +1291,14 @@ static void print_row(row *r)
     r->bridge_cpu >= 0 ? snprintf(bc, 16, "%.0f", r->bridge_cpu) : snprintf(bc, 16, "-");
     r->etcd_cpu >= 0 ? snprintf(ec, 16, "%.0f", r->etcd_cpu) : snprintf(ec, 16, "-");
     r->nats_cpu >= 0 ? snprintf(nc, 16, "%.0f", r->nats_cpu) : snprintf(nc, 16, "-");
+    r->client_cpu >= 0 ? snprintf(cc, 16, "%.0f", r->client_cpu) : snprintf(cc, 16, "-");
     r->req_per_msg >= 0 ? snprintf(rq, 16, "%.2f", r->req_per_msg) : snprintf(rq, 16, "-");
     char szs[32];
     if (r->size == 4096) snprintf(szs, sizeof szs, "4 KiB");
     else snprintf(szs, sizeof szs, "%zu B", r->size);
-    printf("| %s | %s | %s | %.0f | %.2f | %s / %s / %s | %s / %s | %s | %s | %s | %s | %s | %s |\n", r->scen,
-           r->desc, szs, r->rate, r->mbs, e50, e99, e999, p50, p99, rss, bc, ec,
-           nc, rq, r->err[0] ? r->err : "");
+    printf("| %s | %s | %s | %.0f | %.2f | %s / %s / %s | %s / %s | %s | %s | %s | %s | %s | %s | %s |\n",
+           r->scen, r->desc, szs, r->rate, r->mbs, e50, e99, e999, p50, p99, rss, bc, ec, nc, cc,
+           rq, r->err[0] ? r->err : "");
 }
 
 static const struct {
@@ -1088,17 +1336,24 @@ static row *find_row(row **rows, int n, const char *scen, size_t size)
 static void usage(void)
 {
     fprintf(stderr, "usage: nats_bench [-d seconds] [-w warmup_ms] [-b bridge] [-D drain_ms] [-W window] "
-                    "[-P publishers] [-o 1,2,3,4a,4b,4c,5] [-s 128,4096]\n");
+                    "[-P publishers] [-o 1,2,3,4a,4b,4c,5] [-s 128,4096]\n"
+                    "       nats_bench -S seconds [-s size] [-w warmup_ms] [-b bridge] [-D drain_ms] [-W window]\n"
+                    "  -S  soak (at least %d s): scenario 4a's traffic (default 128 B) for that long, a line of\n"
+                    "      rate / bridge RSS / CPU / etcd db size every %d s, then the RSS verdict: PASS when\n"
+                    "      peak RSS < %.0f MiB and the last minute's max RSS <= RSS at 60 s * %.2f + %.0f MiB\n",
+            SOAK_MIN_S, SOAK_INTERVAL_S, SOAK_RSS_LIMIT_MIB, SOAK_GROWTH_FACTOR, SOAK_GROWTH_SLACK_MIB);
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
-    const char *bridge = NULL, *only = NULL, *sizes_arg = "128,4096";
+    const char *bridge = NULL, *only = NULL, *sizes_arg = NULL;
+    bool dur_given = false;
     int c;
-    while ((c = getopt(argc, argv, "d:w:b:D:W:P:o:s:h")) != -1) {
+    while ((c = getopt(argc, argv, "d:w:b:D:W:P:o:s:S:h")) != -1) {
         switch (c) {
-        case 'd': g_dur_s = atoi(optarg); break;
+        case 'd': g_dur_s = atoi(optarg), dur_given = true; break;
+        case 'S': g_soak_s = atoi(optarg); if (g_soak_s < SOAK_MIN_S) usage(); break;
         case 'w': g_warm_ms = atoi(optarg); break;
         case 'b': bridge = optarg; break;
         case 'D': g_drain_ms = atoi(optarg); break;
@@ -1110,6 +1365,11 @@ int main(int argc, char **argv)
         }
     }
     if (g_dur_s < 1 || g_warm_ms < 0 || g_npubs < 1 || g_npubs > MAX_PUBS || g_drain_ms < 100) usage();
+    if (g_soak_s && (dur_given || only)) {
+        fprintf(stderr, "nats_bench: -S runs scenario 4a for its own duration; -d and -o do not apply\n");
+        usage();
+    }
+    if (!sizes_arg) sizes_arg = g_soak_s ? "128" : "128,4096";
     char bbuf[512];
     if (!bridge) {
         const char *b = getenv("BUILD");
@@ -1126,6 +1386,7 @@ int main(int argc, char **argv)
             if (v < 16 || v > 1000000) usage();
             sizes[nsizes++] = (size_t)v;
         }
+        if (nsizes == 0 || (g_soak_s && nsizes != 1)) usage();
     }
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
@@ -1138,11 +1399,41 @@ int main(int argc, char **argv)
     int rc = 0;
     row *rows[64];
     int nrows = 0;
+    if (g_soak_s) snprintf(g_etcd.extra_args, sizeof g_etcd.extra_args, "%s", SOAK_ETCD_ARGS);
     if (start_stack(bridge) != 0) {
         logf_("could not start the stack");
         cleanup_all();
         nats_Close();
         return 1;
+    }
+    if (g_soak_s) {
+        soak_mon mon = {0};
+        g_soak = &mon;
+        g_dur_s = g_soak_s;
+        row *r = calloc(1, sizeof *r);
+        snprintf(r->scen, sizeof r->scen, "4a");
+        snprintf(r->desc, sizeof r->desc, "bridge: 1 pub, 1 name (c1)");
+        r->size = sizes[0];
+        r->bridge = true;
+        printf("soak: scenario 4a (1 publisher with PubAcks, consumer c1 acking every delivery), %zu B, "
+               "%d s after %d ms warm-up; closed loop (max %lld published-not-consumed, max %d publishes "
+               "awaiting their ack); a row every %d s; etcd %s; CPU%% = one core (the machine has %ld)\n\n",
+               r->size, g_soak_s, g_warm_ms, g_window, PUB_WINDOW, SOAK_INTERVAL_S, SOAK_ETCD_ARGS,
+               sysconf(_SC_NPROCESSORS_ONLN));
+        printf("| elapsed s | msgs/s | bridge RSS MiB | bridge HWM MiB | bridge CPU%% | etcd db MiB (total / "
+               "in use) | published-not-consumed |\n");
+        printf("|---|---|---|---|---|---|---|\n");
+        fflush(stdout);
+        run_row(r);
+        bool interrupted = atomic_load(&g_stop);
+        rc = soak_report(&mon, r, interrupted, child_alive(g_bridge_pid));
+        g_soak = NULL;
+        cleanup_all();
+        free(mon.s);
+        free(r);
+        nats_Close();
+        curl_global_cleanup();
+        return rc;
     }
     for (int si = 0; si < nsizes && !atomic_load(&g_stop); si++) {
         for (size_t k = 0; k < N_SCEN && !atomic_load(&g_stop); k++) {
@@ -1160,13 +1451,14 @@ int main(int argc, char **argv)
     }
 
     printf("window %d s after %d ms warm-up per row; closed loop (max %lld published-not-consumed, max %d "
-           "publishes awaiting their ack); CPU%% = one core; latencies in ms\n\n",
-           g_dur_s, g_warm_ms, g_window, PUB_WINDOW);
+           "publishes awaiting their ack); CPU%% = one core (the machine has %ld); client = this "
+           "program's NATS clients; latencies in ms\n\n",
+           g_dur_s, g_warm_ms, g_window, PUB_WINDOW, sysconf(_SC_NPROCESSORS_ONLN));
     printf("| # | scenario | size | msgs/s | MB/s | e2e p50 / p99 / p99.9 | pub-ack p50 / p99 | bridge RSS MiB | "
-           "bridge CPU%% | etcd CPU%% | nats-server CPU%% | etcd req/msg | note |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "bridge CPU%% | etcd CPU%% | nats-server CPU%% | client CPU%% | etcd req/msg | note |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < nrows; i++) print_row(rows[i]);
-    printf("| 6 | raw etcd txn rate | | see the etcd_bench table (txn, conc 1 and 8) | | | | | | | | | |\n\n");
+    printf("| 6 | raw etcd txn rate | | see the etcd_bench table (txn, conc 1 and 8) | | | | | | | | | | |\n\n");
     for (int si = 0; si < nsizes; si++) {
         char sz[32];
         if (sizes[si] == 4096) snprintf(sz, sizeof sz, "4 KiB");
