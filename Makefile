@@ -7,6 +7,7 @@
 #   make valgrind unit tests under valgrind (leak check)
 #   make run      install, build, start a local etcd + nats-server, run the bridge
 #   make bench    benchmarks (tables into BENCHMARKS.md)
+#   make soak     5-minute bridge memory soak under full load (nats_bench -S 300)
 #   make clean
 
 CC      ?= cc
@@ -54,7 +55,7 @@ BENCH_BIN  := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/tests/bench/%)
 # Keep object files of test programs (make would delete them as intermediates and rebuild).
 .SECONDARY:
 
-.PHONY: all deps test test-unit test-integration check tsan valgrind run bench clean tests
+.PHONY: all deps test test-unit test-integration check tsan valgrind run bench soak clean tests
 
 all: $(LIBLEASE) $(if $(BRIDGE_OBJ),$(LIBBRIDGE)) $(if $(PLUGIN_OBJ),$(LIBPLUGIN)) $(BINS) tests $(BENCH_BIN)
 
@@ -122,6 +123,9 @@ run: deps all
 
 bench: deps all
 	@bash tests/bench/run.sh
+
+soak: deps all
+	@bash tests/bench/run.sh --soak 300
 
 clean:
 	rm -rf build build-san build-tsan

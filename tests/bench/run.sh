@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the benchmarks (built by make; this script builds nothing) and prints their tables.
 #   tests/bench/run.sh [etcd_bench options, e.g. -d 5 -c 8 -r 1]
+#   tests/bench/run.sh --soak [seconds]   only the bridge memory soak (nats_bench -S, default 300)
 # Environment: BUILD (build dir, default build); FX_ETCD_ENDPOINT to bench an existing etcd
 # instead of one started by the program. The etcd a bench starts lives in a fresh temp dir that
 # is removed (and any leftover process killed) when this script ends, also on failure or Ctrl-C.
@@ -11,6 +12,11 @@ BIN="$BUILD/tests/bench/etcd_bench"
 if [ ! -x "$BIN" ]; then
   echo "missing $BIN: run make first" >&2
   exit 1
+fi
+
+SOAK=
+if [ "${1:-}" = "--soak" ]; then
+  SOAK=${2:-300}
 fi
 
 export FXT_TMPDIR
@@ -26,31 +32,84 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo "interrupted" >&2; exit 130' INT TERM
 
-echo "## etcd client vs raw libcurl"
-echo
-echo "machine: $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1); $(etcd --version 2>/dev/null | head -1)"
-echo "command: $BIN $*"
-echo
-"$BIN" "$@" || exit 1
+run_soak() {
+  NB="$BUILD/tests/bench/nats_bench"
+  echo "## Bridge memory soak (issue 5)"
+  echo
+  echo "machine: $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+  echo "command: $NB -S $SOAK -b $BUILD/fluxon-bridge"
+  echo
+  "$NB" -S "$SOAK" -b "$BUILD/fluxon-bridge"
+}
 
-echo
-echo "## Fluxon MQ (bridge/): MPMC put -> get -> ack"
-echo
-MQ="$BUILD/tests/bench/mq_bench"
-echo "command: $MQ -d 5"
-echo
-"$MQ" -d 5 2>/dev/null || exit 1
+run_all() {
+  echo "## etcd client vs raw libcurl"
+  echo
+  echo "machine: $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1); $(etcd --version 2>/dev/null | head -1)"
+  echo "command: $BIN $*"
+  echo
+  "$BIN" "$@" || exit 1
 
-echo
-echo "## Bridge vs JetStream and NATS core (issue 5)"
-echo
-NB="$BUILD/tests/bench/nats_bench"
-if [ ! -x "$NB" ] || [ ! -x "$BUILD/fluxon-bridge" ]; then
-  echo "missing $NB or $BUILD/fluxon-bridge: run make first" >&2
-  exit 1
+  echo
+  echo "## Fluxon MQ (bridge/): MPMC put -> get -> ack"
+  echo
+  MQ="$BUILD/tests/bench/mq_bench"
+  echo "command: $MQ -d 5"
+  echo
+  "$MQ" -d 5 2>/dev/null || exit 1
+
+  echo
+  echo "## Row 6: the MQ's etcd work per batch, without MQ code (the physical limit of the design)"
+  echo
+  PB="$BUILD/tests/bench/payload_bench"
+  echo "command: $PB -d 4"
+  echo
+  "$PB" -d 4 2>/dev/null || exit 1
+
+  echo
+  echo "## Bridge vs JetStream and NATS core (issue 5)"
+  echo
+  NB="$BUILD/tests/bench/nats_bench"
+  if [ ! -x "$NB" ] || [ ! -x "$BUILD/fluxon-bridge" ]; then
+    echo "missing $NB or $BUILD/fluxon-bridge: run make first" >&2
+    exit 1
+  fi
+  echo "machine: $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1); $(nats-server --version 2>/dev/null | head -1); $(etcd --version 2>/dev/null | head -1)"
+  echo "command: $NB -d 5 -b $BUILD/fluxon-bridge"
+  echo "row 6 (raw etcd rate at the bridge's concurrency): the txn rows of the etcd_bench table and the payload_bench table above"
+  echo
+  "$NB" -d 5 -b "$BUILD/fluxon-bridge" || exit 1
+}
+
+# The output also goes into BENCHMARKS.md, between the markers of its "latest run" section
+# (FX_BENCH_NO_RECORD=1 skips that), and only when every program exited 0.
+record() {
+  local marker=$1 out=$2 file=BENCHMARKS.md
+  [ -f "$file" ] || return 0
+  if ! grep -q "^<!-- $marker:latest -->$" "$file"; then
+    printf '\n<!-- %s:latest -->\n<!-- /%s:latest -->\n' "$marker" "$marker" >>"$file"
+  fi
+  awk -v s="<!-- $marker:latest -->" -v e="<!-- /$marker:latest -->" -v out="$out" \
+      -v when="$(date -u '+%Y-%m-%d %H:%M UTC')" -v cmd="$CMDLINE" '
+    $0 == s { print; print ""; print "Recorded " when " by `" cmd "`:"; print "";
+              while ((getline l < out) > 0) print l; skip = 1; next }
+    $0 == e { skip = 0 }
+    !skip { print }' "$file" >"$FXT_TMPDIR/bench.md" && cat "$FXT_TMPDIR/bench.md" >"$file"
+  echo "(recorded in $file)" >&2
+}
+
+CMDLINE="BUILD=$BUILD tests/bench/run.sh $*"
+OUT="$FXT_TMPDIR/out.md"
+if [ -n "$SOAK" ]; then
+  run_soak | tee "$OUT"
+  rc=${PIPESTATUS[0]}
+  marker=soak
+else
+  run_all "$@" | tee "$OUT"
+  rc=${PIPESTATUS[0]}
+  marker=bench
 fi
-echo "machine: $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1); $(nats-server --version 2>/dev/null | head -1); $(etcd --version 2>/dev/null | head -1)"
-echo "command: $NB -d 5 -b $BUILD/fluxon-bridge"
-echo "row 6 (raw etcd txn rate at the bridge's concurrency): the txn rows of the etcd_bench table above"
-echo
-"$NB" -d 5 -b "$BUILD/fluxon-bridge" || exit 1
+if [ "$rc" -eq 0 ] && [ -z "${FX_BENCH_NO_RECORD:-}" ]; then
+  record "$marker" "$OUT"
+fi
+exit "$rc"
