@@ -38,6 +38,8 @@
  * the scenario's NATS clients); bridge RSS is VmHWM, reset (clear_refs 5) at each row start.
  * etcd req/msg: delta of the bridge's fluxon_etcd_requests_total over the row / messages consumed.
  *
+ * FX_BENCH_ETCD_ARGS="--unsafe-no-fsync" (any extra etcd flags) runs the same rows against an etcd
+ * with those flags, for what-if comparisons; the flags are printed above the table.
  * Output: one markdown table and ratio lines on stdout; progress on stderr. Exit 0 when every row
  * ran without error, 1 otherwise (a failed row prints its error in the note column).
  *
@@ -1400,6 +1402,19 @@ int main(int argc, char **argv)
     row *rows[64];
     int nrows = 0;
     if (g_soak_s) snprintf(g_etcd.extra_args, sizeof g_etcd.extra_args, "%s", SOAK_ETCD_ARGS);
+    /* FX_BENCH_ETCD_ARGS: extra etcd flags for a what-if run (e.g. --unsafe-no-fsync, the
+     * durability JetStream's file store has by default); printed in the header. */
+    const char *xa = getenv("FX_BENCH_ETCD_ARGS");
+    if (xa && *xa) {
+        size_t used = strlen(g_etcd.extra_args);
+        if (strlen(xa) + used + 2 > sizeof g_etcd.extra_args) {
+            logf_("FX_BENCH_ETCD_ARGS too long");
+            return 2;
+        }
+        snprintf(g_etcd.extra_args + used, sizeof g_etcd.extra_args - used, "%s%s",
+                 used ? " " : "", xa);
+        printf("etcd extra flags: %s\n", g_etcd.extra_args);
+    }
     if (start_stack(bridge) != 0) {
         logf_("could not start the stack");
         cleanup_all();

@@ -90,15 +90,16 @@ record() {
     printf '\n<!-- %s:latest -->\n<!-- /%s:latest -->\n' "$marker" "$marker" >>"$file"
   fi
   awk -v s="<!-- $marker:latest -->" -v e="<!-- /$marker:latest -->" -v out="$out" \
-      -v when="$(date -u '+%Y-%m-%d %H:%M UTC')" -v cmd="$CMDLINE" '
-    $0 == s { print; print ""; print "Recorded " when " by `" cmd "`:"; print "";
-              while ((getline l < out) > 0) print l; skip = 1; next }
+      -v when="$(date -u '+%Y-%m-%d %H:%M UTC')" -v cmd="$CMDLINE" -v secs="$SECONDS" '
+    $0 == s { print; print ""; print "Recorded " when " by `" cmd "` (" secs " s):"; print "";
+              while ((getline l < out) > 0) { sub(/^## /, "### ", l); print l }
+              skip = 1; next }
     $0 == e { skip = 0 }
     !skip { print }' "$file" >"$FXT_TMPDIR/bench.md" && cat "$FXT_TMPDIR/bench.md" >"$file"
   echo "(recorded in $file)" >&2
 }
 
-CMDLINE="BUILD=$BUILD tests/bench/run.sh $*"
+CMDLINE="BUILD=$BUILD tests/bench/run.sh${*:+ $*}"
 OUT="$FXT_TMPDIR/out.md"
 if [ -n "$SOAK" ]; then
   run_soak | tee "$OUT"
