@@ -143,6 +143,67 @@ fx_err dm_hdr_append(fx_slice block, const char *const *kv, size_t n_pairs, char
     return FX_OK;
 }
 
+fx_err dm_hdr_delivery(fx_slice block, const char *const *kv, size_t n_pairs, char **buf,
+                       size_t *cap, size_t *out_len)
+{
+    /* Upper bound: the stored lines (never longer once rewritten), the status line, our lines. */
+    size_t need = block.len + sizeof HDR_LINE0 + 4;
+    for (size_t i = 0; i < n_pairs; i++) need += strlen(kv[2 * i]) + 2 + strlen(kv[2 * i + 1]) + 2;
+    if (need > *cap) {
+        size_t nc = *cap ? *cap : 1024;
+        while (nc < need) nc *= 2;
+        char *nb = realloc(*buf, nc);
+        if (!nb) return fx_seterr(FX_ENOMEM, "headers: out of memory");
+        *buf = nb;
+        *cap = nc;
+    }
+    char *o = *buf;
+    memcpy(o, HDR_LINE0, sizeof HDR_LINE0 - 1);
+    o += sizeof HDR_LINE0 - 1;
+    const char *b = block.data, *end = b + block.len;
+    const char *p = block.len >= sizeof HDR_LINE0 - 1 ? memmem(b, block.len, "\r\n", 2) : NULL;
+    while (p) { /* the lines after the status line, up to the empty one (as dm_hdr_apply) */
+        p += 2;
+        const char *eol = memmem(p, (size_t)(end - p), "\r\n", 2);
+        if (!eol || eol == p) break;
+        const char *colon = memchr(p, ':', (size_t)(eol - p));
+        if (colon && colon != p) {
+            size_t kl = (size_t)(colon - p);
+            bool ours = false;
+            for (size_t i = 0; i < n_pairs && !ours; i++)
+                ours = strlen(kv[2 * i]) == kl && memcmp(kv[2 * i], p, kl) == 0;
+            if (!ours) { /* ours replace stored values of the same key (natsMsgHeader_Set) */
+                const char *v = colon + 1;
+                while (v < eol && (*v == ' ' || *v == '\t')) v++;
+                memcpy(o, p, kl);
+                o += kl;
+                *o++ = ':';
+                *o++ = ' ';
+                memcpy(o, v, (size_t)(eol - v));
+                o += eol - v;
+                *o++ = '\r';
+                *o++ = '\n';
+            }
+        }
+        p = eol;
+    }
+    for (size_t i = 0; i < n_pairs; i++) {
+        size_t kl = strlen(kv[2 * i]), vl = strlen(kv[2 * i + 1]);
+        memcpy(o, kv[2 * i], kl);
+        o += kl;
+        *o++ = ':';
+        *o++ = ' ';
+        memcpy(o, kv[2 * i + 1], vl);
+        o += vl;
+        *o++ = '\r';
+        *o++ = '\n';
+    }
+    *o++ = '\r';
+    *o++ = '\n';
+    *out_len = (size_t)(o - *buf);
+    return FX_OK;
+}
+
 natsStatus dm_hdr_apply(natsMsg *m, fx_slice block)
 {
     if (block.len < sizeof HDR_LINE0 - 1) return NATS_OK;

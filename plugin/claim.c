@@ -78,6 +78,8 @@ typedef struct cst {
     size_t n_acks;
     size_t dlq_pending;
     fx_mq_delivery *getbuf;
+    char *hbuf; /* delivery header block (leaf path), reused */
+    size_t hcap;
     int64_t open_backoff_ms;
     uint64_t view_gen; /* last sub-MPSC view acted on (adopt_stranded) */
     bool lost; /* consumer closed under us */
@@ -384,24 +386,17 @@ static bool publish_ent(cst *s, uint32_t idx)
     snprintf(fid, sizeof fid, "%" PRId64 ".%" PRId64 ".%" PRId64, e->dv.id.chan, e->dv.id.pidx,
              e->dv.id.msg);
 
-    natsMsg *m = NULL;
     const char *data = e->msg.data.len ? (const char *)e->msg.data.data : "";
-    natsStatus st = natsMsg_Create(&m, s->cl->subject, reply, data, (int)e->msg.data.len);
-    if (st == NATS_OK) st = dm_hdr_apply(m, e->msg.headers);
-    if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_CHANNEL, ch->name);
-    if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_SUBJECT, orig);
-    if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_SEQ, seq);
-    if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_DELIVERED, att);
-    if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_ID, fid);
-    if (st == NATS_OK && s->use_leaf) {
-        char *hdr = NULL;
+    natsStatus st = NATS_OK;
+    if (s->use_leaf) { /* the header block is written directly: no natsMsg, no allocation */
+        const char *kv[] = {FX_DM_HDR_CHANNEL,   ch->name, FX_DM_HDR_SUBJECT, orig,
+                            FX_DM_HDR_SEQ,       seq,      FX_DM_HDR_DELIVERED, att,
+                            FX_DM_HDR_ID,        fid};
         size_t hlen = 0;
-        fx_err fe = dm_hdr_from_msg(m, &hdr, &hlen);
+        fx_err fe = dm_hdr_delivery(e->msg.headers, kv, 5, &s->hbuf, &s->hcap, &hlen);
         if (!fe)
-            fe = fx_leaf_publish(d->leaf, s->cl->subject, reply, hdr, hlen, e->msg.data.data,
+            fe = fx_leaf_publish(d->leaf, s->cl->subject, reply, s->hbuf, hlen, e->msg.data.data,
                                  e->msg.data.len);
-        free(hdr);
-        natsMsg_Destroy(m);
         if (fe) {
             fx_log_ratelimited(&s->slot_pub, 5000, FX_LOG_WRN,
                                "claim %s: delivery publish (leaf) failed: %s (%s)", s->cl->subject,
@@ -409,6 +404,14 @@ static bool publish_ent(cst *s, uint32_t idx)
             return false;
         }
     } else {
+        natsMsg *m = NULL;
+        st = natsMsg_Create(&m, s->cl->subject, reply, data, (int)e->msg.data.len);
+        if (st == NATS_OK) st = dm_hdr_apply(m, e->msg.headers);
+        if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_CHANNEL, ch->name);
+        if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_SUBJECT, orig);
+        if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_SEQ, seq);
+        if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_DELIVERED, att);
+        if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_ID, fid);
         if (st == NATS_OK) st = natsConnection_PublishMsg(d->nc, m);
         natsMsg_Destroy(m);
     }
@@ -966,6 +969,7 @@ static void *claim_main(void *arg)
     free(s.buckets);
     for (size_t i = 0; s.getbuf && i < FX_DM_FETCH_MAX; i++) fx_mq_delivery_free(&s.getbuf[i]);
     free(s.getbuf);
+    free(s.hbuf);
     nats_ReleaseThreadMemory();
     atomic_store(&cl->finished, true);
     dm_claim_unref(cl);

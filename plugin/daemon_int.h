@@ -279,6 +279,13 @@ fx_err dm_hdr_from_msg(natsMsg *m, char **out, size_t *out_len); /* NULL/0 when 
 /* Append "Key: Value\r\n" lines to a block (creating it when empty); out is malloc'd. */
 fx_err dm_hdr_append(fx_slice block, const char *const *kv, size_t n_pairs, char **out,
                      size_t *out_len);
+/* The header block of a delivery, written into *buf (grown with realloc as needed; the caller
+ * owns it and reuses it across calls): "NATS/1.0", the stored block's lines (parsed as
+ * dm_hdr_apply does) except those whose key is one of kv's keys, then kv's pairs, then the empty
+ * line. The same headers as dm_hdr_apply + natsMsgHeader_Set + dm_hdr_from_msg, without a
+ * natsMsg and without an allocation per message. */
+fx_err dm_hdr_delivery(fx_slice block, const char *const *kv, size_t n_pairs, char **buf,
+                       size_t *cap, size_t *out_len);
 /* Add the lines of a stored block to a message (natsMsgHeader_Add). */
 natsStatus dm_hdr_apply(natsMsg *m, fx_slice block);
 size_t dm_max_msg_bytes(fx_daemon *d);
