@@ -19,6 +19,8 @@
  *       (default 4), names c1..c4. Publishers publish to bench.x with a reply inbox (window of
  *       in-flight PubAcks); consumers ack every delivery with "+ACK" to its reply subject.
  *   5   bridge: natsConnection_Request to bench.x one at a time (timeout 5 s), consumer c1 acking.
+ *   5n  the same with no consumer while measuring (like row 3, which has none); the stored
+ *       messages are drained by a c1 consumer after the window (untimed).
  * Scenario 6 (raw etcd rate: etcd_bench's txn rows, and payload_bench, the MQ's per-batch etcd
  * work without MQ code) is run by tests/bench/run.sh.
  * Before each bridge row the bench waits until the bridge holds no claim (/metrics fluxon_claims
@@ -36,7 +38,8 @@
  * includes the queueing such a window allows. CPU% is (utime+stime) delta over the measured window
  * per wall second (100% = one core), for the bridge, etcd, nats-server and this program (client:
  * the scenario's NATS clients); bridge RSS is VmHWM, reset (clear_refs 5) at each row start.
- * etcd req/msg: delta of the bridge's fluxon_etcd_requests_total over the row / messages consumed.
+ * etcd req/msg: delta of the bridge's fluxon_etcd_requests_total over the row / messages consumed
+ * (the whole row, drain included: in 5n that is the consumer's catch-up after the window).
  *
  * FX_BENCH_ETCD_ARGS="--unsafe-no-fsync" (any extra etcd flags) runs the same rows against an etcd
  * with those flags, for what-if comparisons; the flags are printed above the table.
@@ -1101,7 +1104,8 @@ static void *bpub_main(void *arg)
 
 static void run_bridge(row *r, int npubs, int nnames, bool serial, char *payload)
 {
-    r->has_e2e = r->has_pack = r->bridge = true;
+    r->has_e2e = nnames > 0; /* 5n drains after the window: no e2e latency */
+    r->has_pack = r->bridge = true;
     natsConnection *cnc[MAX_NAMES] = {0};
     natsSubscription *csub[MAX_NAMES] = {0};
     bpub pubs[MAX_PUBS];
@@ -1149,6 +1153,16 @@ static void run_bridge(row *r, int npubs, int nnames, bool serial, char *payload
             }
         }
         close_nc(nc);
+        if (nnames == 0) { /* 5n: nobody consumed while measuring (as row 3); drain now, untimed */
+            if (!(cnc[0] = connect_nc(r, "nb-consumer-c1"))) goto out;
+            if (natsConnection_Subscribe(&csub[0], cnc[0], "q.bench.c1", bridge_consumer_cb, r) !=
+                NATS_OK) {
+                row_err(r, "subscribe q.bench.c1 failed");
+                goto out;
+            }
+            natsSubscription_SetPendingLimits(csub[0], -1, -1);
+            natsConnection_Flush(cnc[0]);
+        }
         drain(r, true, false, g_drain_ms);
         goto out;
     }
@@ -1183,7 +1197,7 @@ out:
         end_sub(pubs[i].sub);
         close_nc(pubs[i].nc);
     }
-    for (int i = 0; i < nnames; i++) {
+    for (int i = 0; i < (nnames ? nnames : 1); i++) { /* 5n opens c1 only to drain */
         end_sub(csub[i]);
         close_nc(cnc[i]);
     }
@@ -1246,6 +1260,7 @@ static void run_row(row *r)
     else if (!strcmp(r->scen, "4b")) run_bridge(r, 1, 4, false, payload);
     else if (!strcmp(r->scen, "4c")) run_bridge(r, g_npubs, 4, false, payload);
     else if (!strcmp(r->scen, "5")) run_bridge(r, 0, 1, true, payload);
+    else if (!strcmp(r->scen, "5n")) run_bridge(r, 0, 0, true, payload);
     if (rt_ns() < r->t1 && !atomic_load(&g_stop) && !r->err[0]) row_err(r, "ended before the window");
     if (g_soak && rt_ns() < r->t1) atomic_store(&g_row_over, true); /* don't idle out the soak */
     sleep_until_rt(r->t1);
@@ -1259,7 +1274,8 @@ static void run_row(row *r)
         if (last > win) win = last;
     }
     r->rate = counted / win;
-    if (!strcmp(r->scen, "5")) r->rate = (double)atomic_load(&r->serial_acked) / g_dur_s;
+    if (!strcmp(r->scen, "5") || !strcmp(r->scen, "5n"))
+        r->rate = (double)atomic_load(&r->serial_acked) / g_dur_s;
     r->mbs = r->rate * (double)r->size / 1e6;
     r->bridge_cpu = r->bridge ? cpu_pct(&smp, 0) : -1;
     r->etcd_cpu = r->bridge ? cpu_pct(&smp, 1) : -1;
@@ -1313,6 +1329,7 @@ static const struct {
     {"4b", "bridge: 1 pub, 4 names (c1..c4)"},
     {"4c", "bridge: P pubs, 4 names"},
     {"5", "bridge: request one at a time (+ c1 acking)"},
+    {"5n", "bridge: request one at a time, no consumer (as row 3)"},
 };
 #define N_SCEN (sizeof k_scen / sizeof k_scen[0])
 
@@ -1338,7 +1355,7 @@ static row *find_row(row **rows, int n, const char *scen, size_t size)
 static void usage(void)
 {
     fprintf(stderr, "usage: nats_bench [-d seconds] [-w warmup_ms] [-b bridge] [-D drain_ms] [-W window] "
-                    "[-P publishers] [-o 1,2,3,4a,4b,4c,5] [-s 128,4096]\n"
+                    "[-P publishers] [-o 1,2,3,4a,4b,4c,5,5n] [-s 128,4096]\n"
                     "       nats_bench -S seconds [-s size] [-w warmup_ms] [-b bridge] [-D drain_ms] [-W window]\n"
                     "  -S  soak (at least %d s): scenario 4a's traffic (default 128 B) for that long, a line of\n"
                     "      rate / bridge RSS / CPU / etcd db size every %d s, then the RSS verdict: PASS when\n"
@@ -1486,10 +1503,13 @@ int main(int argc, char **argv)
                 printf("- throughput bridge/JetStream, %s: %s vs 2 = %.3f\n", sz, bs[b],
                        br->rate / js->rate);
         }
-        row *b5 = find_row(rows, nrows, "5", sizes[si]);
-        if (b5 && jsy && jsy->pack.n && b5->pack.n)
-            printf("- publish-ack p50 bridge/JetStream, %s: 5 vs 3 = %.2f\n", sz,
-                   hist_pct_ms(&b5->pack, 0.5) / hist_pct_ms(&jsy->pack, 0.5));
+        const char *b5s[] = {"5n", "5"};
+        for (int b = 0; b < 2; b++) {
+            row *b5 = find_row(rows, nrows, b5s[b], sizes[si]);
+            if (b5 && jsy && jsy->pack.n && b5->pack.n)
+                printf("- publish-ack p50 bridge/JetStream, %s: %s vs 3 = %.2f\n", sz, b5s[b],
+                       hist_pct_ms(&b5->pack, 0.5) / hist_pct_ms(&jsy->pack, 0.5));
+        }
     }
     fflush(stdout);
     bool interrupted = atomic_load(&g_stop);
