@@ -1169,6 +1169,22 @@ fx_err fx__mpsc_producer_open_sub(fx_mq_client *c, int64_t chan, int64_t weight,
  * Consumer                                                                                 *
  * ======================================================================================== */
 
+/* One fetched payload segment: ids [first, last]; `next` is the next id to hand out from it.
+ * bad: the value did not decode (its ids are skipped). */
+typedef struct seg_run {
+    int64_t first, last, next;
+    bool bad;
+    fx_seg_iter it;
+} seg_run;
+
+static void runs_clear(fx_range_resp *segs, seg_run **runs, size_t *n_runs, size_t *run_i)
+{
+    fx_range_resp_free(segs);
+    free(*runs);
+    *runs = NULL;
+    *n_runs = *run_i = 0;
+}
+
 /* Per-producer read state. Ids: [0, ack_base) acked (or skipped), [ack_base, next_fetch) handed
  * out (win holds their acked flags), [next_fetch, produce] stored and not yet handed out. */
 typedef struct pstate {
@@ -1181,11 +1197,12 @@ typedef struct pstate {
     bool del_pending;   /* payloads below `committed` may still exist (kv apart) */
     uint8_t *win;       /* ring of acked flags for [ack_base, next_fetch) */
     size_t cap, head;
-    /* Segment layout: the fetched segment holding next_fetch, while part of it is not handed
-     * out yet (at most one per producer; touched by get() under mu). */
-    fx_bytes seg;
-    fx_seg_iter seg_it;
-    int64_t seg_next, seg_last; /* id of the next message in seg_it; the segment's last id */
+    /* Segment layout: segments fetched and not yet fully handed out (touched by get() under mu).
+     * Invariant while n_runs > run_i: every id in [next_fetch, runs[run_i].first) is known to
+     * have no message, and runs[run_i..] hold ids >= next_fetch in id order. */
+    fx_range_resp segs; /* owns the values the runs point into */
+    seg_run *runs;
+    size_t n_runs, run_i;
 } pstate;
 
 typedef struct resume_pt {
@@ -1575,88 +1592,144 @@ static void note_skipped(fx_mpsc_consumer *c, pstate *s, uint64_t skipped, int64
     }
 }
 
+/* Segment fetch for producer pidx, ids from `from` on (hi: its produce offset). Every index scan
+ * is bounded (etcd 3.4 walks every key of a range's interval, whatever its limit):
+ *   1. every segment whose key (last id) is in [from, wend]: one range, no limit; wend <= hi
+ *      and wend - from < the caller's window, so at most that many keys;
+ *   2. if none: the first segment with last id in (wend, min(hi, from + FX_SEG_MAX_MSGS - 1)]
+ *      (limit 1): it holds `from` when `from` is inside a segment longer than the window, since
+ *      a segment holds at most FX_SEG_MAX_MSGS ids.
+ * On FX_OK *segs owns the values and *runs (malloc'd, *n runs, key order) describe them;
+ * *scanned is the last id the fetch looked at: ids in [from, *scanned] that no run covers have
+ * no message. Foreign keys in the range are ignored; values that do not decode become bad runs. */
+static fx_err seg_fetch(fx_mpsc_consumer *c, int64_t pidx, int64_t from, int64_t wend, int64_t hi,
+                        fx_range_resp *segs, seg_run **runs, size_t *n, int64_t *scanned)
+{
+    fx_mq_client *cl = c->c;
+    int64_t lo = from, end = wend, limit = 0;
+    *runs = NULL;
+    *n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            lo = wend + 1;
+            end = min64(hi, from + FX_SEG_MAX_MSGS - 1);
+            limit = 1;
+            if (lo > end) break;
+        }
+        fx_mq_key ks, ke;
+        fx_err e;
+        if ((e = key_err(pay_key(&c->m, pidx, lo, &ks), "payload")) ||
+            (e = key_err(pay_key(&c->m, pidx, end + 1, &ke), "payload")))
+            return e;
+        c->st.fetches++;
+        if ((e = fx_kv_get_range(cl->kv, fx_mq_key_slice(&ks), fx_mq_key_slice(&ke), limit, segs,
+                                 cl->op_timeout_ms))) {
+            fx_range_resp_free(segs);
+            return e;
+        }
+        *scanned = end;
+        if (segs->n_kvs == 0) {
+            fx_range_resp_free(segs);
+            continue;
+        }
+        seg_run *r = calloc(segs->n_kvs, sizeof *r);
+        if (!r) {
+            fx_range_resp_free(segs);
+            return fx_seterr(FX_ENOMEM, "mpsc get: out of memory");
+        }
+        size_t k = 0;
+        for (size_t i = 0; i < segs->n_kvs; i++) {
+            const fx_kv *kv = &segs->kvs[i];
+            int64_t kp = -1, last = -1;
+            if (pay_parse(&c->m, (fx_slice){kv->key.data, kv->key.len}, &kp, &last) != FX_OK ||
+                kp != pidx || last < from || (k > 0 && last <= r[k - 1].last))
+                continue;
+            seg_run *x = &r[k];
+            bool ok = fx_seg_open(kv->value.data, kv->value.len, &x->it) == FX_OK &&
+                      (int64_t)x->it.n <= last + 1;
+            int64_t first = ok ? last - (int64_t)x->it.n + 1 : 0;
+            if (ok && k > 0 && first <= r[k - 1].last) { /* overlaps the previous segment */
+                ok = false;
+                fx_seterr(FX_EPROTO, "segment overlaps the one ending at %lld",
+                          (long long)r[k - 1].last);
+            }
+            if (!ok) {
+                FX_WRN("mpsc consumer %lld/%lld: payload segment of producer %lld ending at id "
+                       "%lld is corrupt (%s)", (long long)c->m.chan, (long long)c->cidx,
+                       (long long)pidx, (long long)last, fx_err_detail());
+                x->bad = true;
+                first = k > 0 ? r[k - 1].last + 1 : from;
+            }
+            x->first = x->next = first;
+            x->last = last;
+            k++;
+        }
+        *runs = r;
+        *n = k;
+        if (k == 0) {
+            free(r);
+            *runs = NULL;
+            fx_range_resp_free(segs);
+        }
+        return FX_OK;
+    }
+    return FX_OK;
+}
+
 /* Segment layout: hand out ids [from, <= to] of producer pidx (hi: its produce offset when
- * picked) from the buffered segment, fetching the segment that holds `from` first if needed:
- * the first payload key in [key(from), key(hi+1)) (limit 1). Ids with no message (a hole
- * before the segment, no segment at all, a corrupt segment) are skipped as acked. Called from
- * get() with get_mu held and mu not held. */
+ * picked) from the fetched segments, fetching (seg_fetch) when none is buffered. Ids known to
+ * have no message (a hole, a corrupt segment, nothing stored for them) are skipped as acked.
+ * Called from get() with get_mu held and mu not held. */
 static fx_err seg_get(fx_mpsc_consumer *c, int64_t pidx, int64_t from, int64_t to, int64_t hi,
                       fx_mq_delivery *out, size_t *got)
 {
-    fx_mq_client *cl = c->c;
     pthread_mutex_lock(&c->mu);
     pstate *s = ps_find(c, pidx);
-    bool have = s && s->seg.data && s->seg_next >= from && s->seg_last >= from;
+    bool have = s && s->run_i < s->n_runs;
     pthread_mutex_unlock(&c->mu);
 
-    fx_bytes fetched = {0};
-    fx_seg_iter it = {0};
-    int64_t f_last = -1, bad_last = -1; /* fetched segment's last id; corrupt segment's */
+    fx_range_resp segs = {0};
+    seg_run *runs = NULL;
+    size_t n_runs = 0;
+    int64_t scanned = from - 1;
     fx_err e;
-    if (!have) {
-        fx_mq_key ks, ke;
-        if ((e = key_err(pay_key(&c->m, pidx, from, &ks), "payload")) ||
-            (e = key_err(pay_key(&c->m, pidx, hi + 1, &ke), "payload")))
-            return e;
-        fx_range_resp rr = {0};
-        c->st.fetches++;
-        e = fx_kv_get_range(cl->kv, fx_mq_key_slice(&ks), fx_mq_key_slice(&ke), 1, &rr,
-                            cl->op_timeout_ms);
-        if (e) {
-            fx_range_resp_free(&rr);
-            return e;
-        }
-        int64_t kp = -1, kid = -1;
-        if (rr.n_kvs == 1 &&
-            pay_parse(&c->m, (fx_slice){rr.kvs[0].key.data, rr.kvs[0].key.len}, &kp, &kid) ==
-                FX_OK &&
-            kp == pidx && kid >= from) {
-            if (fx_seg_open(rr.kvs[0].value.data, rr.kvs[0].value.len, &it) == FX_OK &&
-                (int64_t)it.n <= kid + 1) {
-                fetched = rr.kvs[0].value;
-                rr.kvs[0].value = (fx_bytes){0};
-                f_last = kid;
-            } else {
-                bad_last = kid;
-                FX_WRN("mpsc consumer %lld/%lld: payload segment of producer %lld ending at id "
-                       "%lld is corrupt (%s)", (long long)c->m.chan, (long long)c->cidx,
-                       (long long)pidx, (long long)kid, fx_err_detail());
-            }
-        }
-        fx_range_resp_free(&rr);
-    }
+    if (!have && (e = seg_fetch(c, pidx, from, to, hi, &segs, &runs, &n_runs, &scanned)))
+        return e;
 
     pthread_mutex_lock(&c->mu);
     s = ps_find(c, pidx);
     if (!s || s->next_fetch != from || c->lf.stop) {
         bool stopped = c->lf.stop;
         pthread_mutex_unlock(&c->mu);
-        fx_bytes_free(&fetched);
+        size_t z = 0;
+        runs_clear(&segs, &runs, &n_runs, &z);
         return stopped ? FX_OK : fx_seterr(FX_EPROTO, "mpsc get: producer state moved");
     }
     if (!have) {
-        fx_bytes_free(&s->seg);
-        if (fetched.data) {
-            s->seg = fetched;
-            s->seg_it = it;
-            s->seg_last = f_last;
-            s->seg_next = f_last - (int64_t)it.n + 1;
-            fx_slice skip;
-            while (s->seg_next < from && fx_seg_next(&s->seg_it, &skip)) s->seg_next++;
-        }
+        runs_clear(&s->segs, &s->runs, &s->n_runs, &s->run_i);
+        s->segs = segs;
+        s->runs = runs;
+        s->n_runs = n_runs;
     }
-    int64_t end = s->seg.data ? min64(to, s->seg_last) : bad_last >= 0 ? min64(to, bad_last) : to;
+    /* Last id this call may settle: up to `to`, and not past what is buffered (ids after the
+     * last run are unknown yet) unless the fetch found nothing for them. */
+    int64_t end = s->run_i < s->n_runs ? min64(to, s->runs[s->n_runs - 1].last)
+                                       : min64(to, scanned);
+    if (end < from) end = from; /* nothing buffered and nothing scanned: cannot happen */
     if (!win_reserve(s, (size_t)(end - from + 1))) {
         pthread_mutex_unlock(&c->mu);
         return fx_seterr(FX_ENOMEM, "mpsc get: out of memory");
     }
-    uint64_t skipped = 0;
+    uint64_t skipped = 0, corrupt = 0;
     e = FX_OK;
     for (int64_t id = from; id <= end; id++) {
+        while (s->run_i < s->n_runs && s->runs[s->run_i].last < id) s->run_i++;
+        seg_run *r = s->run_i < s->n_runs ? &s->runs[s->run_i] : NULL;
         size_t slot = win_len(s);
-        if (s->seg.data && id >= s->seg_next) {
-            fx_seg_iter peek = s->seg_it;
+        if (r && !r->bad && id >= r->first) {
+            fx_seg_iter peek = r->it;
             fx_slice m;
+            while (r->next < id && fx_seg_next(&peek, &m)) r->next++; /* resume inside it */
             uint8_t *buf = fx_seg_next(&peek, &m) ? malloc(m.len + 1) : NULL;
             if (!buf) {
                 e = fx_seterr(FX_ENOMEM, "mpsc get: out of memory");
@@ -1664,23 +1737,24 @@ static fx_err seg_get(fx_mpsc_consumer *c, int64_t pidx, int64_t from, int64_t t
             }
             memcpy(buf, m.data, m.len);
             buf[m.len] = 0;
-            s->seg_it = peek;
-            s->seg_next++;
-            out[*got] = (fx_mq_delivery){.id = {c->m.chan, pidx, id},
-                                         .value = {buf, m.len}};
+            r->it = peek;
+            r->next = id + 1;
+            out[*got] = (fx_mq_delivery){.id = {c->m.chan, pidx, id}, .value = {buf, m.len}};
             (*got)++;
             *win_at(s, slot) = 0;
         } else {
             skipped++;
+            if (r && r->bad && id >= r->first) corrupt++;
             *win_at(s, slot) = 1; /* treated as acked */
         }
         s->next_fetch = id + 1;
     }
-    if (s->seg.data && s->seg_it.left == 0) fx_bytes_free(&s->seg);
+    while (s->run_i < s->n_runs && s->runs[s->run_i].last < s->next_fetch) s->run_i++;
+    if (s->run_i >= s->n_runs) runs_clear(&s->segs, &s->runs, &s->n_runs, &s->run_i);
     if (skipped)
-        note_skipped(c, s, skipped, from, end,
-                     bad_last >= 0 ? "are in a corrupt segment" : "are missing below the produce "
-                                                                  "offset");
+        note_skipped(c, s, skipped, from, s->next_fetch - 1,
+                     corrupt ? "are missing or in a corrupt segment"
+                             : "are missing below the produce offset");
     pthread_mutex_unlock(&c->mu);
     return e;
 }
@@ -1864,7 +1938,7 @@ static void cons_destroy(fx_mpsc_consumer *c)
 {
     for (size_t i = 0; i < c->n_ps; i++) {
         free(c->ps[i].win);
-        fx_bytes_free(&c->ps[i].seg);
+        runs_clear(&c->ps[i].segs, &c->ps[i].runs, &c->ps[i].n_runs, &c->ps[i].run_i);
     }
     free(c->ps);
     free(c->resume);

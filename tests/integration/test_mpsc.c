@@ -26,6 +26,8 @@
  *   the unacknowledged rest.
  * mpsc_segment_corrupt_skipped: a segment value that does not decode is skipped as a whole
  *   (counter), the next segment is delivered, the commit removes the bad value.
+ * mpsc_segment_fetch_bounded: 300 one-message segments drain with a few range reads (a window
+ *   of ids each), and a consumer resuming inside a 1000-message segment finds it.
  * Several tests run more than once: with the payload plane sharing the control-plane client (one
  * txn per batch) and with a separate KV client; and in both payload layouts (one segment per
  * batch, the default; one key per message, the reference layout).
@@ -227,19 +229,27 @@ static void vals_make(fx_slice *v, char (*buf)[32], size_t n, const char *tag)
 }
 
 /* Get until `want` messages arrived (or 10 s); acks each; returns the count. */
-static size_t drain(fx_mpsc_consumer *cs, fx_mq_delivery *out, size_t cap, size_t want)
+/* Get (and ack) until `want` messages arrived, in gets of at most `per_get` (0: all of cap). */
+static size_t drain_by(fx_mpsc_consumer *cs, fx_mq_delivery *out, size_t cap, size_t want,
+                       size_t per_get)
 {
     size_t got = 0;
     int64_t dl = fx_now_ms() + 10000;
     while (got < want && fx_now_ms() < dl) {
-        size_t n = 0;
-        fx_err e = fx_mpsc_get(cs, out + got, cap - got, &n, 500);
+        size_t n = 0, room = cap - got;
+        if (per_get && room > per_get) room = per_get;
+        fx_err e = fx_mpsc_get(cs, out + got, room, &n, 500);
         if (e == FX_ETIMEDOUT) continue;
         CHECK(e);
         for (size_t i = 0; i < n; i++) CHECK(fx_mpsc_ack(cs, &out[got + i].id, 1));
         got += n;
     }
     return got;
+}
+
+static size_t drain(fx_mpsc_consumer *cs, fx_mq_delivery *out, size_t cap, size_t want)
+{
+    return drain_by(cs, out, cap, want, 0);
 }
 
 /* ---- tests ---------------------------------------------------------------------------------- */
@@ -1008,6 +1018,63 @@ static void mpsc_segment_corrupt_skipped(void **state)
     fx_mpsc_producer_free(p);
 }
 
+/* Segments only: fetches stay cheap whatever the backlog looks like.
+ * 300 one-message segments (a publisher one at a time, nobody consuming): a consumer drains them
+ * with a handful of range reads (each reads the segments of a window of ids), not one per
+ * message. Then one 1000-message segment: a consumer that resumes at id 10 (window [10, 19],
+ * inside the segment) finds it with the bounded second read and continues in order. */
+static void mpsc_segment_fetch_bounded(void **state)
+{
+    ctx *x = *state;
+    int64_t chan = create_chan(x->cl, 100000);
+    fx_mpsc_producer *p = NULL;
+    fx_mpsc_consumer *cs = NULL;
+    CHECK(fx_mpsc_producer_open(x->cl, chan, 0, &p));
+    enum { N = 300, BIG = 1000 };
+    static char b[BIG][32];
+    static fx_slice v[BIG];
+    vals_make(v, b, BIG, "f");
+    size_t np = 0;
+    for (int i = 0; i < N; i++) CHECK(fx_mpsc_put(p, v + i, 1, 1000, &np, NULL));
+    assert_int_equal(payload_keys(x->cl, chan), N);
+    CHECK(fx_mpsc_consumer_open(x->cl, chan, &cs));
+    static fx_mq_delivery out[BIG];
+    assert_int_equal(drain_by(cs, out, BIG, N, 128), N); /* gets of at most 128 */
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(out[i].id.msg, i);
+        fx_mq_delivery_free(&out[i]);
+    }
+    fx__mpsc_stats st;
+    fx__mpsc_consumer_stats(cs, &st);
+    print_message("%d one-message segments drained with %llu range reads\n", N,
+                  (unsigned long long)st.fetches);
+    assert_true(st.fetches <= 8); /* 300 / 128 windows, plus empty waits at the end */
+    assert_int_equal(st.skipped_ids, 0);
+    CHECK(fx_mpsc_flush(cs, 3000));
+    assert_int_equal(payload_keys(x->cl, chan), 0);
+    /* one big segment; take 10, ack, close; the next consumer resumes inside it */
+    CHECK(fx_mpsc_put(p, v, BIG, 3000, &np, NULL));
+    assert_int_equal(payload_keys(x->cl, chan), 1);
+    assert_int_equal(drain_by(cs, out, BIG, 10, 10), 10);
+    for (int i = 0; i < 10; i++) fx_mq_delivery_free(&out[i]);
+    fx_mpsc_consumer_free(cs);
+    CHECK(fx_mpsc_consumer_open(x->cl, chan, &cs));
+    assert_int_equal(drain_by(cs, out, BIG, BIG - 10, 10), BIG - 10);
+    for (int i = 0; i < BIG - 10; i++) {
+        assert_int_equal(out[i].id.msg, N + 10 + i);
+        char want[32];
+        snprintf(want, sizeof want, "f-%d", 10 + i);
+        assert_memory_equal(out[i].value.data, want, strlen(want) + 1);
+        fx_mq_delivery_free(&out[i]);
+    }
+    fx__mpsc_consumer_stats(cs, &st);
+    assert_int_equal(st.skipped_ids, 0);
+    CHECK(fx_mpsc_flush(cs, 3000));
+    assert_int_equal(payload_keys(x->cl, chan), 0);
+    fx_mpsc_consumer_free(cs);
+    fx_mpsc_producer_free(p);
+}
+
 static fx_mq_chan_meta read_meta(fx_mq_client *c, int64_t chan)
 {
     fx_mq_key mk;
@@ -1087,6 +1154,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(mpsc_capacity_full_then_close, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(mpsc_gap_skipped, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(mpsc_segment_corrupt_skipped, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(mpsc_segment_fetch_bounded, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(mpsc_put_retry_no_gap, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(mpsc_payload_lease_revoked, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(mpsc_client_close_closes_endpoints, test_setup,
