@@ -146,8 +146,9 @@ fx_err dm_hdr_append(fx_slice block, const char *const *kv, size_t n_pairs, char
 fx_err dm_hdr_delivery(fx_slice block, const char *const *kv, size_t n_pairs, char **buf,
                        size_t *cap, size_t *out_len)
 {
-    /* Upper bound: the stored lines (never longer once rewritten), the status line, our lines. */
-    size_t need = block.len + sizeof HDR_LINE0 + 4;
+    /* Upper bound: the stored lines, each at most one byte longer once rewritten (the space after
+     * "k:"; a line is at least "k:\r\n", 4 bytes), the status line, our lines, the end. */
+    size_t need = block.len + block.len / 4 + sizeof HDR_LINE0 + 4;
     for (size_t i = 0; i < n_pairs; i++) need += strlen(kv[2 * i]) + 2 + strlen(kv[2 * i + 1]) + 2;
     if (need > *cap) {
         size_t nc = *cap ? *cap : 1024;

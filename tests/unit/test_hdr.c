@@ -79,6 +79,36 @@ static void hdr_same_headers_as_cnats(void **state)
     same_as_cnats("NATS/1.0 503\r\nX: y\r\n\r\n");            /* a status code is dropped */
     same_as_cnats("NATS/1.0\r\nno colon line\r\n:empty key\r\nK: v\r\n\r\n"); /* skipped lines */
     same_as_cnats("NATS/1.0\r\nK: v\r\n");                     /* no terminating empty line */
+    /* lines without a space after the colon grow by one byte each when rewritten */
+    static char tight[4096];
+    strcpy(tight, "NATS/1.0\r\n");
+    for (int i = 0; i < 26; i++) {
+        char l[8] = {(char)('a' + i), ':', 'v', '\r', '\n', 0};
+        strcat(tight, l);
+    }
+    strcat(tight, "\r\n");
+    same_as_cnats(tight);
+}
+
+/* A block of nothing but minimal lines ("k:\r\n") grows by a quarter when rewritten. 989 lines
+ * make a 3,968-byte block: a bound without that quarter rounds the buffer to 4,096 bytes and
+ * the 5,068-byte result overflows it (len > cap here; ASan in make check sees the write). */
+static void hdr_bound_minimal_lines(void **state)
+{
+    (void)state;
+    static char blk[8192];
+    size_t n = 10;
+    memcpy(blk, "NATS/1.0\r\n", 10);
+    for (int i = 0; i < 989; i++, n += 4) memcpy(blk + n, "k:\r\n", 4);
+    memcpy(blk + n, "\r\n", 2);
+    n += 2;
+    assert_int_equal(n, 3968);
+    char *buf = NULL;
+    size_t cap = 0, len = 0;
+    assert_int_equal(dm_hdr_delivery((fx_slice){blk, n}, KV, 5, &buf, &cap, &len), FX_OK);
+    assert_int_equal(len, 10 + 989 * 5 + 111 + 2); /* every "k:" became "k: " */
+    assert_true(len <= cap);
+    free(buf);
 }
 
 /* The caller's buffer is reused and grown, never shrunk; big blocks fit. */
@@ -122,6 +152,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(hdr_same_headers_as_cnats),
         cmocka_unit_test(hdr_buffer_reuse),
+        cmocka_unit_test(hdr_bound_minimal_lines),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
