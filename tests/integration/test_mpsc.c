@@ -118,37 +118,19 @@ static int group_teardown(void **state)
     return 0;
 }
 
-static int test_setup(void **state)
+/* Each test gets a fresh client: payload layout (per_key) and payload plane (kv_apart). */
+static int setup_with(void **state, bool per_key, bool kv_apart)
 {
     ctx *x = *state;
-    x->per_key = false;
-    x->cl = new_client(x, OP_MS);
+    x->per_key = per_key;
+    x->cl = new_client_kv(x, OP_MS, kv_apart);
     return 0;
 }
 
-static int test_setup_kv_apart(void **state)
-{
-    ctx *x = *state;
-    x->per_key = false;
-    x->cl = new_client_kv(x, OP_MS, true);
-    return 0;
-}
-
-static int test_setup_per_key(void **state)
-{
-    ctx *x = *state;
-    x->per_key = true;
-    x->cl = new_client(x, OP_MS);
-    return 0;
-}
-
-static int test_setup_per_key_apart(void **state)
-{
-    ctx *x = *state;
-    x->per_key = true;
-    x->cl = new_client_kv(x, OP_MS, true);
-    return 0;
-}
+static int test_setup(void **state) { return setup_with(state, false, false); }
+static int test_setup_kv_apart(void **state) { return setup_with(state, false, true); }
+static int test_setup_per_key(void **state) { return setup_with(state, true, false); }
+static int test_setup_per_key_apart(void **state) { return setup_with(state, true, true); }
 
 static int test_teardown(void **state)
 {
