@@ -57,6 +57,52 @@ static void reply_ok(fx_daemon *d, dm_chan *ch, const char *reply, const fx_mq_m
 
 #define HDR_LINE0 "NATS/1.0\r\n"
 
+/* The header lines of a stored block, as dm_hdr_delivery and dm_hdr_apply both read them: the lines after the
+ * status line, up to the empty line (or the end); a line without ':' or with an empty key is
+ * skipped; the value is what follows ':' without its leading spaces and tabs. */
+typedef struct hdr_iter {
+    const char *p, *end; /* p: the "\r\n" ending the previous line; NULL when done */
+} hdr_iter;
+
+static void hdr_iter_init(hdr_iter *it, const char *b, size_t len)
+{
+    it->end = b + len;
+    it->p = len >= sizeof HDR_LINE0 - 1 ? memmem(b, len, "\r\n", 2) : NULL;
+}
+
+static bool hdr_iter_next(hdr_iter *it, fx_slice *key, fx_slice *val)
+{
+    while (it->p) {
+        const char *p = it->p + 2;
+        const char *eol = memmem(p, (size_t)(it->end - p), "\r\n", 2);
+        if (!eol || eol == p) break; /* the empty line ends the block */
+        it->p = eol;
+        const char *colon = memchr(p, ':', (size_t)(eol - p));
+        if (!colon || colon == p) continue;
+        const char *v = colon + 1;
+        while (v < eol && (*v == ' ' || *v == '\t')) v++;
+        *key = (fx_slice){p, (size_t)(colon - p)};
+        *val = (fx_slice){v, (size_t)(eol - v)};
+        return true;
+    }
+    it->p = NULL;
+    return false;
+}
+
+/* "key: value\r\n" at o; returns the end. */
+static char *put_line(char *o, fx_slice key, fx_slice val)
+{
+    memcpy(o, key.data, key.len);
+    o += key.len;
+    *o++ = ':';
+    *o++ = ' ';
+    memcpy(o, val.data, val.len);
+    o += val.len;
+    *o++ = '\r';
+    *o++ = '\n';
+    return o;
+}
+
 fx_err dm_hdr_from_msg(natsMsg *m, char **out, size_t *out_len)
 {
     *out = NULL;
@@ -134,7 +180,7 @@ fx_err dm_hdr_append(fx_slice block, const char *const *kv, size_t n_pairs, char
         p += sizeof HDR_LINE0 - 1;
     }
     for (size_t i = 0; i < n_pairs; i++)
-        p += sprintf(p, "%s: %s\r\n", kv[2 * i], kv[2 * i + 1]);
+        p = put_line(p, FX_SLICE_STR(kv[2 * i]), FX_SLICE_STR(kv[2 * i + 1]));
     *p++ = '\r';
     *p++ = '\n';
     *p = '\0';
@@ -161,44 +207,17 @@ fx_err dm_hdr_delivery(fx_slice block, const char *const *kv, size_t n_pairs, ch
     char *o = *buf;
     memcpy(o, HDR_LINE0, sizeof HDR_LINE0 - 1);
     o += sizeof HDR_LINE0 - 1;
-    const char *b = block.data, *end = b + block.len;
-    const char *p = block.len >= sizeof HDR_LINE0 - 1 ? memmem(b, block.len, "\r\n", 2) : NULL;
-    while (p) { /* the lines after the status line, up to the empty one (as dm_hdr_apply) */
-        p += 2;
-        const char *eol = memmem(p, (size_t)(end - p), "\r\n", 2);
-        if (!eol || eol == p) break;
-        const char *colon = memchr(p, ':', (size_t)(eol - p));
-        if (colon && colon != p) {
-            size_t kl = (size_t)(colon - p);
-            bool ours = false;
-            for (size_t i = 0; i < n_pairs && !ours; i++)
-                ours = strlen(kv[2 * i]) == kl && memcmp(kv[2 * i], p, kl) == 0;
-            if (!ours) { /* ours replace stored values of the same key (natsMsgHeader_Set) */
-                const char *v = colon + 1;
-                while (v < eol && (*v == ' ' || *v == '\t')) v++;
-                memcpy(o, p, kl);
-                o += kl;
-                *o++ = ':';
-                *o++ = ' ';
-                memcpy(o, v, (size_t)(eol - v));
-                o += eol - v;
-                *o++ = '\r';
-                *o++ = '\n';
-            }
-        }
-        p = eol;
+    hdr_iter it;
+    fx_slice k, v;
+    hdr_iter_init(&it, block.data, block.len);
+    while (hdr_iter_next(&it, &k, &v)) {
+        bool ours = false; /* ours replace stored values of the same key (natsMsgHeader_Set) */
+        for (size_t i = 0; i < n_pairs && !ours; i++)
+            ours = strlen(kv[2 * i]) == k.len && memcmp(kv[2 * i], k.data, k.len) == 0;
+        if (!ours) o = put_line(o, k, v);
     }
-    for (size_t i = 0; i < n_pairs; i++) {
-        size_t kl = strlen(kv[2 * i]), vl = strlen(kv[2 * i + 1]);
-        memcpy(o, kv[2 * i], kl);
-        o += kl;
-        *o++ = ':';
-        *o++ = ' ';
-        memcpy(o, kv[2 * i + 1], vl);
-        o += vl;
-        *o++ = '\r';
-        *o++ = '\n';
-    }
+    for (size_t i = 0; i < n_pairs; i++)
+        o = put_line(o, FX_SLICE_STR(kv[2 * i]), FX_SLICE_STR(kv[2 * i + 1]));
     *o++ = '\r';
     *o++ = '\n';
     *out_len = (size_t)(o - *buf);
@@ -208,26 +227,19 @@ fx_err dm_hdr_delivery(fx_slice block, const char *const *kv, size_t n_pairs, ch
 natsStatus dm_hdr_apply(natsMsg *m, fx_slice block)
 {
     if (block.len < sizeof HDR_LINE0 - 1) return NATS_OK;
-    char stackbuf[2048];
+    char stackbuf[2048]; /* a copy, so each key and value can be NUL-terminated in place */
     char *buf = block.len < sizeof stackbuf ? stackbuf : malloc(block.len + 1);
     if (!buf) return NATS_NO_MEMORY;
     memcpy(buf, block.data, block.len);
     buf[block.len] = '\0';
     natsStatus s = NATS_OK;
-    char *p = strstr(buf, "\r\n"); /* skip the status line */
-    while (p && s == NATS_OK) {
-        p += 2;
-        char *eol = strstr(p, "\r\n");
-        if (!eol || eol == p) break; /* end of block */
-        *eol = '\0';
-        char *colon = strchr(p, ':');
-        if (colon && colon != p) {
-            *colon = '\0';
-            char *v = colon + 1;
-            while (*v == ' ' || *v == '\t') v++;
-            s = natsMsgHeader_Add(m, p, v);
-        }
-        p = eol;
+    hdr_iter it;
+    fx_slice k, v;
+    hdr_iter_init(&it, buf, block.len);
+    while (s == NATS_OK && hdr_iter_next(&it, &k, &v)) {
+        buf[(const char *)k.data - buf + k.len] = '\0'; /* the ':' */
+        buf[(const char *)v.data - buf + v.len] = '\0'; /* the '\r' of the line end */
+        s = natsMsgHeader_Add(m, k.data, v.data);
     }
     if (buf != stackbuf) free(buf);
     return s;

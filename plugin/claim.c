@@ -386,14 +386,14 @@ static bool publish_ent(cst *s, uint32_t idx)
     snprintf(fid, sizeof fid, "%" PRId64 ".%" PRId64 ".%" PRId64, e->dv.id.chan, e->dv.id.pidx,
              e->dv.id.msg);
 
-    const char *data = e->msg.data.len ? (const char *)e->msg.data.data : "";
+    const char *kv[] = {FX_DM_HDR_CHANNEL, ch->name, FX_DM_HDR_SUBJECT,   orig,
+                        FX_DM_HDR_SEQ,     seq,      FX_DM_HDR_DELIVERED, att,
+                        FX_DM_HDR_ID,      fid};
+    enum { N_PAIRS = sizeof kv / sizeof kv[0] / 2 };
     natsStatus st = NATS_OK;
     if (s->use_leaf) { /* the header block is written directly: no natsMsg, no allocation */
-        const char *kv[] = {FX_DM_HDR_CHANNEL,   ch->name, FX_DM_HDR_SUBJECT, orig,
-                            FX_DM_HDR_SEQ,       seq,      FX_DM_HDR_DELIVERED, att,
-                            FX_DM_HDR_ID,        fid};
         size_t hlen = 0;
-        fx_err fe = dm_hdr_delivery(e->msg.headers, kv, 5, &s->hbuf, &s->hcap, &hlen);
+        fx_err fe = dm_hdr_delivery(e->msg.headers, kv, N_PAIRS, &s->hbuf, &s->hcap, &hlen);
         if (!fe)
             fe = fx_leaf_publish(d->leaf, s->cl->subject, reply, s->hbuf, hlen, e->msg.data.data,
                                  e->msg.data.len);
@@ -404,14 +404,12 @@ static bool publish_ent(cst *s, uint32_t idx)
             return false;
         }
     } else {
+        const char *data = e->msg.data.len ? (const char *)e->msg.data.data : "";
         natsMsg *m = NULL;
         st = natsMsg_Create(&m, s->cl->subject, reply, data, (int)e->msg.data.len);
         if (st == NATS_OK) st = dm_hdr_apply(m, e->msg.headers);
-        if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_CHANNEL, ch->name);
-        if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_SUBJECT, orig);
-        if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_SEQ, seq);
-        if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_DELIVERED, att);
-        if (st == NATS_OK) st = natsMsgHeader_Set(m, FX_DM_HDR_ID, fid);
+        for (size_t i = 0; st == NATS_OK && i < N_PAIRS; i++)
+            st = natsMsgHeader_Set(m, kv[2 * i], kv[2 * i + 1]);
         if (st == NATS_OK) st = natsConnection_PublishMsg(d->nc, m);
         natsMsg_Destroy(m);
     }
