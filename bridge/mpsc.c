@@ -1601,7 +1601,8 @@ static void note_skipped(fx_mpsc_consumer *c, pstate *s, uint64_t skipped, int64
  *      a segment holds at most FX_SEG_MAX_MSGS ids.
  * On FX_OK *segs owns the values and *runs (malloc'd, *n runs, key order) describe them;
  * *scanned is the last id the fetch looked at: ids in [from, *scanned] that no run covers have
- * no message. Foreign keys in the range are ignored; values that do not decode become bad runs. */
+ * no message. Foreign keys in the range are ignored (a window of nothing else counts as empty);
+ * values that do not decode become bad runs. */
 static fx_err seg_fetch(fx_mpsc_consumer *c, int64_t pidx, int64_t from, int64_t wend, int64_t hi,
                         fx_range_resp *segs, seg_run **runs, size_t *n, int64_t *scanned)
 {
@@ -1664,13 +1665,13 @@ static fx_err seg_fetch(fx_mpsc_consumer *c, int64_t pidx, int64_t from, int64_t
             x->last = last;
             k++;
         }
+        if (k == 0) { /* only foreign keys: as if empty, so the next pass still looks */
+            free(r);
+            fx_range_resp_free(segs);
+            continue;
+        }
         *runs = r;
         *n = k;
-        if (k == 0) {
-            free(r);
-            *runs = NULL;
-            fx_range_resp_free(segs);
-        }
         return FX_OK;
     }
     return FX_OK;
