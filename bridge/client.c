@@ -24,6 +24,7 @@
 #include "fx_log.h"
 #include "fx_time.h"
 #include "mq_int.h"
+#include "revoker.h"
 
 #define DEF_LONG_TTL_S FX_MQ_LONG_LEASE_TTL_SECONDS
 #define DEF_MIN_TTL_S FX_MQ_MIN_TTL_SECONDS
@@ -346,7 +347,10 @@ fx_err fx_mq_client_close(fx_mq_client *c)
                    (long long)p->ops);
         } else if (!p->backends_freed) {
             p->backends_freed = true;
+            fx_revoker *rv = c->revoker;
+            c->revoker = NULL;
             pthread_mutex_unlock(&c->mu);
+            fx_revoker_free(rv); /* uses the etcd client: stopped first */
             free_backends(c);
             pthread_mutex_lock(&c->mu);
         }
@@ -354,6 +358,21 @@ fx_err fx_mq_client_close(fx_mq_client *c)
     fx_err r = p->close_err;
     pthread_mutex_unlock(&c->mu);
     return r;
+}
+
+bool fx__mq_revoke_member_lease(fx_mq_client *c, int64_t lease, int64_t ttl_s, int timeout_ms)
+{
+    if (!c || lease <= 0) return false;
+    fx_err e = fx_etcd_lease_revoke(c->etcd, lease, timeout_ms > 0 ? timeout_ms : 1);
+    if (e == FX_OK || e == FX_ENOTFOUND || e == FX_ELEASE_EXPIRED) return true;
+    pthread_mutex_lock(&c->mu);
+    if (!c->revoker && !priv_of(c)->backends_freed &&
+        fx_revoker_new(c->etcd, &c->revoker) != FX_OK)
+        FX_WRN("member lease %lld: cannot start the revoker (%s); its TTL reclaims it",
+               (long long)lease, fx_err_detail());
+    if (c->revoker) fx_revoker_add(c->revoker, lease, fx_now_ms() + ttl_s * 1000);
+    pthread_mutex_unlock(&c->mu);
+    return false;
 }
 
 void fx_mq_client_free(fx_mq_client *c)
@@ -384,6 +403,11 @@ fx_err fx__mq_cfg_validate(const fx_mq_client *c, const fx_mq_chan_cfg *cfg)
     if (cfg->ttl_s < c->min_ttl_s || cfg->ttl_s > FX_MQ_MAX_TTL_SECONDS)
         return fx_seterr(FX_EINVAL, "channel config: ttl_s: %lld out of range [%lld, %lld]",
                          (long long)cfg->ttl_s, (long long)c->min_ttl_s,
+                         (long long)FX_MQ_MAX_TTL_SECONDS);
+    if (cfg->retention_s &&
+        (cfg->retention_s < cfg->ttl_s || cfg->retention_s > FX_MQ_MAX_TTL_SECONDS))
+        return fx_seterr(FX_EINVAL, "channel config: retention_s: %lld out of range [%lld, %lld]",
+                         (long long)cfg->retention_s, (long long)cfg->ttl_s,
                          (long long)FX_MQ_MAX_TTL_SECONDS);
     if (cfg->weight < 0)
         return fx_seterr(FX_EINVAL, "channel config: weight: %lld, must be >= 0",

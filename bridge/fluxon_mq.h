@@ -93,7 +93,13 @@ const char *fx_mq_client_root(const fx_mq_client *c);
 
 typedef struct fx_mq_chan_cfg {
     int64_t capacity; /* >= 1: max stored, unconsumed messages per (sub-)MPSC */
-    int64_t ttl_s;    /* >= client min_ttl_s: TTL of global/metadata, member and payload leases */
+    /* >= client min_ttl_s. MPMC: TTL of member leases (membership, role and ready keys: how fast
+     * a dead member's claims are released). Standalone MPSC: TTL of every lease but global-long. */
+    int64_t ttl_s;
+    /* MPMC only: TTL of the channel's data leases (metadata, payload, id-allocator cluster lease
+     * and the sub-MPSCs' global-long leases), i.e. how long the channel and its messages outlive
+     * its last member. 0 -> ttl_s. Must be >= ttl_s and <= FX_MQ_MAX_TTL_SECONDS. */
+    int64_t retention_s;
     int64_t weight;   /* producer weight written to producer_weight; 0 -> 1 */
 } fx_mq_chan_cfg;
 
@@ -158,8 +164,17 @@ typedef struct fx_mpmc_producer fx_mpmc_producer;
 typedef struct fx_mpmc_consumer fx_mpmc_consumer;
 
 /* Map a channel name to its MPMC id: create the MPMC if the unique key is absent (create-if-
- * absent txn; cfg used only then), else return the existing id. A mapping whose MPMC meta is gone
- * (TTL expired) is replaced by a new MPMC (CAS on the old value). */
+ * absent txn), else return the existing id. A mapping is replaced by a new MPMC (CAS on the old
+ * value, logged at ERR) only when its channel is provably gone: meta absent (its metadata lease
+ * expired: no member for longer than its retention) or payload lease expired (its messages are
+ * gone). Any error while checking (timeout, undecodable meta) is returned, never a reason to
+ * replace. For an existing channel, cfg is reconciled with its meta:
+ *  - ttl_s differs: the meta's ttl_seconds is updated (CAS; member leases granted from then on
+ *    use it; INF line);
+ *  - retention_s (when > 0) differs from the recorded retention: FX_EINVAL naming `retention`
+ *    (data leases cannot change their TTL), unless the retention was recorded by an upgrade;
+ *  - no retention recorded (created before retention existed): the meta is upgraded to record
+ *    the TTL its data leases really have (retention_legacy) and one INF line says so. */
 fx_err fx_mpmc_resolve(fx_mq_client *c, const char *name, const fx_mq_chan_cfg *cfg,
                        int64_t *out_mpmc);
 
@@ -179,6 +194,10 @@ fx_err fx_mpmc_put(fx_mpmc_producer *p, const fx_slice *values, size_t n, int ti
 fx_err fx_mpmc_producer_close(fx_mpmc_producer *p);
 void fx_mpmc_producer_free(fx_mpmc_producer *p);
 int64_t fx_mpmc_producer_member(const fx_mpmc_producer *p);
+/* No RPC: FX_OK while the producer is open and none of its leases is known to be expired;
+ * otherwise what the next put would return (FX_ELEASE_LOST once, then FX_ECLOSED). A keeper
+ * (the daemon) calls it periodically to reopen a producer that closed itself. */
+fx_err fx_mpmc_producer_check(fx_mpmc_producer *p);
 
 fx_err fx_mpmc_get(fx_mpmc_consumer *c, fx_mq_delivery *out, size_t max, size_t *n,
                    int timeout_ms);

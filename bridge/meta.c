@@ -642,6 +642,11 @@ static fx_err mpmc_meta_check(const fx_mq_mpmc_meta *m, fx_err code)
     if (!e) e = range_chk(code, W_MPMC, "payload_lease_id", m->payload_lease_id, 1, INT64_MAX);
     if (!e) e = range_chk(code, W_MPMC, "id_allocator_cluster_lease_id",
                           m->id_allocator_cluster_lease_id, 1, INT64_MAX);
+    if (!e && m->retention_seconds)
+        e = range_chk(code, W_MPMC, "retention_seconds", m->retention_seconds,
+                      FX_MQ_CODEC_MIN_TTL_SECONDS, FX_MQ_MAX_TTL_SECONDS);
+    if (!e && m->retention_legacy && !m->retention_seconds)
+        e = fx_seterr(code, "%s: field 'retention_legacy' without 'retention_seconds'", W_MPMC);
     return e;
 }
 
@@ -659,16 +664,19 @@ fx_err fx_mq_mpmc_meta_encode(const fx_mq_mpmc_meta *m, char **out)
               cJSON_AddNumberToObject(o, "created_at", m->created_at) != NULL &&
               add_num(o, "metadata_lease_id", m->metadata_lease_id) &&
               add_num(o, "payload_lease_id", m->payload_lease_id) &&
-              add_num(o, "id_allocator_cluster_lease_id", m->id_allocator_cluster_lease_id);
+              add_num(o, "id_allocator_cluster_lease_id", m->id_allocator_cluster_lease_id) &&
+              (!m->retention_seconds || add_num(o, "retention_seconds", m->retention_seconds)) &&
+              (!m->retention_legacy || cJSON_AddTrueToObject(o, "retention_legacy") != NULL);
     return finish(o, ok, W_MPMC, out);
 }
 
 fx_err fx_mq_mpmc_meta_decode(const void *json, size_t len, fx_mq_mpmc_meta *out)
 {
-    enum { CAP, TTL, AT, ML, PL, IL, N };
+    enum { CAP, TTL, AT, ML, PL, IL, RET, RLEG, N };
     static const jname names[] = {
         {"capacity", CAP},          {"ttl_seconds", TTL},      {"created_at", AT},
         {"metadata_lease_id", ML},  {"payload_lease_id", PL},  {"id_allocator_cluster_lease_id", IL},
+        {"retention_seconds", RET}, {"retention_legacy", RLEG},
     };
     if (!out) return fx_seterr(FX_EINVAL, "%s: NULL output", W_MPMC);
     jf f[N];
@@ -692,6 +700,17 @@ fx_err fx_mq_mpmc_meta_decode(const void *json, size_t len, fx_mq_mpmc_meta *out
     if (!e) e = get_i64(&f[PL], W_MPMC, "payload_lease_id", 1, INT64_MAX, &m.payload_lease_id);
     if (!e) e = get_i64(&f[IL], W_MPMC, "id_allocator_cluster_lease_id", 1, INT64_MAX,
                         &m.id_allocator_cluster_lease_id);
+    if (!e && f[RET].item && !cJSON_IsNull(f[RET].item))
+        e = get_i64(&f[RET], W_MPMC, "retention_seconds", FX_MQ_CODEC_MIN_TTL_SECONDS,
+                    FX_MQ_MAX_TTL_SECONDS, &m.retention_seconds);
+    if (!e && f[RLEG].item && !cJSON_IsNull(f[RLEG].item)) {
+        if (!cJSON_IsBool(f[RLEG].item))
+            e = fx_seterr(FX_EPROTO, "%s: field 'retention_legacy': expected a boolean", W_MPMC);
+        else
+            m.retention_legacy = cJSON_IsTrue(f[RLEG].item);
+    }
+    if (!e && m.retention_legacy && !m.retention_seconds)
+        e = fx_seterr(FX_EPROTO, "%s: field 'retention_legacy' without 'retention_seconds'", W_MPMC);
     cJSON_Delete(root);
     if (!e) *out = m;
     return e;

@@ -10,7 +10,8 @@
  *   ChanMemberMeta      {"member_id":"<cidx>","role":"consumer"|"producer",
  *                        "external_client_id":"..."|null,"kvclient_sub_cluster":"..."|null}
  *   MPMC meta           {"capacity":N,"ttl_seconds":N,"created_at":F,"metadata_lease_id":N,
- *                        "payload_lease_id":N,"id_allocator_cluster_lease_id":N}
+ *                        "payload_lease_id":N,"id_allocator_cluster_lease_id":N,
+ *                        "retention_seconds":N (optional),"retention_legacy":true (optional)}
  *   mpsc_channels       ["17","21"]  (decimal strings, creation order, no duplicates)
  *
  * Integers and precision (the documented choice). etcd lease ids are often near 2^62, and a
@@ -142,6 +143,13 @@ typedef struct fx_mq_mpmc_meta {
     int64_t metadata_lease_id;
     int64_t payload_lease_id;
     int64_t id_allocator_cluster_lease_id;
+    /* Optional (0 / false when absent: a channel created before retention existed).
+     * retention_seconds: TTL of the channel's data leases (metadata, payload, id-allocator and the
+     * sub-MPSCs' global-long leases): how long the channel outlives its last member. ttl_seconds
+     * is then the TTL of member leases only. retention_legacy: the value was recorded by an
+     * upgrade from the TTL the old data leases were granted with, not chosen by a user. */
+    int64_t retention_seconds;
+    bool retention_legacy;
 } fx_mq_mpmc_meta;
 
 fx_err fx_mq_mpmc_meta_encode(const fx_mq_mpmc_meta *m, char **out);

@@ -282,13 +282,16 @@ static fx_err mpmc_create(fx_mq_client *c, const fx_mq_chan_cfg *cfg, int64_t *o
     fx_mq_key ck;
     if ((e = fx_mq_key_alloc_mpmc_ids(&c->keys, &ck))) return e;
     int64_t id = 0, il = 0, pl = 0, ml = 0;
+    int64_t ret = cfg->retention_s ? cfg->retention_s : cfg->ttl_s;
     if ((e = fx__mq_alloc_ids(c, &ck, 0, 1, &id))) return e; /* one id per creation */
-    if ((e = fx__mq_grant(c, c->long_ttl_s, &il))) return e;
-    if ((e = fx_kv_allocate_lease(c->kv, cfg->ttl_s, &pl, c->op_timeout_ms))) return e;
-    if ((e = fx__mq_grant(c, cfg->ttl_s, &ml))) return e; /* last: its TTL starts now */
+    /* Every data lease gets the retention: the channel outlives its last member that long. */
+    if ((e = fx__mq_grant(c, ret, &il))) return e;
+    if ((e = fx_kv_allocate_lease(c->kv, ret, &pl, c->op_timeout_ms))) return e;
+    if ((e = fx__mq_grant(c, ret, &ml))) return e; /* last: its TTL starts now */
     fx_mq_mpmc_meta m = {.capacity = cfg->capacity, .ttl_seconds = cfg->ttl_s,
                          .created_at = (double)fx_wall_ns() / 1e9, .metadata_lease_id = ml,
-                         .payload_lease_id = pl, .id_allocator_cluster_lease_id = il};
+                         .payload_lease_id = pl, .id_allocator_cluster_lease_id = il,
+                         .retention_seconds = ret};
     char *json = NULL;
     if ((e = fx_mq_mpmc_meta_encode(&m, &json))) return e;
     fx_mq_key mk, nk;
@@ -313,33 +316,132 @@ static fx_err mpmc_create(fx_mq_client *c, const fx_mq_chan_cfg *cfg, int64_t *o
     return FX_OK;
 }
 
-/* Is the MPMC `id` alive? *alive false for a definite "gone"; an error for "cannot tell". */
-static fx_err mpmc_alive(fx_mq_client *c, int64_t id, bool *alive)
+/* TTL of the channel's data leases (metadata, payload): its retention; a channel created before
+ * retention existed has no other record than ttl_seconds (the TTL they were granted with). */
+static int64_t meta_data_ttl(const fx_mq_mpmc_meta *mt)
 {
-    *alive = false;
+    return mt->retention_seconds ? mt->retention_seconds : mt->ttl_seconds;
+}
+
+/* TTL of the id-allocator cluster lease and of the sub-MPSCs' global-long leases. Legacy channels
+ * granted those with the client's long TTL: register with the smaller of the two (renewing a
+ * lease more often than needed is harmless; less often would let it expire). */
+static int64_t meta_long_ttl(const fx_mq_client *c, const fx_mq_mpmc_meta *mt)
+{
+    int64_t d = meta_data_ttl(mt);
+    if (mt->retention_seconds && !mt->retention_legacy) return d;
+    return d < c->long_ttl_s ? d : c->long_ttl_s;
+}
+
+/* The state of a mapped MPMC, read once. */
+typedef struct mpmc_state {
+    bool alive;        /* false only when provably gone */
+    const char *why;   /* why it is gone (static string) */
+    fx_mq_mpmc_meta meta;
+    int64_t mod_rev;   /* of the meta key */
+    int64_t meta_lease;
+} mpmc_state;
+
+/* Is the MPMC `id` alive? st->alive false only when it is provably gone: its meta is absent (the
+ * metadata lease expired: no member kept it alive for its retention) or its payload lease expired
+ * (its messages are gone with it). An error for "cannot tell" (transport error, timeout, an
+ * undecodable meta): never a reason to replace a channel. */
+static fx_err mpmc_check(fx_mq_client *c, const char *name, int64_t id, mpmc_state *st)
+{
+    memset(st, 0, sizeof *st);
     fx_mq_key mk;
     fx_err e = fx_mq_key_mpmc_meta(&c->keys, id, &mk);
     if (e) return e;
     fx_kv kv = {0};
     e = fx_etcd_get(c->etcd, ks(&mk), &kv, c->op_timeout_ms);
-    if (e == FX_ENOTFOUND) return FX_OK;
-    if (e) return e;
-    fx_mq_mpmc_meta m;
-    e = fx_mq_mpmc_meta_decode(kv.value.data, kv.value.len, &m);
-    fx_kv_free(&kv);
-    if (e) {
-        FX_WRN("mpmc %" PRId64 ": undecodable meta (%s): treated as stale", id, fx_err_detail());
+    if (e == FX_ENOTFOUND) {
+        st->why = "its meta expired";
         return FX_OK;
     }
-    int64_t ttl = -1;
-    e = fx_etcd_lease_timetolive(c->etcd, m.id_allocator_cluster_lease_id, &ttl, NULL,
-                                 c->op_timeout_ms);
     if (e) return e;
-    if (ttl <= 0) return FX_OK;
-    e = fx_kv_keepalive_lease(c->kv, m.payload_lease_id, NULL, c->op_timeout_ms);
-    if (e == FX_ELEASE_EXPIRED) return FX_OK;
+    e = fx_mq_mpmc_meta_decode(kv.value.data, kv.value.len, &st->meta);
+    st->mod_rev = kv.mod_revision;
+    st->meta_lease = kv.lease;
+    fx_kv_free(&kv);
+    if (e)
+        return fx_seterr(FX_EPROTO, "channel '%s': mpmc %" PRId64 ": undecodable meta at %s (%s): "
+                         "not replacing a channel that may hold messages; repair or delete the key",
+                         name, id, mk.s, fx_err_detail());
+    e = fx_kv_keepalive_lease(c->kv, st->meta.payload_lease_id, NULL, c->op_timeout_ms);
+    if (e == FX_ELEASE_EXPIRED) {
+        st->why = "its payload lease expired";
+        return FX_OK;
+    }
     if (e) return e;
-    *alive = true;
+    st->alive = true;
+    return FX_OK;
+}
+
+static void fmt_secs(char *buf, size_t cap, int64_t s)
+{
+    if (s > 0 && s % 86400 == 0)
+        snprintf(buf, cap, "%" PRId64 "d", s / 86400);
+    else if (s > 0 && s % 3600 == 0)
+        snprintf(buf, cap, "%" PRId64 "h", s / 3600);
+    else
+        snprintf(buf, cap, "%" PRId64 "s", s);
+}
+
+/* Reconcile cfg with the meta of a live channel (see fx_mpmc_resolve). FX_EEXISTS when the meta
+ * changed under us (the caller reads it again). */
+static fx_err reconcile(fx_mq_client *c, const char *name, const fx_mq_chan_cfg *cfg, int64_t id,
+                        const mpmc_state *st)
+{
+    const fx_mq_mpmc_meta *mt = &st->meta;
+    fx_mq_mpmc_meta nm = *mt;
+    char what[512] = "", a[32], b[32];
+    size_t wl = 0;
+    if (!mt->retention_seconds) {
+        nm.retention_seconds = mt->ttl_seconds;
+        nm.retention_legacy = true;
+        fmt_secs(a, sizeof a, nm.retention_seconds);
+        wl += (size_t)snprintf(what + wl, sizeof what - wl,
+                               "created before retention existed: recorded retention %s (the TTL "
+                               "its data leases were granted with; they cannot change it)", a);
+    }
+    if (cfg && cfg->retention_s && cfg->retention_s != nm.retention_seconds) {
+        fmt_secs(a, sizeof a, cfg->retention_s);
+        fmt_secs(b, sizeof b, nm.retention_seconds);
+        if (!nm.retention_legacy)
+            return fx_seterr(FX_EINVAL, "channel '%s': retention %s differs from the channel's "
+                             "retention %s (its data leases keep the TTL they were created with): "
+                             "set retention to %s for this channel", name, a, b, b);
+        FX_WRN("channel '%s' (mpmc %" PRId64 "): retention %s does not apply to a channel created "
+               "before retention existed: its data leases keep their TTL of %s (a running bridge "
+               "keeps them alive)", name, id, a, b);
+    }
+    if (cfg && cfg->ttl_s && cfg->ttl_s != mt->ttl_seconds) {
+        nm.ttl_seconds = cfg->ttl_s;
+        wl += (size_t)snprintf(what + wl, wl < sizeof what ? sizeof what - wl : 0,
+                               "%sttl_seconds %" PRId64 " -> %" PRId64
+                               " (member leases granted from now on)", wl ? "; " : "",
+                               mt->ttl_seconds, cfg->ttl_s);
+    }
+    if (!wl) return FX_OK;
+    char *json = NULL;
+    fx_err e = fx_mq_mpmc_meta_encode(&nm, &json);
+    if (e) return e;
+    fx_mq_key mk;
+    if ((e = fx_mq_key_mpmc_meta(&c->keys, id, &mk))) {
+        free(json);
+        return e;
+    }
+    fx_cmp cmp = {.target = FX_CMP_MOD, .result = FX_CMP_EQUAL, .key = ks(&mk), .num = st->mod_rev};
+    fx_op put = op_put(ks(&mk), FX_SLICE_STR(json), st->meta_lease);
+    fx_txn_req t = {.cmp = &cmp, .n_cmp = 1, .success = &put, .n_success = 1};
+    fx_txn_resp r = {0};
+    e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
+    bool won = !e && r.succeeded;
+    fx_txn_resp_free(&r);
+    free(json);
+    if (e) return e;
+    if (!won) return fx_seterr(FX_EEXISTS, "channel '%s': meta changed during reconcile", name);
+    FX_INF("channel '%s' (mpmc %" PRId64 "): %s", name, id, what);
     return FX_OK;
 }
 
@@ -357,22 +459,32 @@ static fx_err resolve_locked(fx_mq_client *c, const char *name, const fx_mq_chan
         int64_t old = -1;
         if (present) {
             if (fx_mq_id_decode(kv.value.data, kv.value.len, &old) != FX_OK) {
-                FX_WRN("channel '%s': malformed mapping value: replacing it", name);
+                FX_ERR("channel '%s': malformed mapping value (no channel can be found from it): "
+                       "replacing it", name);
                 old = -1;
             } else {
-                bool alive = false;
-                e = mpmc_alive(c, old, &alive);
+                mpmc_state st;
+                e = mpmc_check(c, name, old, &st);
+                if (!e && st.alive) {
+                    e = reconcile(c, name, cfg, old, &st);
+                    fx_kv_free(&kv);
+                    if (e == FX_EEXISTS) continue; /* the meta changed: read again */
+                    if (e) return e;
+                    *out = old;
+                    return FX_OK;
+                }
                 if (e) {
                     fx_kv_free(&kv);
                     return e;
                 }
-                if (alive) {
-                    fx_kv_free(&kv);
-                    *out = old;
-                    return FX_OK;
-                }
-                FX_WRN("channel '%s': mpmc %" PRId64 " is gone (meta or leases expired): "
-                       "replacing the mapping", name, old);
+                char rb[32];
+                fmt_secs(rb, sizeof rb, st.meta.retention_seconds
+                                            ? st.meta.retention_seconds
+                                            : (cfg && cfg->retention_s ? cfg->retention_s
+                                                                       : (cfg ? cfg->ttl_s : 0)));
+                FX_ERR("channel '%s': mpmc %" PRId64 " expired (%s: no bridge kept it alive for "
+                       "longer than its retention of %s); its messages are gone: replacing the "
+                       "mapping with a new channel", name, old, st.why, rb);
             }
         }
         int64_t id = 0;
@@ -535,8 +647,8 @@ static void keeper_sync(mpmc_member *m, const int64_t *ids, size_t n)
             e = fx_mq_chan_meta_decode(kv.value.data, kv.value.len, &cm);
             fx_kv_free(&kv);
             if (e == FX_OK)
-                e = fx__mq_hold(c, false, c->long_ttl_s, cm.global_long_lease_id, false, NULL,
-                                NULL, &h);
+                e = fx__mq_hold(c, false, m->parent.long_ttl_s, cm.global_long_lease_id, false,
+                                NULL, NULL, &h);
             if (e == FX_EPROTO) e = FX_ENOTFOUND;
         }
         if (e == FX_ENOTFOUND || e == FX_ELEASE_EXPIRED) {
@@ -726,6 +838,66 @@ static bool member_wait(mpmc_member *m, int64_t ms)
     return stop;
 }
 
+/* The id-allocator cluster lease expired while the channel's meta and payloads live on (a legacy
+ * channel: that lease had its own, independent TTL). Every member registers it, so no member of
+ * the channel is alive: grant a fresh one and CAS it into the meta (the meta keeps its lease);
+ * concurrent attachers converge (a lost CAS re-reads). Never a reason to replace the channel. */
+static fx_err member_renew_idalloc(mpmc_member *m, int64_t ttl, fx_lease **out)
+{
+    fx_mq_client *c = m->c;
+    fx_mq_key mk;
+    fx_err e = fx_mq_key_mpmc_meta(&c->keys, m->mpmc, &mk);
+    if (e) return e;
+    int64_t old = m->meta.id_allocator_cluster_lease_id;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        fx_kv kv = {0};
+        if ((e = fx_etcd_get(c->etcd, ks(&mk), &kv, c->op_timeout_ms))) return e;
+        fx_mq_mpmc_meta cur;
+        e = fx_mq_mpmc_meta_decode(kv.value.data, kv.value.len, &cur);
+        if (e) {
+            fx_kv_free(&kv);
+            return e;
+        }
+        bool granted = false;
+        if (cur.id_allocator_cluster_lease_id == old) {
+            int64_t nl = 0;
+            if ((e = fx__mq_grant(c, ttl, &nl))) {
+                fx_kv_free(&kv);
+                return e;
+            }
+            cur.id_allocator_cluster_lease_id = nl;
+            char *js = NULL;
+            if ((e = fx_mq_mpmc_meta_encode(&cur, &js))) {
+                fx_kv_free(&kv);
+                return e;
+            }
+            fx_cmp cmp = {.target = FX_CMP_MOD, .result = FX_CMP_EQUAL, .key = ks(&mk),
+                          .num = kv.mod_revision};
+            fx_op put = op_put(ks(&mk), FX_SLICE_STR(js), kv.lease);
+            fx_txn_req t = {.cmp = &cmp, .n_cmp = 1, .success = &put, .n_success = 1};
+            fx_txn_resp r = {0};
+            e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
+            bool won = !e && r.succeeded;
+            fx_txn_resp_free(&r);
+            free(js);
+            fx_kv_free(&kv);
+            if (e) return e;
+            if (!won) continue;
+            granted = true;
+            FX_WRN("mpmc %" PRId64 ": id-allocator lease %" PRId64 " had expired; renewed as %" PRId64,
+                   m->mpmc, old, nl);
+        } else {
+            fx_kv_free(&kv);
+        }
+        m->meta.id_allocator_cluster_lease_id = cur.id_allocator_cluster_lease_id;
+        e = fx__mq_hold(c, false, ttl, cur.id_allocator_cluster_lease_id, granted, NULL, NULL, out);
+        if (e != FX_ELEASE_EXPIRED) return e;
+        old = cur.id_allocator_cluster_lease_id;
+    }
+    return fx_seterr(FX_ELEASE_EXPIRED, "mpmc %" PRId64 ": id-allocator lease could not be renewed",
+                     m->mpmc);
+}
+
 /* Attach: read and validate meta, register every shared lease (probe), allocate the member id,
  * grant and register the member lease (late), put the role key. */
 static fx_err member_attach(mpmc_member *m)
@@ -745,26 +917,25 @@ static fx_err member_attach(mpmc_member *m)
     if (e) return e;
     const fx_mq_mpmc_meta *mt = &m->meta;
 
+    int64_t data_ttl = meta_data_ttl(mt), long_ttl = meta_long_ttl(c, mt);
     fx_lease *h = NULL;
-    e = fx__mq_hold(c, false, mt->ttl_seconds, mt->metadata_lease_id, false, on_lease_expired, m, &h);
+    e = fx__mq_hold(c, false, data_ttl, mt->metadata_lease_id, false, on_lease_expired, m, &h);
     if (!e) {
         pthread_mutex_lock(&m->mu);
         m->h_meta = h;
         pthread_mutex_unlock(&m->mu);
-        e = fx__mq_hold(c, true, mt->ttl_seconds, mt->payload_lease_id, false, on_lease_expired, m,
-                        &h);
-    }
-    if (!e) {
-        pthread_mutex_lock(&m->mu);
-        m->h_payload = h;
-        pthread_mutex_unlock(&m->mu);
-        e = fx__mq_hold(c, false, c->long_ttl_s, mt->id_allocator_cluster_lease_id, false, NULL,
-                        NULL, &h);
+        e = fx__mq_hold(c, true, data_ttl, mt->payload_lease_id, false, on_lease_expired, m, &h);
     }
     if (e == FX_ELEASE_EXPIRED) {
         return fx_seterr(FX_ELEASE_EXPIRED, "mpmc %" PRId64 ": mpmc meta stale (%s)", m->mpmc,
                          fx_err_detail());
     }
+    if (e) return e;
+    pthread_mutex_lock(&m->mu);
+    m->h_payload = h;
+    pthread_mutex_unlock(&m->mu);
+    e = fx__mq_hold(c, false, long_ttl, mt->id_allocator_cluster_lease_id, false, NULL, NULL, &h);
+    if (e == FX_ELEASE_EXPIRED) e = member_renew_idalloc(m, long_ttl, &h);
     if (e) return e;
     pthread_mutex_lock(&m->mu);
     m->h_idalloc = h;
@@ -795,30 +966,46 @@ static fx_err member_attach(mpmc_member *m)
 
     m->parent = (fx__mpsc_parent){.mpmc = m->mpmc, .global_lease = mt->metadata_lease_id,
                                   .member_lease = ml, .payload_lease = mt->payload_lease_id,
-                                  .member = m->member, .ttl_s = mt->ttl_seconds};
+                                  .member = m->member, .ttl_s = mt->ttl_seconds,
+                                  .data_ttl_s = data_ttl, .long_ttl_s = long_ttl};
     FX_DBG("mpmc %" PRId64 ": %s member %" PRId64 " attached (member lease %" PRId64 ")", m->mpmc,
            role_name(m), m->member, ml);
     return FX_OK;
 }
 
-/* The common tail of a close pass: role key delete, release the lease handles. */
-static void member_close_tail(mpmc_member *m, int64_t deadline, bool have_op)
+/* The common tail of a close pass: role key delete, release the lease handles. `unconfirmed`:
+ * the pass could not confirm the delete of a key this member owns (membership, ready key). Then,
+ * or when the role key delete fails, the member revokes its own member lease (it is this member's
+ * alone: revoking deletes exactly its keys), now or, if etcd does not answer, as soon as it does
+ * (the client's revoker), so a successor does not wait a whole TTL for them. */
+static void member_close_tail(mpmc_member *m, int64_t deadline, bool have_op, bool unconfirmed)
 {
     fx_mq_client *c = m->c;
     if (m->role_put && have_op) {
         fx_del_req d = {.key = ks(&m->role_key)};
         fx_err e = fx_etcd_delete(c->etcd, &d, NULL, step_ms(deadline));
-        if (e)
-            FX_WRN("mpmc %" PRId64 " %s %" PRId64 ": role key delete failed: %s (%s); it expires "
-                   "with the member lease", m->mpmc, role_name(m), m->member, fx_errname(e),
-                   fx_err_detail());
+        if (e) {
+            FX_WRN("mpmc %" PRId64 " %s %" PRId64 ": role key delete failed: %s (%s)", m->mpmc,
+                   role_name(m), m->member, fx_errname(e), fx_err_detail());
+            unconfirmed = true;
+        }
     }
     pthread_mutex_lock(&m->mu);
     fx_lease *hs[4] = {m->h_member, m->h_meta, m->h_payload, m->h_idalloc};
     m->h_member = m->h_meta = m->h_payload = m->h_idalloc = NULL;
+    bool lost = m->lost;
     pthread_mutex_unlock(&m->mu);
     for (int i = 0; i < 4; i++) fx_lease_release(hs[i]);
     keeper_release(m);
+    if (unconfirmed && have_op && m->member_lease > 0 && !lost) {
+        int left = step_ms(deadline);
+        bool now = fx__mq_revoke_member_lease(c, m->member_lease, m->meta.ttl_seconds,
+                                              left < MPMC_MIN_CLOSE_STEP_MS ? MPMC_MIN_CLOSE_STEP_MS
+                                                                            : left);
+        FX_WRN("mpmc %" PRId64 " %s %" PRId64 ": owned keys not confirmed deleted: member lease %"
+               PRId64 " %s", m->mpmc, role_name(m), m->member, m->member_lease,
+               now ? "revoked" : "will be revoked as soon as etcd answers");
+    }
 }
 
 /* Close protocol of every endpoint: idempotent, concurrent-safe; waits for a running
@@ -1250,7 +1437,7 @@ static fx_err consumer_close_pass(void *self)
     bool have_op = fx__mq_op_enter(c) == FX_OK;
     fx_err first = FX_OK;
     saved_err se = {0};
-    bool confirmed = false;
+    bool confirmed = false, unconfirmed = false;
     if (cs->sub) {
         fx_err e = fx_mpsc_consumer_close(cs->sub);
         if (e && e != FX_ECLOSED && e != FX_ELEASE_LOST) {
@@ -1262,17 +1449,19 @@ static fx_err consumer_close_pass(void *self)
     if (cs->ready_put) {
         if (!confirmed) {
             FX_WRN("mpmc %" PRId64 " consumer %" PRId64 ": membership delete of sub-MPSC %" PRId64
-                   " not confirmed: ready key kept, both expire with the member lease", m->mpmc,
+                   " not confirmed: ready key kept (the member lease is revoked instead)", m->mpmc,
                    m->member, cs->chan);
+            unconfirmed = true;
         } else if (have_op) {
             fx_err e = ready_key_delete(m, &cs->ready_key, step_ms(deadline));
-            if (e)
-                FX_WRN("mpmc %" PRId64 " consumer %" PRId64 ": ready key delete failed: %s (%s); "
-                       "it expires with the member lease", m->mpmc, m->member, fx_errname(e),
-                       fx_err_detail());
+            if (e) {
+                FX_WRN("mpmc %" PRId64 " consumer %" PRId64 ": ready key delete failed: %s (%s)",
+                       m->mpmc, m->member, fx_errname(e), fx_err_detail());
+                unconfirmed = true;
+            }
         }
     }
-    member_close_tail(m, deadline, have_op);
+    member_close_tail(m, deadline, have_op, unconfirmed);
     if (have_op) fx__mq_op_leave(c);
     FX_DBG("mpmc %" PRId64 ": consumer %" PRId64 " closed", m->mpmc, m->member);
     return first ? restore_err(&se) : FX_OK;
@@ -1906,7 +2095,7 @@ static fx_err producer_close_pass(void *self)
         p->watch_op = false;
         fx__mq_op_leave(c);
     }
-    member_close_tail(m, deadline, have_op);
+    member_close_tail(m, deadline, have_op, false);
     if (have_op) fx__mq_op_leave(c);
     FX_DBG("mpmc %" PRId64 ": producer %" PRId64 " closed", m->mpmc, m->member);
     return restore_err(&first);
@@ -2019,3 +2208,9 @@ fx_err fx_mpmc_producer_open(fx_mq_client *c, int64_t mpmc, int64_t weight,
 }
 
 int64_t fx_mpmc_producer_member(const fx_mpmc_producer *p) { return p ? p->m.member : -1; }
+
+fx_err fx_mpmc_producer_check(fx_mpmc_producer *p)
+{
+    if (!p) return fx_seterr(FX_EINVAL, "mpmc producer check: NULL");
+    return member_gate(&p->m);
+}

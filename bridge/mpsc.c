@@ -94,7 +94,9 @@ typedef struct chan_mgr {
     bool sub;
     int64_t mpmc; /* sub only: payload namespace */
     fx_mq_chan_meta meta;
-    int64_t ttl_s;        /* registration ttl of global / member / payload */
+    int64_t ttl_s;        /* registration ttl of the member lease (standalone: also global, payload) */
+    int64_t data_ttl_s;   /* registration ttl of global / payload (sub: the MPMC's retention) */
+    int64_t long_ttl_s;   /* ttl of the global-long lease (grant on renewal, registration) */
     int64_t member_lease;
     fx_lease *h_member, *h_global, *h_long, *h_payload;
 } chan_mgr;
@@ -266,7 +268,7 @@ static fx_err mgr_renew_long(fx_mq_client *c, chan_mgr *m)
     for (int attempt = 0; attempt < 3; attempt++) {
         int64_t nl = 0;
         bool granted = false;
-        if ((e = fx__mq_cluster_lease(c, &lk, c->long_ttl_s, &nl, &granted))) return e;
+        if ((e = fx__mq_cluster_lease(c, &lk, m->long_ttl_s, &nl, &granted))) return e;
         fx_kv kv = {0};
         if ((e = fx_etcd_get(c->etcd, fx_mq_key_slice(&mk), &kv, c->op_timeout_ms))) {
             fx_kv_free(&kv);
@@ -310,7 +312,7 @@ static fx_err mgr_renew_long(fx_mq_client *c, chan_mgr *m)
             if (cur.global_long_lease_id != nl) continue; /* someone else's renewal: reread */
         }
         m->meta.global_long_lease_id = cur.global_long_lease_id;
-        return fx__mq_hold(c, false, c->long_ttl_s, m->meta.global_long_lease_id, granted, NULL,
+        return fx__mq_hold(c, false, m->long_ttl_s, m->meta.global_long_lease_id, granted, NULL,
                            NULL, &m->h_long);
     }
     return fx_seterr(FX_ELEASE_EXPIRED, "mpsc channel %lld: id-allocator lease %lld expired and "
@@ -341,17 +343,20 @@ static fx_err mgr_open(fx_mq_client *c, int64_t chan, const fx__mpsc_parent *par
                              (long long)parent->payload_lease);
         m->mpmc = parent->mpmc;
         m->ttl_s = parent->ttl_s > 0 ? parent->ttl_s : m->meta.ttl_seconds;
+        m->data_ttl_s = parent->data_ttl_s > 0 ? parent->data_ttl_s : m->ttl_s;
+        m->long_ttl_s = parent->long_ttl_s > 0 ? parent->long_ttl_s : c->long_ttl_s;
     } else {
-        m->ttl_s = m->meta.ttl_seconds;
+        m->ttl_s = m->data_ttl_s = m->meta.ttl_seconds;
+        m->long_ttl_s = c->long_ttl_s;
     }
-    if ((e = fx__mq_hold(c, false, m->ttl_s, m->meta.global_lease_id, false, NULL, NULL,
+    if ((e = fx__mq_hold(c, false, m->data_ttl_s, m->meta.global_lease_id, false, NULL, NULL,
                          &m->h_global)))
         goto fail;
-    e = fx__mq_hold(c, false, c->long_ttl_s, m->meta.global_long_lease_id, false, NULL, NULL,
+    e = fx__mq_hold(c, false, m->long_ttl_s, m->meta.global_long_lease_id, false, NULL, NULL,
                     &m->h_long);
     if (e == FX_ELEASE_EXPIRED) e = mgr_renew_long(c, m);
     if (e) goto fail;
-    if ((e = fx__mq_hold(c, true, m->ttl_s, m->meta.payload_lease_id, false, cb, arg,
+    if ((e = fx__mq_hold(c, true, m->data_ttl_s, m->meta.payload_lease_id, false, cb, arg,
                          &m->h_payload)))
         goto fail;
     bool granted = false;
@@ -385,7 +390,8 @@ fx_err fx__mpsc_create(fx_mq_client *c, const fx_mq_chan_cfg *cfg, const fx__mps
     int64_t chan = 0, gl = 0, gll = 0, pl = 0;
     bool g_new = false, l_new = false, p_new = false;
     fx_mq_key k;
-    int64_t ttl = parent && parent->ttl_s > 0 ? parent->ttl_s : cfg->ttl_s;
+    int64_t ttl = parent && parent->data_ttl_s > 0 ? parent->data_ttl_s : cfg->ttl_s;
+    int64_t long_ttl = parent && parent->long_ttl_s > 0 ? parent->long_ttl_s : c->long_ttl_s;
 
     if ((e = key_err(fx_mq_key_alloc_chan_ids(&c->keys, &k), "chan counter"))) goto out;
     if ((e = fx__mq_alloc_ids(c, &k, 0, 1, &chan))) goto out;
@@ -398,7 +404,7 @@ fx_err fx__mpsc_create(fx_mq_client *c, const fx_mq_chan_cfg *cfg, const fx__mps
     }
     if ((e = key_err(fx_mq_key_cluster_lease_id_alloc(&c->keys, chan, &k), "cluster lease")))
         goto out;
-    if ((e = fx__mq_cluster_lease(c, &k, c->long_ttl_s, &gll, &l_new))) goto out;
+    if ((e = fx__mq_cluster_lease(c, &k, long_ttl, &gll, &l_new))) goto out;
     if (parent) {
         pl = parent->payload_lease;
     } else {
@@ -406,7 +412,7 @@ fx_err fx__mpsc_create(fx_mq_client *c, const fx_mq_chan_cfg *cfg, const fx__mps
         p_new = true;
     }
     if ((e = fx__mq_hold(c, false, ttl, gl, g_new, NULL, NULL, &hg))) goto out;
-    if ((e = fx__mq_hold(c, false, c->long_ttl_s, gll, l_new, NULL, NULL, &hl))) goto out;
+    if ((e = fx__mq_hold(c, false, long_ttl, gll, l_new, NULL, NULL, &hl))) goto out;
     if ((e = fx__mq_hold(c, true, ttl, pl, p_new, NULL, NULL, &hp))) goto out;
 
     fx_mq_chan_meta meta = {.capacity = cfg->capacity, .ttl_seconds = cfg->ttl_s,

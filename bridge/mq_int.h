@@ -38,6 +38,7 @@ struct fx_mq_client {
     pthread_mutex_t mu;       /* guards the registry and `state` */
     fx__mq_endpoint *endpoints;
     int state;                /* 0 open, 1 closing, 2 closed */
+    struct fx_revoker *revoker; /* created on first use (under mu); stopped before the backends */
     /* owned copies of option strings */
     char **strs;
     size_t n_strs;
@@ -79,7 +80,13 @@ typedef struct fx__mpsc_parent {
     int64_t member_lease;  /* the MPMC member lease of the member that owns the handle */
     int64_t payload_lease; /* MPMC payload lease (KV) */
     int64_t member;        /* MPMC member id: the producer idx of a sub-producer */
-    int64_t ttl_s;         /* MPMC ttl (registration key of the shared leases) */
+    int64_t ttl_s;         /* member lease TTL (registration key of the member lease) */
+    /* Registration TTL of the global (MPMC metadata) and payload leases: the MPMC's retention
+     * (legacy channels: their ttl_seconds). Never above the leases' real TTL. */
+    int64_t data_ttl_s;
+    /* TTL of a sub-MPSC's global-long lease: granted with it for new sub-MPSCs, registered with it
+     * (a legacy one may be longer: registering with a shorter TTL only renews more often). */
+    int64_t long_ttl_s;
 } fx__mpsc_parent;
 
 /* create_mpsc_channel with parent overrides (parent NULL: standalone, as fx_mpsc_create). */
@@ -120,6 +127,11 @@ fx_err fx__mq_new_op_enter(fx_mq_client *c);
 void fx__mq_op_leave(fx_mq_client *c);
 /* True once fx_mq_client_close has started. */
 bool fx__mq_client_closing(fx_mq_client *c);
+/* A member closed without confirming the deletes of its own keys: revoke its member lease now
+ * (one call within timeout_ms) and, when that fails, hand it to the client's revoker (revoker.h),
+ * which retries until etcd answers or ttl_s has passed. Never for shared leases. Returns true
+ * when the lease was revoked (or found gone) now. */
+bool fx__mq_revoke_member_lease(fx_mq_client *c, int64_t lease, int64_t ttl_s, int timeout_ms);
 
 /* Note on fx__mq_unregister: when fx_mq_client_close is running this endpoint's close on another
  * thread, fx__mq_unregister waits until that call has returned (so the endpoint can be freed

@@ -109,7 +109,9 @@ static int64_t lm_cadence_ms(int64_t ttl_s)
 {
     int64_t c = ttl_s / 3;
     if (c < 1) c = 1;
-    if (c > INT64_C(1) << 40) c = INT64_C(1) << 40; /* no overflow in ms arithmetic */
+    /* Long leases (a channel's retention, days) are renewed at least every minute, so a holder
+     * that dies leaves them almost their whole TTL, not two thirds of it. */
+    if (c > FX_LEASE_MAX_CADENCE_S) c = FX_LEASE_MAX_CADENCE_S;
     return c * 1000;
 }
 

@@ -7,7 +7,9 @@
  *  - Registration does one synchronous keepalive probe (unless opts->skip_probe, for a lease the
  *    caller has just granted) and fails with FX_ELEASE_EXPIRED if the backend says the lease is
  *    gone. Transient probe failures are retried (up to 3 attempts within probe_timeout_ms).
- *  - Cadence: an entry is renewed every max(ttl/3, 1) seconds, the first renewal one cadence after
+ *  - Cadence: an entry is renewed every clamp(ttl/3, 1, FX_LEASE_MAX_CADENCE_S) seconds (a lease
+ *    of days is renewed every minute, so it keeps nearly its whole TTL when its holders stop), the
+ *    first renewal one cadence after
  *    registration. A failed renewal (timeout, unreachable backend) is retried every
  *    retry_interval_ms (default 200 ms) until it succeeds or the backend reports the lease expired;
  *    each backend call has a deadline of min(op_timeout_ms, cadence). When one call to a backend
@@ -48,6 +50,8 @@
 #include "etcd.h"
 #include "fx_err.h"
 #include "kv.h"
+
+#define FX_LEASE_MAX_CADENCE_S 60 /* longest renewal interval, whatever the TTL */
 
 typedef struct fx_lease_mgr fx_lease_mgr;
 typedef struct fx_lease fx_lease; /* one handle (guard) */

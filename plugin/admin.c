@@ -455,7 +455,10 @@ static char *info_json(const char *name, const fx_chan_config *cc, const snapsho
     if (ok) {
         if (s->has_meta)
             ok = add_i64(root, "capacity", s->meta.capacity) &&
-                 add_i64(root, "ttl_seconds", s->meta.ttl_seconds);
+                 add_i64(root, "ttl_seconds", s->meta.ttl_seconds) &&
+                 add_i64(root, "retention_seconds", s->meta.retention_seconds
+                                                        ? s->meta.retention_seconds
+                                                        : s->meta.ttl_seconds);
         else if (cc)
             ok = add_i64(root, "capacity", cc->s.capacity) &&
                  add_i64(root, "ttl_seconds", cc->s.ttl_seconds);

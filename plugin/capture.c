@@ -378,7 +378,8 @@ fx_err dm_chan_resolve(dm_chan *ch, bool force, int64_t *out)
         return FX_OK;
     }
     pthread_mutex_unlock(&ch->mu);
-    fx_mq_chan_cfg cfg = {.capacity = ch->s.capacity, .ttl_s = ch->s.ttl_seconds, .weight = 0};
+    fx_mq_chan_cfg cfg = {.capacity = ch->s.capacity, .ttl_s = ch->s.ttl_seconds,
+                          .retention_s = (ch->s.retention_ms + 999) / 1000, .weight = 0};
     int64_t id = -1;
     fx_err e = fx_mpmc_resolve(ch->d->mq, ch->name, &cfg, &id);
     if (e) return e;
@@ -445,6 +446,9 @@ static fx_err prod_open(dm_chan *ch, prod_state *ps)
         ps->backoff_ms = ps->backoff_ms ? ps->backoff_ms * 2 : 100;
         if (ps->backoff_ms > 2000) ps->backoff_ms = 2000;
         ps->next_open_ms = fx_now_ms() + ps->backoff_ms;
+        pthread_mutex_lock(&ch->mu);
+        snprintf(ch->attach_err, sizeof ch->attach_err, "%s (%s)", fx_strerror(e), detail);
+        pthread_mutex_unlock(&ch->mu);
         static fx_log_slot slot;
         fx_log_ratelimited(&slot, 2000, FX_LOG_ERR, "channel %s: cannot open producer: %s (%s)",
                            ch->name, fx_strerror(e), detail);
@@ -452,7 +456,7 @@ static fx_err prod_open(dm_chan *ch, prod_state *ps)
     }
     ps->backoff_ms = 0;
     ps->next_open_ms = 0;
-    FX_INF("channel %s: producer open (member %" PRId64 ")", ch->name,
+    FX_INF("channel %s: attached, producer open (member %" PRId64 ")", ch->name,
            fx_mpmc_producer_member(ch->prod));
     return FX_OK;
 }
@@ -535,6 +539,22 @@ static void process_batch(dm_chan *ch, prod_state *ps, pq_item **batch, size_t n
     }
 }
 
+/* Keep the channel attached while the bridge runs (the durability contract): open the producer at
+ * once (registering the channel's data leases and those of every sub-MPSC in its list) and
+ * reopen it when it closed itself (a lease expired), with or without traffic. Checked every
+ * FX_DM_KEEPER_MS; no RPC when all is well. */
+static void prod_keep(dm_chan *ch, prod_state *ps)
+{
+    if (ch->prod && fx_mpmc_producer_check(ch->prod) != FX_OK) {
+        FX_WRN("channel %s: producer closed by itself (%s): reattaching", ch->name,
+               fx_err_detail());
+        prod_close(ch);
+        dm_chan_forget_mpmc(ch);
+    }
+    if (!ch->prod && !prod_stopping(ch)) (void)prod_open(ch, ps);
+    atomic_store(&ch->attached, ch->prod != NULL);
+}
+
 static void *producer_main(void *arg)
 {
     dm_chan *ch = arg;
@@ -542,12 +562,22 @@ static void *producer_main(void *arg)
     prod_state ps = {0};
     pq_item *batch[FX_DM_BATCH_MSGS];
     for (;;) {
+        prod_keep(ch, &ps);
         size_t n = 0, bytes = 0;
         pthread_mutex_lock(&q->mu);
-        while (!q->head && !q->stop) pthread_cond_wait(&q->cv, &q->mu);
-        if (!q->head) { /* stop and empty */
+        if (!q->head && !q->stop) {
+            /* Wake up to re-check the producer (sooner while it is not open yet). */
+            int64_t wait = ch->prod ? FX_DM_KEEPER_MS : ps.next_open_ms - fx_now_ms();
+            if (wait < 10) wait = 10;
+            if (wait > FX_DM_KEEPER_MS) wait = FX_DM_KEEPER_MS;
+            struct timespec ts = fx_deadline_ts(fx_now_ms() + wait);
+            pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+        }
+        if (!q->head) {
+            bool stop = q->stop;
             pthread_mutex_unlock(&q->mu);
-            break;
+            if (stop) break; /* stop and empty */
+            continue;
         }
         while (q->head && n < FX_DM_BATCH_MSGS &&
                (n == 0 || bytes + q->head->rec_len <= FX_DM_BATCH_BYTES)) {
@@ -559,6 +589,7 @@ static void *producer_main(void *arg)
         process_batch(ch, &ps, batch, n);
     }
     prod_close(ch);
+    atomic_store(&ch->attached, false);
     nats_ReleaseThreadMemory();
     return NULL;
 }
@@ -585,6 +616,8 @@ dm_chan *dm_chan_new(fx_daemon *d, const fx_chan_config *cc)
     bool ok = ch->name && ch->deliver_prefix && ch->subjects;
     for (size_t i = 0; ok && i < cc->n_subjects; i++) ok = (ch->subjects[i] = dupstr(cc->subjects[i]));
     pthread_mutex_init(&ch->mu, NULL);
+    atomic_init(&ch->attached, false);
+    snprintf(ch->attach_err, sizeof ch->attach_err, "attaching");
     pthread_mutex_init(&ch->q.mu, NULL);
     fx_cond_init_monotonic(&ch->q.cv);
     ch->mpmc = -1;
@@ -653,7 +686,8 @@ static bool settings_same(const fx_chan_settings *a, const fx_chan_settings *b)
     if (a->ttl_seconds != b->ttl_seconds || a->capacity != b->capacity || a->ack != b->ack ||
         a->ack_wait_ms != b->ack_wait_ms || a->max_deliver != b->max_deliver ||
         a->max_ack_pending != b->max_ack_pending || a->n_backoff != b->n_backoff ||
-        a->release_after_ms != b->release_after_ms || a->interest_poll_ms != b->interest_poll_ms)
+        a->release_after_ms != b->release_after_ms || a->interest_poll_ms != b->interest_poll_ms ||
+        a->retention_ms != b->retention_ms)
         return false;
     for (size_t i = 0; i < a->n_backoff && i < FX_CFG_MAX_BACKOFF; i++)
         if (a->backoff_ms[i] != b->backoff_ms[i]) return false;

@@ -66,6 +66,7 @@ static const fx_chan_settings k_default_settings = {
     .n_backoff = 2,
     .release_after_ms = 5 * 1000,
     .interest_poll_ms = 1000,
+    .retention_ms = 7 * MS_DAY,
 };
 
 /* ---- Per-channel settings: one row per key ---------------------------------------------- */
@@ -90,6 +91,7 @@ static const setting_key k_settings[] = {
     {"backoff",         SK_BACKOFF,  SOFF(backoff_ms),       0,   MS_DAY},
     {"release_after",   SK_DURATION, SOFF(release_after_ms), 0,   MS_DAY},
     {"interest_poll",   SK_DURATION, SOFF(interest_poll_ms), 50,  MS_HOUR},
+    {"retention",       SK_DURATION, SOFF(retention_ms),     2000, 9000000000LL * 1000}, /* MaxLeaseTTL */
 };
 #define N_SETTINGS (sizeof k_settings / sizeof k_settings[0])
 
@@ -225,7 +227,7 @@ void fx_config_free(fx_config *c)
 
 /* ---- Durations --------------------------------------------------------------------------- */
 
-/* digits ["." digits] [unit]; unit one of ms, s, m, h; no unit = seconds. Nothing else: no sign,
+/* digits ["." digits] [unit]; unit one of ms, s, m, h, d; no unit = seconds. Nothing else: no sign,
  * no whitespace, no exponent. Fractions are rounded to the nearest millisecond. */
 int fx_parse_duration_ms(const char *s, int64_t *out_ms)
 {
@@ -251,6 +253,7 @@ int fx_parse_duration_ms(const char *s, int64_t *out_ms)
     else if (strcmp(q, "ms") == 0) mult = 1;
     else if (strcmp(q, "m") == 0) mult = 60 * 1000;
     else if (strcmp(q, "h") == 0) mult = MS_HOUR;
+    else if (strcmp(q, "d") == 0) mult = MS_DAY;
     else return -1;
     if (whole > INT64_MAX / mult) return -1;
     int64_t ms = (int64_t)whole * mult;
@@ -710,7 +713,14 @@ static int read_channel(pctx *p, const cJSON *node, const char *path, fx_config 
     if (dp[0] == '$') return fail(p, kp, "\"%s\": must not start with '$'", SHOW(dp));
 
     ch->s = c->defaults;
-    return read_settings(p, v + NFIXED, path, &ch->s);
+    if (read_settings(p, v + NFIXED, path, &ch->s) != 0) return -1;
+    if (ch->s.retention_ms < ch->s.ttl_seconds * 1000) {
+        path_key(kp, path, "retention");
+        return fail(p, kp, "%lld ms is shorter than ttl_seconds (%lld s): a channel's data must "
+                    "outlive its members' leases", (long long)ch->s.retention_ms,
+                    (long long)ch->s.ttl_seconds);
+    }
+    return 0;
 }
 
 /* ---- Cross-field rules ------------------------------------------------------------------- */

@@ -29,6 +29,9 @@ typedef struct fx_chan_settings {
     size_t n_backoff;
     int64_t release_after_ms; /* default 5 s */
     int64_t interest_poll_ms; /* default 1 s, >= 50 ms */
+    /* default 7 d, >= 2 s and >= ttl_seconds, <= etcd's MaxLeaseTTL; whole seconds (rounded up):
+     * TTL of the channel's data leases: how long its messages outlive the last running bridge. */
+    int64_t retention_ms;
 } fx_chan_settings;
 
 typedef struct fx_chan_config {

@@ -328,7 +328,45 @@ static int health_cb(void *arg, char *err, size_t errlen)
     bool ok = d->etcd_ok;
     if (!ok) snprintf(err, errlen, "etcd: %s", d->etcd_err);
     pthread_mutex_unlock(&d->health_mu);
+    if (!ok) return -1;
+    /* Healthy only once every channel is attached (its data leases registered and kept alive). */
+    pthread_rwlock_rdlock(&d->reg);
+    for (size_t i = 0; i < d->n_chans && ok; i++) {
+        dm_chan *ch = d->chans[i];
+        if (atomic_load(&ch->attached)) continue;
+        ok = false;
+        pthread_mutex_lock(&ch->mu);
+        snprintf(err, errlen, "channel %s: not attached: %s", ch->name, ch->attach_err);
+        pthread_mutex_unlock(&ch->mu);
+    }
+    pthread_rwlock_unlock(&d->reg);
     return ok ? 0 : -1;
+}
+
+/* Before anything starts: resolve every configured channel once, so a setting an existing channel
+ * cannot take (a changed retention) stops the start with exit 2 and the setting's name. etcd not
+ * reachable is not fatal (the producer threads keep trying); the first transport error ends the
+ * pass, so a dead etcd costs one deadline, not one per channel. */
+static fx_err chans_preflight(fx_daemon *d)
+{
+    for (size_t i = 0; i < d->cfg->n_channels; i++) {
+        const fx_chan_config *cc = &d->cfg->channels[i];
+        fx_mq_chan_cfg mc = {.capacity = cc->s.capacity, .ttl_s = cc->s.ttl_seconds,
+                             .retention_s = (cc->s.retention_ms + 999) / 1000};
+        int64_t id = -1;
+        fx_err e = fx_mpmc_resolve(d->mq, cc->name, &mc, &id);
+        if (e == FX_EINVAL) {
+            char detail[512];
+            snprintf(detail, sizeof detail, "%s", fx_err_detail());
+            return fx_seterr(FX_EINVAL, "channels[%s]: %s", cc->name, detail);
+        }
+        if (e) {
+            FX_WRN("channel %s: cannot check it yet: %s (%s); attaching in the background",
+                   cc->name, fx_strerror(e), fx_err_detail());
+            return FX_OK;
+        }
+    }
+    return FX_OK;
 }
 
 static void metrics_setup(fx_daemon *d)
@@ -472,19 +510,44 @@ static void hk_backlog(fx_daemon *d)
     }
 }
 
+void dm_view_kick(fx_daemon *d)
+{
+    pthread_mutex_lock(&d->mu);
+    d->view_kick = true;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
 static void *hk_main(void *arg)
 {
     fx_daemon *d = arg;
     bool etcd_was_ok = true;
-    int64_t next_backlog = 0;
+    int64_t next_backlog = 0, next_probe = 0;
     for (;;) {
-        hk_probe_etcd(d, &etcd_was_ok);
-        hk_stats(d);
+        if (fx_now_ms() >= next_probe) {
+            hk_probe_etcd(d, &etcd_was_ok);
+            hk_stats(d);
+            next_probe = fx_now_ms() + 1000;
+        }
         if (fx_now_ms() >= next_backlog) {
             hk_backlog(d);
             next_backlog = fx_now_ms() + FX_DM_VIEW_MS;
         }
-        if (wait_flag(d, &d->stop_late, 1000)) break;
+        /* Sleep until the next step, a kick (a claim was released: its backlog is stranded now
+         * and an idle claim should adopt it at once) or stop. */
+        pthread_mutex_lock(&d->mu);
+        int64_t until = next_probe < next_backlog ? next_probe : next_backlog;
+        while (!d->stop_late && !d->view_kick && fx_ms_left(until) > 0) {
+            struct timespec ts = fx_deadline_ts(until);
+            pthread_cond_timedwait(&d->cv, &d->mu, &ts);
+        }
+        bool stop = d->stop_late;
+        if (d->view_kick) {
+            d->view_kick = false;
+            next_backlog = 0;
+        }
+        pthread_mutex_unlock(&d->mu);
+        if (stop) break;
     }
     return NULL;
 }
@@ -919,6 +982,7 @@ fx_err fx_daemon_start(fx_daemon *d)
     if (!d->metrics) return fx_seterr(FX_ENOMEM, "metrics: out of memory");
     metrics_setup(d);
     if ((e = mq_setup(d))) return e;
+    if ((e = chans_preflight(d))) return e;
     if ((e = nats_setup(d))) return e;
     if (d->cfg->http.listen && *d->cfg->http.listen) {
         if ((e = fx_http_start(d->cfg->http.listen, health_cb, d, d->metrics, &d->http)))

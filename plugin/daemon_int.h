@@ -60,7 +60,8 @@
 #define FX_DM_DRAIN_LINGER_MS 1000         /* drain: wait this long for outstanding acks */
 #define FX_DM_DLQ_WAIT_MS 5000             /* release: wait for dead letters being stored */
 #define FX_DM_SWEEP_MAX 16                 /* sub-MPSCs an idle claim steps over to adopt backlog */
-#define FX_DM_VIEW_MS 2000                 /* house-keeping refresh of backlog and sub-MPSC view */
+#define FX_DM_VIEW_MS 1000                 /* house-keeping refresh of backlog and sub-MPSC view */
+#define FX_DM_KEEPER_MS 1000               /* producer thread: re-check its producer when idle */
 
 #define FX_DM_HDR_CHANNEL "Fluxon-Channel"
 #define FX_DM_HDR_SUBJECT "Fluxon-Subject"
@@ -147,9 +148,13 @@ struct dm_chan {
     bool prod_started;
     fx_mpmc_producer *prod; /* producer thread only */
 
-    pthread_mutex_t mu; /* mpmc id cache */
+    pthread_mutex_t mu; /* mpmc id cache, attach_err */
     int64_t mpmc;
     bool have_mpmc;
+    /* The producer is open: the channel's data leases are registered and kept alive (written by
+     * the producer thread, read by /healthz). attach_err: why it is not (under mu). */
+    atomic_bool attached;
+    char attach_err[320];
 
     /* Sub-MPSC view refreshed by house-keeping (under mu): unready sub-MPSCs (no consumer) and
      * those of them holding backlog ("stranded": e.g. left by a released or killed claim). An
@@ -244,6 +249,7 @@ struct fx_daemon {
 
     /* control (under mu) */
     bool ctl_reload, ctl_stop, ctl_exit;
+    bool view_kick; /* refresh the sub-MPSC views now (a claim was released) */
 
     /* health (under health_mu) */
     pthread_mutex_t health_mu;
@@ -310,6 +316,8 @@ dm_chan *dm_find_chan_locked(fx_daemon *d, const char *name);
 /* Interruptible wait on d->cv for ms; returns true when the interest thread must stop. */
 bool dm_bg_wait(fx_daemon *d, int64_t ms);
 bool dm_nats_connected(fx_daemon *d);
+/* Ask house-keeping to refresh every channel's sub-MPSC view now (any thread, no lock held). */
+void dm_view_kick(fx_daemon *d);
 uint64_t dm_rand64(void);
 
 #endif

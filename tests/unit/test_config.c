@@ -220,7 +220,7 @@ static void test_duration_strings(void **state)
         {"250ms", 250}, {"30s", 30000}, {"5m", 300000}, {"1h", 3600000}, {"0", 0}, {"0s", 0},
         {"2", 2000}, {"1.5", 1500}, {"1.5s", 1500}, {"0.25h", 900000}, {"0.001", 1},
         {"1.5ms", 2}, {"007s", 7000}, {"0.0004", 0}, {"1.123456789123s", 1123},
-        {"2562047788015h", 2562047788015LL * 3600000},
+        {"2562047788015h", 2562047788015LL * 3600000}, {"1d", 86400000}, {"7d", 7 * 86400000LL},
     };
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         int64_t ms = -7;
@@ -228,7 +228,7 @@ static void test_duration_strings(void **state)
             fail_msg("\"%s\": got %lld", good[i].s, (long long)ms);
     }
     static const char *const bad[] = {
-        "", "s", "ms", "-1s", "+1s", " 1s", "1s ", "1 s", "1sec", "1d", "1us", "1S", "1.", ".5",
+        "", "s", "ms", "-1s", "+1s", " 1s", "1s ", "1 s", "1sec", "1D", "1us", "1S", "1.", ".5",
         "1e3", "0x10", "1.5.5", "1..5", "inf", "nan", "2562047788016h", "99999999999999999999",
         "9223372036854775807s", "1h30m",
     };
@@ -429,8 +429,12 @@ static void test_err_ranges_and_durations(void **state)
         {"{\"defaults\":{\"ack_wait\":0.05}," CHANNELS "}", "defaults.ack_wait: 50ms out of range"},
         {"{\"defaults\":{\"interest_poll\":\"10ms\"}," CHANNELS "}",
          "defaults.interest_poll: 10ms out of range [50ms, 1h]"},
-        {"{\"defaults\":{\"release_after\":\"2d\"}," CHANNELS "}",
-         "defaults.release_after: \"2d\" is not a duration"},
+        {"{\"defaults\":{\"release_after\":\"2w\"}," CHANNELS "}",
+         "defaults.release_after: \"2w\" is not a duration"},
+        {"{\"defaults\":{\"retention\":\"1s\"}," CHANNELS "}",
+         "defaults.retention: 1s out of range [2s, "},
+        {"{\"defaults\":{\"ttl_seconds\":10,\"retention\":\"5s\"}," CHANNELS "}",
+         "channels[0].retention: 5000 ms is shorter than ttl_seconds (10 s)"},
         {"{\"defaults\":{\"backoff\":[\"1s\",\"x\"]}," CHANNELS "}",
          "defaults.backoff[1]: \"x\" is not a duration"},
         {"{\"defaults\":{\"backoff\":[\"1s\",-2]}," CHANNELS "}", "defaults.backoff[1]: must not be negative"},
