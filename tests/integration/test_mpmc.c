@@ -25,6 +25,10 @@
  * mpmc_attach_keeps_alive: the creator client leaves; an attach-only producer (another client)
  *   alone keeps meta, payload, id-allocator and the sub-MPSC's own long lease alive past 2 x TTL
  *   and the long TTL; a later member binds the sub-MPSC and gets the old message.
+ * mq_attach_registers_data_leases: ttl 2 s, retention 4 s: metadata, payload, id-allocator and
+ *   sub-MPSC global-long leases are granted with the retention, the member lease with the TTL;
+ *   the attacher alone keeps them past 3 x TTL (and the retention); when it leaves too, the
+ *   message is still there a member TTL later (retention outlives the members).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -843,6 +847,82 @@ static void mpmc_attach_keeps_alive(void **state)
     fx_mq_client_free(cb);
 }
 
+/* The attacher alone keeps every data lease alive, each registered with the channel's retention
+ * (not the member TTL): the channel outlives its members by its retention. */
+static int64_t granted_ttl(int64_t lease)
+{
+    int64_t ttl = -1, granted = -1;
+    CHECK(fx_etcd_lease_timetolive(G.raw, lease, &ttl, &granted, OP_MS));
+    return ttl > 0 ? granted : -1; /* -1: expired */
+}
+
+static void mq_attach_registers_data_leases(void **state)
+{
+    (void)state;
+    const char *root = "/t_dataleases";
+    const int64_t MTTL = 2, RET = 4;
+    fx_mq_chan_cfg cfg = {.capacity = 100, .ttl_s = MTTL, .retention_s = RET, .weight = 1};
+    fx_mq_client *ca = client_new(root, 1800), *cb = client_new(root, 1800);
+    fx_mq_keys k;
+    keys_of(root, &k);
+    int64_t mpmc = -1;
+    CHECK(fx_mpmc_resolve(ca, "dl", &cfg, &mpmc));
+    fx_mpmc_producer *p = NULL, *pb = NULL;
+    CHECK(fx_mpmc_producer_open(ca, mpmc, 0, &p));
+    fx_mq_msg_id id = put_one(p, "kept"); /* a sub-MPSC with backlog and no consumer */
+    CHECK(fx_mpmc_producer_open(cb, mpmc, 0, &pb)); /* attach only: never puts */
+    fx_mq_key mk, gk, rk;
+    CHECK(fx_mq_key_mpmc_meta(&k, mpmc, &mk));
+    CHECK(fx_mq_key_chan_meta(&k, id.chan, &gk));
+    CHECK(fx_mq_key_mpmc_role(&k, FX_MQ_ROLE_PRODUCER, mpmc, fx_mpmc_producer_member(pb), &rk));
+    fx_kv kv = {0};
+    assert_true(raw_get(mk.s, &kv));
+    fx_mq_mpmc_meta meta;
+    CHECK(fx_mq_mpmc_meta_decode(kv.value.data, kv.value.len, &meta));
+    fx_kv_free(&kv);
+    assert_int_equal(meta.retention_seconds, RET);
+    assert_int_equal(meta.ttl_seconds, MTTL);
+    assert_true(raw_get(gk.s, &kv));
+    fx_mq_chan_meta cm;
+    CHECK(fx_mq_chan_meta_decode(kv.value.data, kv.value.len, &cm));
+    fx_kv_free(&kv);
+    assert_true(raw_get(rk.s, &kv));
+    int64_t member_lease = kv.lease;
+    fx_kv_free(&kv);
+    /* Data leases carry the retention, the member lease the member TTL. */
+    assert_int_equal(granted_ttl(meta.metadata_lease_id), RET);
+    assert_int_equal(granted_ttl(meta.payload_lease_id), RET);
+    assert_int_equal(granted_ttl(meta.id_allocator_cluster_lease_id), RET);
+    assert_int_equal(granted_ttl(cm.global_long_lease_id), RET);
+    assert_int_equal(granted_ttl(member_lease), MTTL);
+    /* The creator leaves completely; the attacher alone keeps everything past 3 x the member TTL
+     * and past the retention. */
+    fx_mpmc_producer_free(p);
+    fx_mq_client_free(ca);
+    nap_ms((int)(3 * MTTL * 1000 + 500));
+    assert_true(raw_get(mk.s, NULL));
+    assert_true(raw_get(gk.s, NULL));
+    assert_true(granted_ttl(meta.metadata_lease_id) > 0);
+    assert_true(granted_ttl(meta.payload_lease_id) > 0);
+    assert_true(granted_ttl(meta.id_allocator_cluster_lease_id) > 0);
+    assert_true(granted_ttl(cm.global_long_lease_id) > 0);
+    /* The attacher leaves too: the message outlives every member by the retention... */
+    fx_mpmc_producer_free(pb);
+    nap_ms((int)(MTTL * 1000 + 500));
+    assert_true(granted_ttl(member_lease) < 0);
+    assert_false(raw_get(rk.s, NULL));
+    fx_mq_client *cc = client_new(root, 1800);
+    int64_t again = -1;
+    CHECK(fx_mpmc_resolve(cc, "dl", &cfg, &again));
+    assert_int_equal(again, mpmc);
+    fx_mpmc_consumer *cs = NULL;
+    CHECK(fx_mpmc_consumer_open(cc, mpmc, &cs));
+    assert_int_equal(drain(cs, 1, 5000), 1);
+    fx_mpmc_consumer_free(cs);
+    fx_mq_client_free(cc);
+    fx_mq_client_free(cb);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -858,6 +938,7 @@ int main(void)
         cmocka_unit_test(mpmc_payload_lease_lost_fast),
         cmocka_unit_test(mpmc_full_then_close),
         cmocka_unit_test(mpmc_attach_keeps_alive),
+        cmocka_unit_test(mq_attach_registers_data_leases),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
