@@ -1196,7 +1196,32 @@ static void set_holding(cst *s, bool h)
     pthread_rwlock_unlock(&d->reg);
 }
 
-static void apply_interest(fx_daemon *d, const fx_interest *set)
+/* Release the claims whose interest has been gone for release_after (each at its own time, not at
+ * the next poll: the wait of the interest thread is cut to the earliest due release). Returns the
+ * monotonic time of the next due release, or INT64_MAX. Caller holds reg for writing. */
+static int64_t release_due_locked(fx_daemon *d, int64_t now)
+{
+    int64_t next = INT64_MAX;
+    for (size_t c = 0; c < d->n_chans; c++) {
+        dm_chan *ch = d->chans[c];
+        if (atomic_load(&ch->draining)) continue;
+        for (dm_claim *cl = ch->claims; cl; cl = cl->next) {
+            if (atomic_load(&cl->stop) != STOP_NONE || atomic_load(&cl->present)) continue;
+            int64_t due = cl->last_seen_ms + ch->s.release_after_ms;
+            if (now >= due) {
+                FX_INF("claim %s: no interest for %" PRId64 " ms: releasing", cl->subject,
+                       now - cl->last_seen_ms);
+                request_stop(cl, STOP_RELEASE);
+            } else if (due < next) {
+                next = due;
+            }
+        }
+        fx_metric_set(ch->m.claims, (int64_t)count_live(ch));
+    }
+    return next;
+}
+
+static int64_t apply_interest(fx_daemon *d, const fx_interest *set)
 {
     int64_t now = fx_now_ms();
     pthread_rwlock_wrlock(&d->reg);
@@ -1228,15 +1253,11 @@ static void apply_interest(fx_daemon *d, const fx_interest *set)
             if (atomic_load(&cl->stop) != STOP_NONE || cl->last_seen_ms == now) continue;
             if (atomic_exchange(&cl->present, false))
                 FX_DBG("claim %s: no subscriber seen", cl->subject);
-            if (now - cl->last_seen_ms >= ch->s.release_after_ms) {
-                FX_INF("claim %s: no interest for %" PRId64 " ms: releasing", cl->subject,
-                       now - cl->last_seen_ms);
-                request_stop(cl, STOP_RELEASE);
-            }
         }
-        fx_metric_set(ch->m.claims, (int64_t)count_live(ch));
     }
+    int64_t next = release_due_locked(d, now);
     pthread_rwlock_unlock(&d->reg);
+    return next;
 }
 
 static void reap(fx_daemon *d)
@@ -1270,6 +1291,7 @@ void *dm_interest_main(void *arg)
     pthread_mutex_unlock(&d->cfg_mu);
     fx_log_slot slot = {0};
     bool failing = false;
+    int64_t next_release = INT64_MAX;
     for (;;) {
         int64_t period = 1000;
         pthread_rwlock_rdlock(&d->reg);
@@ -1286,7 +1308,7 @@ void *dm_interest_main(void *arg)
             if (!e) {
                 if (failing) FX_INF("interest: %s/subsz reachable again", url);
                 failing = false;
-                apply_interest(d, &set);
+                next_release = apply_interest(d, &set);
             } else {
                 failing = true;
                 fx_log_ratelimited(&slot, 10000, FX_LOG_WRN, "interest: poll failed: %s (%s)",
@@ -1295,8 +1317,20 @@ void *dm_interest_main(void *arg)
             fx_interest_free(&set);
         }
         reap(d);
-        int64_t wait = period - (fx_now_ms() - t0);
-        if (dm_bg_wait(d, wait > 10 ? wait : 10)) break;
+        /* Until the next poll, wake for each release that falls due before it. */
+        int64_t next_poll = t0 + period;
+        bool stop = false;
+        while (!stop) {
+            int64_t now = fx_now_ms();
+            int64_t until = next_release < next_poll ? next_release : next_poll;
+            int64_t wait = until - now;
+            stop = dm_bg_wait(d, wait > 10 ? wait : 10);
+            if (stop || fx_now_ms() >= next_poll) break;
+            pthread_rwlock_wrlock(&d->reg);
+            next_release = release_due_locked(d, fx_now_ms());
+            pthread_rwlock_unlock(&d->reg);
+        }
+        if (stop) break;
     }
     free(url);
     free(acc);
