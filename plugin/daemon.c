@@ -347,10 +347,10 @@ static int health_cb(void *arg, char *err, size_t errlen)
  * cannot take (a changed retention) stops the start with exit 2 and the setting's name. etcd not
  * reachable is not fatal (the producer threads keep trying); the first transport error ends the
  * pass, so a dead etcd costs one deadline, not one per channel. */
-static fx_err chans_preflight(fx_daemon *d)
+static fx_err chans_preflight(fx_daemon *d, const fx_config *cfg)
 {
-    for (size_t i = 0; i < d->cfg->n_channels; i++) {
-        const fx_chan_config *cc = &d->cfg->channels[i];
+    for (size_t i = 0; i < cfg->n_channels; i++) {
+        const fx_chan_config *cc = &cfg->channels[i];
         fx_mq_chan_cfg mc = {.capacity = cc->s.capacity, .ttl_s = cc->s.ttl_seconds,
                              .retention_s = (cc->s.retention_ms + 999) / 1000};
         int64_t id = -1;
@@ -801,6 +801,13 @@ static void reload(fx_daemon *d)
     if (!SAME_STR(oc->http.listen, nc->http.listen))
         FX_WRN("reload: http.listen changed: needs a restart (ignored)");
 #undef SAME_STR
+    /* A setting an existing channel cannot take (a changed retention): refuse the whole reload. */
+    if (chans_preflight(d, nc) == FX_EINVAL) {
+        FX_ERR("reload: %s (keeping the running configuration)", fx_err_detail());
+        fx_config_free(nc);
+        free(nc);
+        return;
+    }
 
     /* What goes: channels absent from the new file or changed. Non-DLQ first: their claims may
      * still dead-letter into a DLQ channel that is leaving too. */
@@ -982,7 +989,7 @@ fx_err fx_daemon_start(fx_daemon *d)
     if (!d->metrics) return fx_seterr(FX_ENOMEM, "metrics: out of memory");
     metrics_setup(d);
     if ((e = mq_setup(d))) return e;
-    if ((e = chans_preflight(d))) return e;
+    if ((e = chans_preflight(d, d->cfg))) return e;
     if ((e = nats_setup(d))) return e;
     if (d->cfg->http.listen && *d->cfg->http.listen) {
         if ((e = fx_http_start(d->cfg->http.listen, health_cb, d, d->metrics, &d->http)))
