@@ -581,7 +581,12 @@ export class Bridge {
   }
   async waitHealthy(timeout = 20_000) {
     await waitFor(async () => {
-      if (!this.proc.running) throw new Error(`fluxon-bridge ${this.name} exited: ${JSON.stringify(this.proc.exit)}`);
+      if (!this.proc.running) {
+        // fatal: no point in waiting for a process that is gone; say why it went
+        const e = new Error(`fluxon-bridge ${this.name} exited: ${JSON.stringify(this.proc.exit)}; last lines:\n${this.proc.logTail(5)}`);
+        e.fatal = true;
+        throw e;
+      }
       const r = await httpGet(this.healthUrl, 1000);
       return r.status === 200 && r.json && r.json.status === "ok";
     }, { timeout, what: `bridge ${this.name} /healthz ok` });
