@@ -140,6 +140,48 @@ export async function publishAll(nc, msgs, { concurrency = 256, retry = false, d
   return { acked, failed, attempts, errCodes };
 }
 
+/**
+ * Publish an open-ended stream of acked messages (make(n) builds message n) with `concurrency`
+ * in flight, each retried until acked, until stop() is called. stop() lets every in-flight
+ * message finish (acked, or given up after `drain` ms of retries) and resolves
+ * {acked: Map id->ack, failed: Map id->last error, attempts, errCodes, published}.
+ * Live counters: s.acked.size, s.published.
+ */
+export function publishStream(nc, make, { concurrency = 64, timeout = 5000, drain = 60_000, onAck } = {}) {
+  const s = { acked: new Map(), failed: new Map(), attempts: new Map(), errCodes: new Map(), published: 0 };
+  let stopping = false;
+  let giveUpAt = Infinity;
+  let next = 0;
+  const worker = async () => {
+    while (!stopping) {
+      const m = make(next++);
+      s.published++;
+      for (;;) {
+        s.attempts.set(m.id, (s.attempts.get(m.id) || 0) + 1);
+        const r = await publishAcked(nc, m, timeout);
+        if (r.ok) {
+          s.acked.set(m.id, r.ack);
+          s.failed.delete(m.id);
+          if (onAck) onAck(m, r.ack, s.acked.size);
+          break;
+        }
+        s.failed.set(m.id, r);
+        s.errCodes.set(String(r.code), (s.errCodes.get(String(r.code)) || 0) + 1);
+        if (Date.now() > giveUpAt) break;
+        await delay(50); // retry pacing while a bridge is away (not a synchronisation sleep)
+      }
+    }
+  };
+  const workers = Array.from({ length: concurrency }, worker);
+  s.stop = async () => {
+    stopping = true;
+    giveUpAt = Date.now() + drain;
+    await Promise.all(workers);
+    return s;
+  };
+  return s;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Consuming
 
@@ -198,6 +240,7 @@ export class Consumer {
       delivered: Number(get("Fluxon-Delivered")),
       deadReason: get("Fluxon-Dead-Reason"),
       msg: m,
+      at: Date.now(), // arrival time (ms), for latency bounds
     };
     this.records.push(rec);
     if (rec.id) this.counts.set(rec.id, (this.counts.get(rec.id) || 0) + 1);

@@ -339,6 +339,35 @@ export class Etcd {
     return this.start();
   }
 
+  /** Freeze etcd (SIGSTOP): an outage in which connections stay open but nothing answers. */
+  pause() {
+    if (this.proc) this.proc.signal("SIGSTOP");
+  }
+  /** Undo pause() (SIGCONT). stop() also sends SIGCONT first, so a paused etcd is torn down. */
+  resume() {
+    if (this.proc) this.proc.signal("SIGCONT");
+  }
+
+  /**
+   * A lease's state (POST /v3/lease/timetolive): {id, ttl (remaining s, -1 when the lease does
+   * not exist), grantedTTL (s), keys: [string]}. id is a decimal string (lease ids exceed 2^53).
+   */
+  async leaseInfo(id) {
+    const res = await fetch(`${this.url}/v3/lease/timetolive`, {
+      method: "POST",
+      body: JSON.stringify({ ID: String(id), keys: true }),
+      signal: AbortSignal.timeout(3000),
+    });
+    if (res.status !== 200) throw new Error(`etcd lease timetolive ${id}: HTTP ${res.status}`);
+    const j = await res.json();
+    return {
+      id: String(id),
+      ttl: Number(j.TTL ?? -1),
+      grantedTTL: Number(j.grantedTTL ?? 0),
+      keys: (j.keys || []).map((k) => Buffer.from(k, "base64").toString()),
+    };
+  }
+
   /** Range over a key prefix: [{key, value, lease}] (value as a utf8 string). */
   async range(prefix) {
     const b64 = (s) => Buffer.from(s).toString("base64");
@@ -519,9 +548,45 @@ export class Bridge {
     await this.waitHealthy(20_000);
     return this;
   }
+  /**
+   * Start a run that may be refused: resolves {healthy: true} once /healthz is ok (the bridge
+   * keeps running, like start()), or {healthy: false, exit, output} when the process exits first
+   * (output: this run's log lines). Throws if neither happens within `timeout` ms.
+   */
+  async tryStart(timeout = 20_000) {
+    requireBinaries();
+    await this.writeConfig();
+    this.starts++;
+    const logPath = path.join(this.ctx.dir, `bridge-${this.name}.log`);
+    let from = 0;
+    try {
+      from = fs.statSync(logPath).size;
+    } catch {
+      /* first run */
+    }
+    this.proc = new Proc(`${this.ctx.name}-bridge-${this.name}`, BRIDGE_BIN, ["-c", this.configPath], { logPath });
+    if (!this._registered) {
+      this._registered = true;
+      this.ctx.defer(() => this.stop());
+      this.ctx.onFailure(() => `---- bridge ${this.name} log tail (${this.proc.logPath}):\n${this.proc.logTail(40)}`);
+    }
+    const proc = this.proc;
+    const r = await waitFor(async () => {
+      if (!proc.running) return { healthy: false, exit: proc.exit };
+      const h = await httpGet(this.healthUrl, 1000).catch(() => null);
+      return h && h.status === 200 && h.json && h.json.status === "ok" ? { healthy: true } : null;
+    }, { timeout, what: `bridge ${this.name}: healthy or exited` });
+    if (!r.healthy) r.output = proc.log().slice(from);
+    return r;
+  }
   async waitHealthy(timeout = 20_000) {
     await waitFor(async () => {
-      if (!this.proc.running) throw new Error(`fluxon-bridge ${this.name} exited: ${JSON.stringify(this.proc.exit)}`);
+      if (!this.proc.running) {
+        // fatal: no point in waiting for a process that is gone; say why it went
+        const e = new Error(`fluxon-bridge ${this.name} exited: ${JSON.stringify(this.proc.exit)}; last lines:\n${this.proc.logTail(5)}`);
+        e.fatal = true;
+        throw e;
+      }
       const r = await httpGet(this.healthUrl, 1000);
       return r.status === 200 && r.json && r.json.status === "ok";
     }, { timeout, what: `bridge ${this.name} /healthz ok` });
@@ -646,4 +711,69 @@ export async function membershipKeys(etcd, prefix) {
   const all = await etcd.range(`${prefix}/`);
   const re = new RegExp(`^${prefix.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}/(mpmc_channels/(producer|consumer|ready)/|channels/\\d+/(producer|consumer)/)`);
   return all.filter((kv) => re.test(kv.key));
+}
+
+/** Every key under the root R (control plane and, with the etcd KV backend, payloads R/kv/). */
+export async function allKeys(etcd, prefix) {
+  return etcd.range(`${prefix}/`);
+}
+
+/** The sub-MPSC ids of MPMC `id` (R/mpmc_channels/{id}/mpsc_channels, a JSON list). */
+export async function subMpscIds(etcd, prefix, id) {
+  const kvs = await etcd.range(`${prefix}/mpmc_channels/${id}/mpsc_channels`);
+  const kv = kvs.find((k) => k.key === `${prefix}/mpmc_channels/${id}/mpsc_channels`);
+  if (!kv) return [];
+  return JSON.parse(kv.value).map(String);
+}
+
+/**
+ * Does `key` belong to MPMC `id` with sub-MPSCs `subs` (bridge/keys.h)? The MPMC's own keys, its
+ * role and ready keys, its member-id counter, every key of its sub-MPSCs (meta, memberships,
+ * weights, offsets, id counters, cluster-lease keys) and its payload keys under the KV prefix
+ * (kvPrefix, default R/kv/). The name mapping R/mq_unique_keys/{name} is not counted here.
+ */
+export function belongsToMpmc(key, prefix, id, subs, kvPrefix = `${prefix}/kv/`) {
+  const own = [
+    `${prefix}/mpmc_channels/${id}/`,
+    `${prefix}/mpmc_channels/producer/${id}/`,
+    `${prefix}/mpmc_channels/consumer/${id}/`,
+    `${prefix}/mpmc_channels/ready/${id}/`,
+    `${kvPrefix}mpmc/${id}/`,
+  ];
+  if (own.some((p) => key.startsWith(p))) return true;
+  if (key === `${prefix}/dist_id_allocator/mpmc_channels/${id}`) return true;
+  for (const c of subs) {
+    if (key === `${prefix}/channels/meta/${c}` || key.startsWith(`${prefix}/channels/${c}/`)) return true;
+    if (key === `${prefix}/dist_id_allocator/channels/${c}` || key.startsWith(`${prefix}/dist_id_allocator/channels/${c}/`)) return true;
+    if (key === `${prefix}/cluster_lease/channels/${c}` || key === `${prefix}/cluster_lease/id_allocator/channels/${c}`) return true;
+    if (key.startsWith(`${kvPrefix}mpscchan_${c}_`)) return true;
+  }
+  return false;
+}
+
+/**
+ * The lease ids named in the MPMC meta JSON of `id` (R/mpmc_channels/{id}/meta), as decimal
+ * strings read from the raw text (lease ids exceed 2^53): {metadata_lease_id, payload_lease_id,
+ * id_allocator_cluster_lease_id, raw}; null when the meta is absent.
+ */
+export async function mpmcMetaLeases(etcd, prefix, id) {
+  const kvs = await etcd.range(`${prefix}/mpmc_channels/${id}/meta`);
+  const kv = kvs.find((k) => k.key === `${prefix}/mpmc_channels/${id}/meta`);
+  if (!kv) return null;
+  const out = { raw: kv.value, keyLease: kv.lease };
+  for (const f of ["metadata_lease_id", "payload_lease_id", "id_allocator_cluster_lease_id"]) {
+    const m = new RegExp(`"${f}"\\s*:\\s*"?(\\d+)`).exec(kv.value);
+    out[f] = m ? m[1] : null;
+  }
+  return out;
+}
+
+/** Role keys (R/mpmc_channels/{producer|consumer}/{id}/{member}) and ready keys of MPMC `id`. */
+export async function memberKeysOf(etcd, prefix, id) {
+  const [p, c, r] = await Promise.all([
+    etcd.range(`${prefix}/mpmc_channels/producer/${id}/`),
+    etcd.range(`${prefix}/mpmc_channels/consumer/${id}/`),
+    etcd.range(`${prefix}/mpmc_channels/ready/${id}/`),
+  ]);
+  return [...p, ...c, ...r];
 }
