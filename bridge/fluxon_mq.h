@@ -211,4 +211,17 @@ int64_t fx_mpmc_consumer_member(const fx_mpmc_consumer *c);
 /* The sub-MPSC this consumer owns. */
 int64_t fx_mpmc_consumer_chan(const fx_mpmc_consumer *c);
 
+/* ---- released claims ---------------------------------------------------------------------------- */
+
+/* A watch on the ready keys of every MPMC under the client's root: fn(arg) is called (on the
+ * watch's own thread, one call at a time; it must not block) whenever one is deleted, i.e. a
+ * consumer released its sub-MPSC or its member lease expired, so the caller can let an idle
+ * consumer adopt the backlog left there at once instead of at its next poll. The watch survives
+ * etcd restarts (lease/etcd.h). start fails when etcd does not answer within timeout_ms. stop
+ * must be called before fx_mq_client_close. */
+typedef struct fx_mq_release_watch fx_mq_release_watch;
+fx_err fx_mq_release_watch_start(fx_mq_client *c, void (*fn)(void *arg), void *arg,
+                                 int timeout_ms, fx_mq_release_watch **out);
+void fx_mq_release_watch_stop(fx_mq_release_watch *rw);
+
 #endif

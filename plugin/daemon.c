@@ -518,20 +518,33 @@ void dm_view_kick(fx_daemon *d)
     pthread_mutex_unlock(&d->mu);
 }
 
+static void on_release_event(void *arg) { dm_view_kick(arg); }
+
 static void *hk_main(void *arg)
 {
     fx_daemon *d = arg;
     bool etcd_was_ok = true;
-    int64_t next_backlog = 0, next_probe = 0;
+    int64_t next_backlog = 0, next_probe = 0, last_backlog = 0;
+    fx_mq_release_watch *rw = NULL;
     for (;;) {
         if (fx_now_ms() >= next_probe) {
             hk_probe_etcd(d, &etcd_was_ok);
             hk_stats(d);
+            /* Released claims (ready keys deleted, on any bridge) kick a view refresh at once. */
+            if (!rw && etcd_was_ok &&
+                fx_mq_release_watch_start(d->mq, on_release_event, d, 2000, &rw) != FX_OK) {
+                static fx_log_slot slot;
+                fx_log_ratelimited(&slot, 30000, FX_LOG_WRN, "release watch: %s (retrying; the "
+                                   "sub-MPSC view is refreshed every %d ms meanwhile)",
+                                   fx_err_detail(), FX_DM_VIEW_MS);
+                rw = NULL;
+            }
             next_probe = fx_now_ms() + 1000;
         }
         if (fx_now_ms() >= next_backlog) {
             hk_backlog(d);
-            next_backlog = fx_now_ms() + FX_DM_VIEW_MS;
+            last_backlog = fx_now_ms();
+            next_backlog = last_backlog + FX_DM_VIEW_MS;
         }
         /* Sleep until the next step, a kick (a claim was released: its backlog is stranded now
          * and an idle claim should adopt it at once) or stop. */
@@ -542,13 +555,14 @@ static void *hk_main(void *arg)
             pthread_cond_timedwait(&d->cv, &d->mu, &ts);
         }
         bool stop = d->stop_late;
-        if (d->view_kick) {
+        if (d->view_kick) { /* at most one kicked refresh per FX_DM_KICK_MIN_MS */
             d->view_kick = false;
-            next_backlog = 0;
+            next_backlog = last_backlog + FX_DM_KICK_MIN_MS;
         }
         pthread_mutex_unlock(&d->mu);
         if (stop) break;
     }
+    fx_mq_release_watch_stop(rw);
     return NULL;
 }
 

@@ -61,6 +61,7 @@
 #define FX_DM_DLQ_WAIT_MS 5000             /* release: wait for dead letters being stored */
 #define FX_DM_SWEEP_MAX 16                 /* sub-MPSCs an idle claim steps over to adopt backlog */
 #define FX_DM_VIEW_MS 1000                 /* house-keeping refresh of backlog and sub-MPSC view */
+#define FX_DM_KICK_MIN_MS 100             /* kicked view refreshes (released claims): at most 10/s */
 #define FX_DM_KEEPER_MS 1000               /* producer thread: re-check its producer when idle */
 
 #define FX_DM_HDR_CHANNEL "Fluxon-Channel"
