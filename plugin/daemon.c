@@ -339,6 +339,10 @@ static void metrics_setup(fx_daemon *d)
     d->g_stale_acks = fx_metrics_add(m, "fluxon_stale_acks_total",
                                      "Acks for no delivery in flight (late, duplicate or of an earlier attempt)",
                                      FX_METRIC_COUNTER, "");
+    d->g_invalid_control = fx_metrics_add(m, "fluxon_invalid_control_total",
+                                          "Control messages (acks, no-responders statuses) the bridge "
+                                          "did not cause, ignored",
+                                          FX_METRIC_COUNTER, "");
     d->g_acks_dropped = fx_metrics_add(m, "fluxon_acks_dropped_total",
                                        "Acks dropped because a claim's ack queue was full",
                                        FX_METRIC_COUNTER, "");

@@ -68,7 +68,9 @@
 #define FX_DM_HDR_DELIVERED "Fluxon-Delivered"
 #define FX_DM_HDR_ID "Fluxon-Id"
 #define FX_DM_HDR_DEAD_REASON "Fluxon-Dead-Reason"
-#define FX_DM_NR_PREFIX "_FLUXON.NR." /* ack none reply: _FLUXON.NR.<bridge>.<chan>.<claim>.<cseq> */
+/* ack none reply: _FLUXON.NR.<bridge>.<chan>.<claim>.<claim seq>.<nonce> (the nonce binds a
+ * no-responders status to the one delivery the bridge made; DESIGN.md §9 "revised") */
+#define FX_DM_NR_PREFIX "_FLUXON.NR."
 /* Ack reply subjects. nats-server (2.9.10 verified) refuses a client PUB whose reply starts with
  * "$JS.ACK." ("Publish Violation": reserved reply); a LEAFNODE connection is not checked. So:
  *  - with nats.leaf_url set, explicit-ack deliveries go over the leaf connection (leaf.h) with the
@@ -171,7 +173,7 @@ enum { STOP_NONE = 0, STOP_RELEASE, STOP_DRAIN };
 typedef struct dm_ev {
     uint8_t kind;
     uint64_t claim_seq;
-    uint64_t nonce; /* 0 for EV_NORESP on the ack none subject (no nonce there) */
+    uint64_t nonce; /* from the reply subject; never 0 for a delivery the bridge made */
     int64_t delay_ns;
 } dm_ev;
 
@@ -221,8 +223,8 @@ struct fx_daemon {
     fx_mq_client *mq;
     fx_metrics *metrics;
     fx_http *http;
-    fx_metric *g_invalid_acks, *g_stale_acks, *g_acks_dropped, *g_lease_ka_fail, *g_etcd_req,
-        *g_etcd_lat, *g_reconnects, *g_slow, *g_claims_total, *g_leaf_up, *g_leaf_connects;
+    fx_metric *g_invalid_acks, *g_stale_acks, *g_invalid_control, *g_acks_dropped, *g_lease_ka_fail,
+        *g_etcd_req, *g_etcd_lat, *g_reconnects, *g_slow, *g_claims_total, *g_leaf_up, *g_leaf_connects;
 
     pthread_rwlock_t reg;
     dm_chan **chans; /* active */
@@ -303,6 +305,9 @@ void dm_claim_unref(dm_claim *cl);
 void dm_claim_dlq_complete(pq_item *it);
 void dm_on_ack(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg);
 void dm_on_nr(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg);
+/* A control message (ack, no-responders status) the bridge did not cause: counted in
+ * fluxon_invalid_control_total and logged at most every 10 s; it changes no state. Any thread. */
+void dm_invalid_control(fx_daemon *d, const char *what);
 
 /* ---- daemon.c ----------------------------------------------------------------------------------- */
 /* Active channel by name (caller holds reg). */
