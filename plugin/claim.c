@@ -393,9 +393,12 @@ static bool publish_ent(cst *s, uint32_t idx)
     snprintf(fid, sizeof fid, "%" PRId64 ".%" PRId64 ".%" PRId64, e->dv.id.chan, e->dv.id.pidx,
              e->dv.id.msg);
 
+    char origin[FX_DM_ORIGIN_LEN + 1];
+    dm_origin_tag(d, s->cl->subject, reply, origin, sizeof origin);
+
     const char *kv[] = {FX_DM_HDR_CHANNEL, ch->name, FX_DM_HDR_SUBJECT,   orig,
                         FX_DM_HDR_SEQ,     seq,      FX_DM_HDR_DELIVERED, att,
-                        FX_DM_HDR_ID,      fid};
+                        FX_DM_HDR_ID,      fid,      FX_DM_HDR_ORIGIN,    origin};
     enum { N_PAIRS = sizeof kv / sizeof kv[0] / 2 };
     natsStatus st = NATS_OK;
     if (s->use_leaf) { /* the header block is written directly: no natsMsg, no allocation */

@@ -919,6 +919,8 @@ fx_err fx_daemon_start(fx_daemon *d)
 {
     fx_err e;
     d->start_ms = fx_now_ms();
+    if (getrandom(d->origin_key, sizeof d->origin_key, 0) != (ssize_t)sizeof d->origin_key)
+        return fx_seterr(FX_EINVAL, "getrandom: cannot draw the Fluxon-Origin key");
     d->metrics = fx_metrics_new(8192);
     if (!d->metrics) return fx_seterr(FX_ENOMEM, "metrics: out of memory");
     metrics_setup(d);
