@@ -527,6 +527,39 @@ static void test_err_names(void **state)
     RUN(cases);
 }
 
+/* Control characters in names and subjects are refused; a \u0000 escape anywhere in a string is
+ * refused before cJSON would end the C string there (it used to truncate "or\u0000ders" to
+ * "or" silently). */
+static void test_control_characters_refused(void **state)
+{
+    (void)state;
+    static const err_case cases[] = {
+        {"{\"name\":\"br\\u0000idge\"," CHANNELS "}", "line 1, column 12: \\u0000 (NUL) in a string"},
+        {"{\"channels\":[{\"name\":\"or\\u0000ders\",\"subjects\":[\"a\"],\"deliver_prefix\":\"q\"}]}",
+         "\\u0000 (NUL) in a string"},
+        {"{\"channels\":[{\"name\":\"o\",\"subjects\":[\"a.\\u0000\"],\"deliver_prefix\":\"q\"}]}",
+         "\\u0000 (NUL) in a string"},
+        {"{\"channels\":[{\"name\":\"o\",\"subjects\":[\"a\"],\"deliver_prefix\":\"q\\u0000x\"}]}",
+         "\\u0000 (NUL) in a string"},
+        {"{\"etcd\":{\"password\":\"\\u0000\"}," CHANNELS "}", "\\u0000 (NUL) in a string"},
+        {"{\"name\":\"a\\u0001\"," CHANNELS "}", "name: "},
+        {"{\"channels\":[{\"name\":\"or\\u001fders\",\"subjects\":[\"a\"],\"deliver_prefix\":\"q\"}]}",
+         "channels[0].name: "},
+        {"{\"channels\":[{\"name\":\"or\\u007fders\",\"subjects\":[\"a\"],\"deliver_prefix\":\"q\"}]}",
+         "channels[0].name: "},
+        {"{\"channels\":[{\"name\":\"o\",\"subjects\":[\"a.\\u0007\"],\"deliver_prefix\":\"q\"}]}",
+         "channels[0].subjects[0]: "},
+        {"{\"channels\":[{\"name\":\"o\",\"subjects\":[\"a\"],\"deliver_prefix\":\"q\\nx\"}]}",
+         "channels[0].deliver_prefix: "},
+    };
+    RUN(cases);
+    /* the text "\u0000" (an escaped backslash, then "u0000") is no NUL: a password may hold it */
+    fx_config c;
+    parse_ok("{\"etcd\":{\"username\":\"u\",\"password\":\"p\\\\u0000\"}," CHANNELS "}", &c);
+    assert_string_equal(c.etcd.password, "p\\u0000");
+    fx_config_free(&c);
+}
+
 static void test_err_subjects_and_prefixes(void **state)
 {
     (void)state;
@@ -929,6 +962,7 @@ int main(void)
         cmocka_unit_test(test_err_ranges_and_durations),
         cmocka_unit_test(test_err_connection_values),
         cmocka_unit_test(test_err_names),
+        cmocka_unit_test(test_control_characters_refused),
         cmocka_unit_test(test_err_subjects_and_prefixes),
         cmocka_unit_test(test_err_size_caps),
         cmocka_unit_test(test_err_no_secret_echo),
