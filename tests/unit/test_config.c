@@ -911,6 +911,16 @@ static void test_deploy_examples(void **state)
     fx_config_free(&a);
     fx_config_free(&b);
     fx_config_free(&l);
+
+    fx_config sec; /* deploy/secure/nats-server.conf: account FLUXON, users per role */
+    load_ok("deploy/secure/bridge-a.json", &sec);
+    assert_orders_config(&sec);
+    assert_string_equal(sec.name, "bridge-a"); /* the name in the server's ack permissions */
+    assert_string_equal(sec.nats.account, "FLUXON");
+    assert_string_equal(sec.nats.user, "fluxon-bridge");
+    assert_non_null(sec.nats.password);
+    assert_non_null(strstr(sec.nats.leaf_url, "nats://fluxon-leaf:"));
+    fx_config_free(&sec);
 }
 
 static void test_load_file_errors(void **state)
