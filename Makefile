@@ -18,7 +18,7 @@ WARN    := -Wall -Wextra -Werror -Wstrict-prototypes -Wwrite-strings -Wshadow -W
 OPT     ?= -O2 -g
 CFLAGS  += $(CSTD) $(WARN) $(OPT) -pthread -MMD -MP -I. -Ilease -Ibridge -Iplugin
 LDLIBS  += -lcurl -lcjson -lpthread -lm
-PLUGIN_LDLIBS := -lnats -lmicrohttpd
+PLUGIN_LDLIBS := -lnats -lmicrohttpd -lcrypto
 
 ifeq ($(SAN),address)
 CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "daemon_int.h"
 #include "flatdict.h"
@@ -51,6 +52,73 @@ static void reply_ok(fx_daemon *d, dm_chan *ch, const char *reply, const fx_mq_m
         fx_log_ratelimited(&slot, 5000, FX_LOG_WRN, "channel %s: PubAck publish failed: %s",
                            ch->name, natsStatus_GetText(s));
     }
+}
+
+/* ---- Fluxon-Origin (loop prevention by proof) --------------------------------------------------- */
+
+/* SipHash-2-4 (Aumasson, Bernstein) of subject, a 0 byte and reply under a 128-bit key. */
+#define ROTL(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                                                    \
+    do {                                                                                            \
+        v0 += v1; v1 = ROTL(v1, 13); v1 ^= v0; v0 = ROTL(v0, 32);                                   \
+        v2 += v3; v3 = ROTL(v3, 16); v3 ^= v2;                                                      \
+        v0 += v3; v3 = ROTL(v3, 21); v3 ^= v0;                                                      \
+        v2 += v1; v1 = ROTL(v1, 17); v1 ^= v2; v2 = ROTL(v2, 32);                                   \
+    } while (0)
+
+typedef struct sip {
+    uint64_t v0, v1, v2, v3, m;
+    size_t n; /* bytes absorbed */
+} sip;
+
+static void sip_block(sip *h, uint64_t m)
+{
+    uint64_t v0 = h->v0, v1 = h->v1, v2 = h->v2, v3 = h->v3;
+    v3 ^= m;
+    SIPROUND;
+    SIPROUND;
+    v0 ^= m;
+    h->v0 = v0, h->v1 = v1, h->v2 = v2, h->v3 = v3;
+}
+
+static void sip_bytes(sip *h, const void *p, size_t len)
+{
+    const uint8_t *b = p;
+    for (size_t i = 0; i < len; i++) {
+        h->m |= (uint64_t)b[i] << (8 * (h->n & 7));
+        if ((++h->n & 7) == 0) {
+            sip_block(h, h->m);
+            h->m = 0;
+        }
+    }
+}
+
+static uint64_t siphash_origin(const uint64_t key[2], const char *subject, const char *reply)
+{
+    sip h = {.v0 = 0x736f6d6570736575ULL ^ key[0], .v1 = 0x646f72616e646f6dULL ^ key[1],
+             .v2 = 0x6c7967656e657261ULL ^ key[0], .v3 = 0x7465646279746573ULL ^ key[1]};
+    sip_bytes(&h, subject, strlen(subject));
+    sip_bytes(&h, "", 1);
+    if (reply) sip_bytes(&h, reply, strlen(reply));
+    sip_block(&h, h.m | (uint64_t)(h.n & 0xff) << 56);
+    uint64_t v0 = h.v0, v1 = h.v1, v2 = h.v2 ^ 0xff, v3 = h.v3;
+    for (int i = 0; i < 4; i++) SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+void dm_origin_tag(const fx_daemon *d, const char *subject, const char *reply, char *out, size_t cap)
+{
+    snprintf(out, cap, "%016" PRIx64, siphash_origin(d->origin_key, subject ? subject : "", reply));
+}
+
+bool dm_origin_ours(const fx_daemon *d, const char *subject, const char *reply, const char *value)
+{
+    if (!value || strlen(value) != FX_DM_ORIGIN_LEN) return false;
+    char want[FX_DM_ORIGIN_LEN + 1];
+    dm_origin_tag(d, subject, reply, want, sizeof want);
+    unsigned diff = 0; /* constant time: the tag is a secret */
+    for (size_t i = 0; i < FX_DM_ORIGIN_LEN; i++) diff |= (unsigned)(want[i] ^ value[i]);
+    return diff == 0;
 }
 
 /* ---- header block --------------------------------------------------------------------------- */
@@ -313,10 +381,13 @@ static void on_capture(natsConnection *nc, natsSubscription *sub, natsMsg *m, vo
     char *hdr = NULL;
     size_t hlen = 0;
     const char *v = NULL;
-    if (natsMsgHeader_Get(m, FX_DM_HDR_CHANNEL, &v) == NATS_OK) goto out; /* our own delivery */
     const char *subj = natsMsg_GetSubject(m);
     const char *reply = natsMsg_GetReply(m);
     if (reply && !*reply) reply = NULL;
+    if (natsMsgHeader_Get(m, FX_DM_HDR_ORIGIN, &v) == NATS_OK && dm_origin_ours(d, subj, reply, v)) {
+        fx_metric_inc(ch->m.own_skipped, 1); /* our own delivery: no loop */
+        goto out;
+    }
     const char *data = natsMsg_GetData(m);
     int dlen = natsMsg_GetDataLength(m);
     if (!data || dlen < 0) {
@@ -327,6 +398,22 @@ static void on_capture(natsConnection *nc, natsSubscription *sub, natsMsg *m, vo
         fx_metric_inc(ch->m.dropped, 1);
         dm_reply_error(d, reply, 500, "bridge out of memory");
         goto out;
+    }
+    if (hdr) { /* Fluxon-* headers this bridge did not prove its own: captured, counted */
+        hdr_iter hi;
+        fx_slice k, val;
+        hdr_iter_init(&hi, hdr, hlen);
+        while (hdr_iter_next(&hi, &k, &val)) {
+            if (k.len > 7 && strncasecmp(k.data, "Fluxon-", 7) == 0) {
+                static fx_log_slot slot;
+                fx_log_ratelimited(&slot, 10000, FX_LOG_INF,
+                                   "channel %s: message on %s carries Fluxon-* headers of no "
+                                   "delivery of this bridge: captured (fluxon_foreign_headers_total)",
+                                   ch->name, subj);
+                fx_metric_inc(ch->m.foreign_headers, 1);
+                break;
+            }
+        }
     }
     size_t lim = dm_max_msg_bytes(d);
     if (hlen + (size_t)dlen > lim) {
@@ -646,6 +733,12 @@ dm_chan *dm_chan_new(fx_daemon *d, const fx_chan_config *cc)
                               FX_METRIC_COUNTER, l);
     m->backlog = cmetric(d, "fluxon_backlog", "Stored, unconsumed messages (from etcd)",
                          FX_METRIC_GAUGE, l);
+    m->foreign_headers = cmetric(d, "fluxon_foreign_headers_total",
+                                 "Captured messages carrying Fluxon-* headers that are not a delivery "
+                                 "of this bridge (stored like any other)", FX_METRIC_COUNTER, l);
+    m->own_skipped = cmetric(d, "fluxon_own_deliveries_skipped_total",
+                             "Own deliveries (proven by Fluxon-Origin) seen on a capture subject and "
+                             "not captured (loop prevention)", FX_METRIC_COUNTER, l);
     m->claims = cmetric(d, "fluxon_claims", "Consumer claims held by this bridge", FX_METRIC_GAUGE, l);
     m->store_errors = cmetric(d, "fluxon_store_errors_total",
                               "Captured messages that could not be stored (error PubAck)",

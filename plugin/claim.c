@@ -14,9 +14,16 @@
  * Interest: while the last interest poll did not see the claim's subject, the claim publishes
  * nothing (no new deliveries, no redeliveries); after release_after it is released. Every
  * delivery has a reply subject (the ack subject, FX_DM_ACK_PREFIX, or with ack none
- * "_FLUXON.NR.<bridge>.<channel>.<claim>.<claim seq>"), so a delivery that found no subscriber
- * comes back as a no-responders 503 and releases the claim at once, without counting the attempt
- * (the message stays unacked for the next consumer).
+ * "_FLUXON.NR.<bridge>.<channel>.<claim>.<claim seq>.<nonce>"), so a delivery over the client
+ * connection that found no subscriber comes back as a no-responders 503 and releases the claim at
+ * once (the message stays unacked for the next consumer; its delivery count is not changed).
+ *
+ * Control messages are trusted only when the bridge caused them (DESIGN.md §9): an ack or a
+ * no-responders status changes state only when its (claim seq, nonce) is the one of a delivery in
+ * flight; a no-responders status only for a delivery made over the client connection (the leaf
+ * path never asks for one). A claim seq never issued, a nonce that does not match, a status on
+ * the leaf path or for an entry not waiting for its ack: counted (fluxon_invalid_control_total),
+ * rate-logged, ignored. An ack for a claim seq issued earlier and no longer in flight is stale.
  *
  * Leaf path (nats.leaf_url set, ack explicit): deliveries are published over the leafnode
  * connection (leaf.h) with the exact "$JS.ACK.FLUXON...." reply, which a client connection may
@@ -373,8 +380,8 @@ static bool publish_ent(cst *s, uint32_t idx)
             snprintf(reply, sizeof reply, "%s%s", FX_DM_ACK_PREFIX,
                      js + sizeof FX_DM_JS_ACK_PREFIX - 1);
     } else {
-        snprintf(reply, sizeof reply, FX_DM_NR_PREFIX "%s.%s.%s.%" PRIu64, d->name, ch->name,
-                 s->cl->token, e->claim_seq);
+        snprintf(reply, sizeof reply, FX_DM_NR_PREFIX "%s.%s.%s.%" PRIu64 ".%" PRIu64, d->name,
+                 ch->name, s->cl->token, e->claim_seq, e->nonce);
     }
     char orig[FX_SUBJECT_MAX + 1];
     size_t sl = e->msg.subject.len < FX_SUBJECT_MAX ? e->msg.subject.len : FX_SUBJECT_MAX;
@@ -386,9 +393,12 @@ static bool publish_ent(cst *s, uint32_t idx)
     snprintf(fid, sizeof fid, "%" PRId64 ".%" PRId64 ".%" PRId64, e->dv.id.chan, e->dv.id.pidx,
              e->dv.id.msg);
 
+    char origin[FX_DM_ORIGIN_LEN + 1];
+    dm_origin_tag(d, s->cl->subject, reply, origin, sizeof origin);
+
     const char *kv[] = {FX_DM_HDR_CHANNEL, ch->name, FX_DM_HDR_SUBJECT,   orig,
                         FX_DM_HDR_SEQ,     seq,      FX_DM_HDR_DELIVERED, att,
-                        FX_DM_HDR_ID,      fid};
+                        FX_DM_HDR_ID,      fid,      FX_DM_HDR_ORIGIN,    origin};
     enum { N_PAIRS = sizeof kv / sizeof kv[0] / 2 };
     natsStatus st = NATS_OK;
     if (s->use_leaf) { /* the header block is written directly: no natsMsg, no allocation */
@@ -585,16 +595,22 @@ static void handle_ev(cst *s, const dm_ev *ev)
     fx_daemon *d = s->d;
     uint32_t idx = hash_find(s, ev->claim_seq);
     ent *e = idx == NIL ? NULL : &s->ents[idx];
+    /* Did the bridge cause this message? (see the header comment) */
+    bool issued = ev->nonce != 0 && ev->claim_seq != 0 && ev->claim_seq <= s->next_cseq;
     if (ev->kind == EV_NORESP) {
-        if (e && (ev->nonce == 0 || e->nonce == ev->nonce)) {
-            if (!atomic_exchange(&s->cl->noresp, true))
-                FX_INF("claim %s: no responders: releasing the claim", s->cl->subject);
-            /* not an attempt: the message stays unacked for the next consumer */
-            if (e->delivered) e->delivered--;
+        if (!issued || !e || e->nonce != ev->nonce || s->use_leaf || e->state != E_WAIT_ACK) {
+            dm_invalid_control(d, "no-responders status");
+            return;
         }
+        if (!atomic_exchange(&s->cl->noresp, true))
+            FX_INF("claim %s: no responders: releasing the claim", s->cl->subject);
         return;
     }
-    if (!e || e->nonce != ev->nonce || !s->explicit_ack) {
+    if (!issued || !s->explicit_ack || (e && e->nonce != ev->nonce)) {
+        dm_invalid_control(d, "ack");
+        return;
+    }
+    if (!e) {
         fx_metric_inc(d->g_stale_acks, 1);
         return;
     }
@@ -1112,6 +1128,7 @@ void dm_on_ack(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
         static fx_log_slot slot;
         fx_log_ratelimited(&slot, 10000, FX_LOG_WRN, "invalid ack subject ignored");
         fx_metric_inc(d->g_invalid_acks, 1);
+        fx_metric_inc(d->g_invalid_control, 1);
         natsMsg_Destroy(m);
         return;
     }
@@ -1141,7 +1158,24 @@ void dm_on_ack(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
     natsMsg_Destroy(m);
 }
 
-/* "_FLUXON.NR.<bridge>.<channel>.<claim>.<claim seq>": only no-responders statuses matter. */
+void dm_invalid_control(fx_daemon *d, const char *what)
+{
+    static fx_log_slot slot;
+    fx_metric_inc(d->g_invalid_control, 1);
+    fx_log_ratelimited(&slot, 10000, FX_LOG_WRN,
+                       "%s the bridge did not cause ignored (fluxon_invalid_control_total)", what);
+}
+
+static bool parse_u64(const char *t, uint64_t *out)
+{
+    if (!t || *t < '0' || *t > '9') return false;
+    char *end = NULL;
+    *out = strtoull(t, &end, 10);
+    return end && !*end;
+}
+
+/* "_FLUXON.NR.<bridge>.<channel>.<claim>.<claim seq>.<nonce>": only no-responders statuses matter;
+ * anything else on this subject was not caused by the bridge. */
 void dm_on_nr(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
 {
     (void)nc;
@@ -1149,25 +1183,26 @@ void dm_on_nr(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
     fx_daemon *d = arg;
     const char *subj = natsMsg_GetSubject(m);
     if (!natsMsg_IsNoResponders(m) || !subj || strncmp(subj, FX_DM_NR_PREFIX, sizeof FX_DM_NR_PREFIX - 1)) {
+        dm_invalid_control(d, "message on the no-responders subject");
         natsMsg_Destroy(m);
         return;
     }
     char buf[FX_JSACK_SUBJECT_MAX + 64];
     snprintf(buf, sizeof buf, "%s", subj + sizeof FX_DM_NR_PREFIX - 1);
-    char *tok[4] = {0};
+    char *tok[5] = {0};
     char *save = NULL;
     int n = 0;
-    for (char *t = strtok_r(buf, ".", &save); t && n < 5; t = strtok_r(NULL, ".", &save)) {
-        if (n < 4) tok[n] = t;
+    for (char *t = strtok_r(buf, ".", &save); t && n < 6; t = strtok_r(NULL, ".", &save)) {
+        if (n < 5) tok[n] = t;
         n++;
     }
-    if (n == 4 && strcmp(tok[0], d->name) == 0) {
-        char *end = NULL;
-        uint64_t cseq = strtoull(tok[3], &end, 10);
-        if (end && !*end) {
-            dm_ev ev = {.kind = EV_NORESP, .claim_seq = cseq, .nonce = 0};
-            route(d, tok[1], tok[2], &ev, false);
-        }
+    uint64_t cseq = 0, nonce = 0;
+    if (n == 5 && strcmp(tok[0], d->name) == 0 && parse_u64(tok[3], &cseq) &&
+        parse_u64(tok[4], &nonce) && nonce != 0) {
+        dm_ev ev = {.kind = EV_NORESP, .claim_seq = cseq, .nonce = nonce};
+        route(d, tok[1], tok[2], &ev, false);
+    } else {
+        dm_invalid_control(d, "no-responders status");
     }
     natsMsg_Destroy(m);
 }

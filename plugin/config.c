@@ -1007,6 +1007,26 @@ static void line_col(const char *s, size_t pos, size_t *line, size_t *col)
     }
 }
 
+/* Offset of a "\u0000" escape inside a JSON string, or len. cJSON ends the C string there, so a
+ * name or subject holding one would be silently truncated ("or\u0000ders" -> "or"); no setting
+ * may contain NUL. Other control characters reach the field checks (names, subjects, URLs
+ * refuse them). */
+static size_t find_nul_escape(const char *s, size_t len)
+{
+    bool in_str = false;
+    for (size_t i = 0; i < len; i++) {
+        if (!in_str) {
+            in_str = s[i] == '"';
+        } else if (s[i] == '"') {
+            in_str = false;
+        } else if (s[i] == '\\') {
+            if (len - i >= 6 && s[i + 1] == 'u' && memcmp(s + i + 2, "0000", 4) == 0) return i;
+            i++; /* the escaped character */
+        }
+    }
+    return len;
+}
+
 int fx_config_parse(const char *json, size_t len, fx_config *out, char *err, size_t errlen)
 {
     pctx p = {err, errlen};
@@ -1018,6 +1038,13 @@ int fx_config_parse(const char *json, size_t len, fx_config *out, char *err, siz
         size_t line, col;
         line_col(json, (size_t)(nul - json), &line, &col);
         return fail(&p, "", "invalid JSON at line %zu, column %zu: NUL byte", line, col);
+    }
+    size_t esc = find_nul_escape(json, len);
+    if (esc < len) {
+        size_t line, col;
+        line_col(json, esc, &line, &col);
+        return fail(&p, "", "line %zu, column %zu: \\u0000 (NUL) in a string: control characters "
+                            "are not allowed", line, col);
     }
     /* cJSON wants a terminated buffer; the caller's need not be. */
     char *copy = malloc(len + 1);

@@ -185,18 +185,17 @@ static fx_err leaf_setup(fx_daemon *d, const char *cname)
     return FX_OK;
 }
 
-static fx_err nats_setup(fx_daemon *d)
+/* The connection options from the config (also run by fx_daemon_check: every refusal of a
+ * setting happens here, before any I/O). *out is set even on failure (caller destroys it). */
+static fx_err nats_options(fx_daemon *d, const char *cname, natsOptions **out)
 {
     const fx_config *c = d->cfg;
     natsStatus s = nats_Open(-1);
     if (s != NATS_OK) return fx_seterr(FX_EUNAVAIL, "nats: library init: %s", natsStatus_GetText(s));
     d->nats_opened = true;
-    nats_SetMessageDeliveryPoolSize(FX_DM_DELIVERY_THREADS);
-    if ((s = natsOptions_Create(&d->opts)) != NATS_OK)
+    if ((s = natsOptions_Create(out)) != NATS_OK)
         return fx_seterr(FX_ENOMEM, "nats: options: %s", natsStatus_GetText(s));
-    natsOptions *o = d->opts;
-    char cname[200];
-    snprintf(cname, sizeof cname, "fluxon-bridge-%s", d->name);
+    natsOptions *o = *out;
     const char *url = c->nats.url ? c->nats.url : "nats://127.0.0.1:4222";
     s = natsOptions_SetURL(o, url);
     if (s == NATS_OK) s = natsOptions_SetName(o, cname);
@@ -241,8 +240,19 @@ static fx_err nats_setup(fx_daemon *d)
     }
     if (c->nats.tls_insecure && (s = natsOptions_SkipServerVerification(o, true)) != NATS_OK)
         return fx_seterr(FX_EINVAL, "nats.tls_insecure: %s", natsStatus_GetText(s));
+    return FX_OK;
+}
 
-    s = natsConnection_Connect(&d->nc, o);
+static fx_err nats_setup(fx_daemon *d)
+{
+    const fx_config *c = d->cfg;
+    char cname[200];
+    snprintf(cname, sizeof cname, "fluxon-bridge-%s", d->name);
+    fx_err e = nats_options(d, cname, &d->opts);
+    if (e) return e;
+    nats_SetMessageDeliveryPoolSize(FX_DM_DELIVERY_THREADS);
+    const char *url = c->nats.url ? c->nats.url : "nats://127.0.0.1:4222";
+    natsStatus s = natsConnection_Connect(&d->nc, d->opts);
     char red[300];
     redact_url(url, red, sizeof red);
     if (s == NATS_NOT_YET_CONNECTED) {
@@ -270,9 +280,8 @@ static bool same_endpoints(char **a, size_t na, char **b, size_t nb)
     return true;
 }
 
-static fx_err mq_setup(fx_daemon *d)
+static void mq_options(const fx_config *c, fx_mq_client_opts *out)
 {
-    const fx_config *c = d->cfg;
     fx_mq_client_opts o = {0};
     o.etcd.endpoints = (const char *const *)c->etcd.endpoints;
     o.etcd.n_endpoints = c->etcd.n_endpoints;
@@ -296,6 +305,14 @@ static fx_err mq_setup(fx_daemon *d)
         min_ttl = c->defaults.ttl_seconds;
     o.min_ttl_s = min_ttl;
     o.op_timeout_ms = 5000;
+    *out = o;
+}
+
+static fx_err mq_setup(fx_daemon *d)
+{
+    const fx_config *c = d->cfg;
+    fx_mq_client_opts o;
+    mq_options(c, &o);
     fx_err e = fx_mq_client_new(&o, &d->mq);
     if (e) return e;
     FX_INF("etcd: %zu endpoint(s), prefix %s%s", c->etcd.n_endpoints,
@@ -377,6 +394,10 @@ static void metrics_setup(fx_daemon *d)
     d->g_stale_acks = fx_metrics_add(m, "fluxon_stale_acks_total",
                                      "Acks for no delivery in flight (late, duplicate or of an earlier attempt)",
                                      FX_METRIC_COUNTER, "");
+    d->g_invalid_control = fx_metrics_add(m, "fluxon_invalid_control_total",
+                                          "Control messages (acks, no-responders statuses) the bridge "
+                                          "did not cause, ignored",
+                                          FX_METRIC_COUNTER, "");
     d->g_acks_dropped = fx_metrics_add(m, "fluxon_acks_dropped_total",
                                        "Acks dropped because a claim's ack queue was full",
                                        FX_METRIC_COUNTER, "");
@@ -995,10 +1016,34 @@ fx_err fx_daemon_new(fx_config *cfg, const char *cfg_path, fx_daemon **out)
     return FX_OK;
 }
 
+fx_err fx_daemon_check(fx_daemon *d)
+{
+    fx_mq_client_opts mo;
+    mq_options(d->cfg, &mo);
+    fx_mq_client *mq = NULL;
+    fx_err e = fx_mq_client_new(&mo, &mq);
+    fx_mq_client_free(mq);
+    if (e) return e;
+    natsOptions *no = NULL;
+    e = nats_options(d, "fluxon-bridge-check", &no);
+    natsOptions_Destroy(no);
+    if (e) return e;
+    if (d->cfg->nats.leaf_url) {
+        fx_leaf_opts lo = {.url = d->cfg->nats.leaf_url, .name = "fluxon-bridge-check"};
+        fx_leaf *l = NULL;
+        e = fx_leaf_new(&lo, &l);
+        fx_leaf_free(l);
+        if (e) return e;
+    }
+    return FX_OK;
+}
+
 fx_err fx_daemon_start(fx_daemon *d)
 {
     fx_err e;
     d->start_ms = fx_now_ms();
+    if (getrandom(d->origin_key, sizeof d->origin_key, 0) != (ssize_t)sizeof d->origin_key)
+        return fx_seterr(FX_EINVAL, "getrandom: cannot draw the Fluxon-Origin key");
     d->metrics = fx_metrics_new(8192);
     if (!d->metrics) return fx_seterr(FX_ENOMEM, "metrics: out of memory");
     metrics_setup(d);
@@ -1072,7 +1117,7 @@ void fx_daemon_free(fx_daemon *d)
         set_flag(d, &d->ctl_stop);
         pthread_join(d->ctl_thr, NULL);
         d->ctl_started = false;
-    } else {
+    } else if (d->metrics) { /* fx_daemon_start ran (maybe in part); not after a check alone */
         drain(d);
     }
     for (size_t i = 0; i < d->n_chans; i++) dm_chan_free(d->chans[i]);

@@ -2,6 +2,10 @@
  *
  * Lifecycle (driven by main.c):
  *   fx_daemon_new(cfg)     takes ownership of a validated config; no I/O, no threads.
+ *   fx_daemon_check(d)     every refusal of a setting that start makes, without I/O or a
+ *                          connection: MQ client (etcd/KV endpoints, credentials, TLS), NATS
+ *                          options (credentials, TLS files), leaf URL. main runs it for --check
+ *                          and before start, so both refuse the same configs with the same text.
  *   fx_daemon_start(d)     starts everything: NATS connection (retry on failed connect, unlimited
  *                          reconnect), MQ client, HTTP, metrics, capture subscriptions, producer
  *                          threads, ack/admin subscriptions, interest, house-keeping, admin and
@@ -45,6 +49,7 @@ typedef struct fx_daemon fx_daemon;
 /* Takes ownership of *cfg (the struct content is moved; *cfg is zeroed). cfg_path is copied
  * (used by reload). */
 fx_err fx_daemon_new(fx_config *cfg, const char *cfg_path, fx_daemon **out);
+fx_err fx_daemon_check(fx_daemon *d);
 fx_err fx_daemon_start(fx_daemon *d);
 void fx_daemon_request_reload(fx_daemon *d);
 void fx_daemon_request_stop(fx_daemon *d);

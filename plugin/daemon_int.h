@@ -70,7 +70,18 @@
 #define FX_DM_HDR_DELIVERED "Fluxon-Delivered"
 #define FX_DM_HDR_ID "Fluxon-Id"
 #define FX_DM_HDR_DEAD_REASON "Fluxon-Dead-Reason"
-#define FX_DM_NR_PREFIX "_FLUXON.NR." /* ack none reply: _FLUXON.NR.<bridge>.<chan>.<claim>.<cseq> */
+/* Loop prevention by proof (DESIGN.md §9): every delivery carries Fluxon-Origin, a keyed hash
+ * (dm_origin_tag) of its subject and reply subject under a 128-bit key drawn from getrandom at
+ * start. Capture skips a message only when its Fluxon-Origin verifies for the subject and reply it
+ * arrived with, i.e. it is this bridge process's own delivery (the reply carries the per-delivery
+ * nonce, so a tag is good for one delivery on one subject). Any other message with Fluxon-*
+ * headers (e.g. a delivery republished to a capture subject) is captured and counted in
+ * fluxon_foreign_headers_total. */
+#define FX_DM_HDR_ORIGIN "Fluxon-Origin"
+#define FX_DM_ORIGIN_LEN 16 /* hex digits of the tag */
+/* ack none reply: _FLUXON.NR.<bridge>.<chan>.<claim>.<claim seq>.<nonce> (the nonce binds a
+ * no-responders status to the one delivery the bridge made; DESIGN.md §9 "revised") */
+#define FX_DM_NR_PREFIX "_FLUXON.NR."
 /* Ack reply subjects. nats-server (2.9.10 verified) refuses a client PUB whose reply starts with
  * "$JS.ACK." ("Publish Violation": reserved reply); a LEAFNODE connection is not checked. So:
  *  - with nats.leaf_url set, explicit-ack deliveries go over the leaf connection (leaf.h) with the
@@ -101,7 +112,7 @@ typedef struct dm_claim dm_claim;
 
 typedef struct dm_chan_metrics {
     fx_metric *captured, *stored, *delivered, *acked, *redelivered, *dead, *dropped,
-        *invalid_acks, *backlog, *claims, *store_errors;
+        *invalid_acks, *backlog, *claims, *store_errors, *foreign_headers, *own_skipped;
 } dm_chan_metrics;
 
 /* ---- producer queue ----------------------------------------------------------------------------- */
@@ -177,7 +188,7 @@ enum { STOP_NONE = 0, STOP_RELEASE, STOP_DRAIN };
 typedef struct dm_ev {
     uint8_t kind;
     uint64_t claim_seq;
-    uint64_t nonce; /* 0 for EV_NORESP on the ack none subject (no nonce there) */
+    uint64_t nonce; /* from the reply subject; never 0 for a delivery the bridge made */
     int64_t delay_ns;
 } dm_ev;
 
@@ -213,6 +224,7 @@ struct fx_daemon {
     pthread_mutex_t cfg_mu;
     char name[128];
     int64_t start_ms;
+    uint64_t origin_key[2]; /* Fluxon-Origin key: getrandom at start, read-only after, never logged */
 
     natsOptions *opts;
     natsConnection *nc;
@@ -227,8 +239,8 @@ struct fx_daemon {
     fx_mq_client *mq;
     fx_metrics *metrics;
     fx_http *http;
-    fx_metric *g_invalid_acks, *g_stale_acks, *g_acks_dropped, *g_lease_ka_fail, *g_etcd_req,
-        *g_etcd_lat, *g_reconnects, *g_slow, *g_claims_total, *g_leaf_up, *g_leaf_connects;
+    fx_metric *g_invalid_acks, *g_stale_acks, *g_invalid_control, *g_acks_dropped, *g_lease_ka_fail,
+        *g_etcd_req, *g_etcd_lat, *g_reconnects, *g_slow, *g_claims_total, *g_leaf_up, *g_leaf_connects;
 
     pthread_rwlock_t reg;
     dm_chan **chans; /* active */
@@ -297,6 +309,11 @@ fx_err dm_hdr_delivery(fx_slice block, const char *const *kv, size_t n_pairs, ch
 natsStatus dm_hdr_apply(natsMsg *m, fx_slice block);
 size_t dm_max_msg_bytes(fx_daemon *d);
 void dm_reply_error(fx_daemon *d, const char *reply, int code, const char *desc);
+/* Fluxon-Origin of a delivery on subject with reply (NULL: none): FX_DM_ORIGIN_LEN hex digits and
+ * a NUL into out (cap > FX_DM_ORIGIN_LEN). Pure, any thread. */
+void dm_origin_tag(const fx_daemon *d, const char *subject, const char *reply, char *out, size_t cap);
+/* true when value is the Fluxon-Origin this process gives a delivery on subject with reply. */
+bool dm_origin_ours(const fx_daemon *d, const char *subject, const char *reply, const char *value);
 
 /* ---- claim.c ------------------------------------------------------------------------------------ */
 void *dm_interest_main(void *arg);
@@ -310,6 +327,9 @@ void dm_claim_unref(dm_claim *cl);
 void dm_claim_dlq_complete(pq_item *it);
 void dm_on_ack(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg);
 void dm_on_nr(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg);
+/* A control message (ack, no-responders status) the bridge did not cause: counted in
+ * fluxon_invalid_control_total and logged at most every 10 s; it changes no state. Any thread. */
+void dm_invalid_control(fx_daemon *d, const char *what);
 
 /* ---- daemon.c ----------------------------------------------------------------------------------- */
 /* Active channel by name (caller holds reg). */

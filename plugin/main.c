@@ -1,7 +1,9 @@
 /* main.c -- fluxon-bridge: arguments, config validation, signals (issue 4 contract).
  *
  *   fluxon-bridge -c FILE            run
- *   fluxon-bridge --check -c FILE    validate the config and exit 0 (2 when invalid)
+ *   fluxon-bridge --check -c FILE    validate the config (the file, then fx_daemon_check: the
+ *                                    same checks and messages as a start) and exit 0 (2 when
+ *                                    invalid)
  *   fluxon-bridge --version          print "fluxon-bridge <version>"
  * Exit codes: 0 clean shutdown, 2 invalid config or arguments (the message names the field),
  * 1 any other fatal error (also a second SIGTERM/SIGINT during the drain).
@@ -9,6 +11,7 @@
  * signalfd. SIGTERM/SIGINT: drain and exit 0; again: exit 1 at once. SIGHUP: reload.
  */
 #include <curl/curl.h>
+#include <openssl/crypto.h>
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -30,8 +33,28 @@ static void usage(FILE *f)
             "       fluxon-bridge --version        print the version\n");
 }
 
+/* fx_daemon_check, reported the same way for --check and for a start: a refused setting is an
+ * invalid configuration (exit 2), anything else (out of memory, ...) a fatal error (exit 1). */
+static int check_daemon(fx_daemon *d, const char *path)
+{
+    fx_err e = fx_daemon_check(d);
+    if (!e) return 0;
+    if (e == FX_EINVAL) {
+        FX_ERR("invalid configuration: %s: %s", path, fx_err_detail());
+        return 2;
+    }
+    FX_ERR("%s (%s)", fx_strerror(e), fx_err_detail());
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
+    /* libnats (3.4) frees OpenSSL's compression-method stack in its own exit handler once it has
+     * set up TLS (nats.ca_file, cert_file, tls://); OpenSSL's atexit cleanup then frees it again
+     * and the process dies with SIGSEGV on its way out (exit 139 instead of 0 or 2). OpenSSL's
+     * exit cleanup only returns memory to a process that is ending: skip it. First, before
+     * libcurl or libnats initialise OpenSSL. */
+    OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL);
     const char *path = NULL;
     bool check = false;
     for (int i = 1; i < argc; i++) {
@@ -72,9 +95,22 @@ int main(int argc, char **argv)
         FX_ERR("invalid configuration: %s", err); /* err names the file and the field */
         return 2;
     }
-    if (check) {
-        printf("fluxon-bridge: configuration %s is valid (%zu channel(s))\n", path, cfg.n_channels);
-        fx_config_free(&cfg);
+    if (check) { /* the same checks as a start (fx_daemon_check), without connecting */
+        size_t n_channels = cfg.n_channels;
+        curl_global_init(CURL_GLOBAL_DEFAULT); /* as a start does (libcurl and cnats share TLS) */
+        fx_daemon *d = NULL;
+        fx_err e = fx_daemon_new(&cfg, path, &d);
+        if (e) {
+            FX_ERR("%s (%s)", fx_strerror(e), fx_err_detail());
+            fx_config_free(&cfg);
+            curl_global_cleanup();
+            return 1;
+        }
+        int rc = check_daemon(d, path);
+        fx_daemon_free(d);
+        curl_global_cleanup();
+        if (rc) return rc;
+        printf("fluxon-bridge: configuration %s is valid (%zu channel(s))\n", path, n_channels);
         return 0;
     }
 
@@ -104,6 +140,13 @@ int main(int argc, char **argv)
         fx_config_free(&cfg);
         close(sfd);
         return 1;
+    }
+    int rc = check_daemon(d, path);
+    if (rc) {
+        fx_daemon_free(d);
+        close(sfd);
+        curl_global_cleanup();
+        return rc;
     }
     e = fx_daemon_start(d);
     if (e) {

@@ -6,7 +6,7 @@ set -euo pipefail
 
 PKGS=(
   build-essential pkg-config
-  libcurl4-openssl-dev libcjson-dev libcmocka-dev libnats-dev libmicrohttpd-dev
+  libcurl4-openssl-dev libcjson-dev libcmocka-dev libnats-dev libmicrohttpd-dev libssl-dev
   etcd-server etcd-client nats-server
   curl valgrind
 )

@@ -531,6 +531,39 @@ static void test_err_names(void **state)
     RUN(cases);
 }
 
+/* Control characters in names and subjects are refused; a \u0000 escape anywhere in a string is
+ * refused before cJSON would end the C string there (it used to truncate "or\u0000ders" to
+ * "or" silently). */
+static void test_control_characters_refused(void **state)
+{
+    (void)state;
+    static const err_case cases[] = {
+        {"{\"name\":\"br\\u0000idge\"," CHANNELS "}", "line 1, column 12: \\u0000 (NUL) in a string"},
+        {"{\"channels\":[{\"name\":\"or\\u0000ders\",\"subjects\":[\"a\"],\"deliver_prefix\":\"q\"}]}",
+         "\\u0000 (NUL) in a string"},
+        {"{\"channels\":[{\"name\":\"o\",\"subjects\":[\"a.\\u0000\"],\"deliver_prefix\":\"q\"}]}",
+         "\\u0000 (NUL) in a string"},
+        {"{\"channels\":[{\"name\":\"o\",\"subjects\":[\"a\"],\"deliver_prefix\":\"q\\u0000x\"}]}",
+         "\\u0000 (NUL) in a string"},
+        {"{\"etcd\":{\"password\":\"\\u0000\"}," CHANNELS "}", "\\u0000 (NUL) in a string"},
+        {"{\"name\":\"a\\u0001\"," CHANNELS "}", "name: "},
+        {"{\"channels\":[{\"name\":\"or\\u001fders\",\"subjects\":[\"a\"],\"deliver_prefix\":\"q\"}]}",
+         "channels[0].name: "},
+        {"{\"channels\":[{\"name\":\"or\\u007fders\",\"subjects\":[\"a\"],\"deliver_prefix\":\"q\"}]}",
+         "channels[0].name: "},
+        {"{\"channels\":[{\"name\":\"o\",\"subjects\":[\"a.\\u0007\"],\"deliver_prefix\":\"q\"}]}",
+         "channels[0].subjects[0]: "},
+        {"{\"channels\":[{\"name\":\"o\",\"subjects\":[\"a\"],\"deliver_prefix\":\"q\\nx\"}]}",
+         "channels[0].deliver_prefix: "},
+    };
+    RUN(cases);
+    /* the text "\u0000" (an escaped backslash, then "u0000") is no NUL: a password may hold it */
+    fx_config c;
+    parse_ok("{\"etcd\":{\"username\":\"u\",\"password\":\"p\\\\u0000\"}," CHANNELS "}", &c);
+    assert_string_equal(c.etcd.password, "p\\u0000");
+    fx_config_free(&c);
+}
+
 static void test_err_subjects_and_prefixes(void **state)
 {
     (void)state;
@@ -882,6 +915,18 @@ static void test_deploy_examples(void **state)
     fx_config_free(&a);
     fx_config_free(&b);
     fx_config_free(&l);
+
+    fx_config sec; /* deploy/secure/nats-server.conf: account FLUXON, users per role */
+    load_ok("deploy/secure/bridge-a.json", &sec);
+    assert_int_equal(sec.n_channels, 2);
+    assert_string_equal(sec.channels[0].subjects[0], "orders.>"); /* publisher / capture perms */
+    assert_string_equal(sec.channels[0].deliver_prefix, "q.orders"); /* consumer perms */
+    assert_string_equal(sec.name, "bridge-a"); /* the name in the server's ack permissions */
+    assert_string_equal(sec.nats.account, "FLUXON");
+    assert_string_equal(sec.nats.user, "fluxon-bridge");
+    assert_non_null(sec.nats.password);
+    assert_non_null(strstr(sec.nats.leaf_url, "nats://fluxon-leaf:"));
+    fx_config_free(&sec);
 }
 
 static void test_load_file_errors(void **state)
@@ -933,6 +978,7 @@ int main(void)
         cmocka_unit_test(test_err_ranges_and_durations),
         cmocka_unit_test(test_err_connection_values),
         cmocka_unit_test(test_err_names),
+        cmocka_unit_test(test_control_characters_refused),
         cmocka_unit_test(test_err_subjects_and_prefixes),
         cmocka_unit_test(test_err_size_caps),
         cmocka_unit_test(test_err_no_secret_echo),
