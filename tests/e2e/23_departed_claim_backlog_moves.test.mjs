@@ -10,7 +10,7 @@
 // (after the unsubscribe was flushed to the server) or the SIGKILL to the arrival at b; no margin
 // is added to the issue's targets.
 import { test } from "./lib/runner.mjs";
-import { startStack, waitFor, metricValue } from "./lib/stack.mjs";
+import { startStack, waitFor, metricValue, SLOW } from "./lib/stack.mjs";
 import { natsConnect, makeMsg, Consumer, publishAll } from "./lib/client.mjs";
 import { assert, assertCovers, assertNoConsumerErrors } from "./lib/check.mjs";
 
@@ -110,9 +110,10 @@ test("e2e_departed_claim_backlog_moves", async (ctx) => {
   assertNoConsumerErrors([b]);
   assertCovers(acked, [...b.counts.keys()], "acked messages at b");
   ctx.log(`departed-claim report: graceful ${msA} ms (target ${RELEASE_MS + 1000}), killed bridge ${msL} ms (target ${TTL_S * 1000 + 1000}), surviving bridge ${msR} ms (target ${RELEASE_MS + 1000}); b: ${b.unique} distinct, ${b.duplicates().length} duplicated ids`);
-  assert.ok(msA <= RELEASE_MS + 1000, `graceful: the departed backlog reached b after ${msA} ms > release_after + 1 s`);
-  assert.ok(msL <= TTL_S * 1000 + 1000, `kill -9: the killed claim's backlog reached b after ${msL} ms > ttl_seconds + 1 s`);
-  assert.ok(msR <= RELEASE_MS + 1000, `kill -9: the surviving bridge's departed backlog reached b after ${msR} ms > release_after + 1 s`);
+  // (sanitizer builds, SLOW > 1, check correctness: there the bounds are stretched like every wait)
+  assert.ok(msA <= (RELEASE_MS + 1000) * SLOW, `graceful: the departed backlog reached b after ${msA} ms > release_after + 1 s`);
+  assert.ok(msL <= (TTL_S * 1000 + 1000) * SLOW, `kill -9: the killed claim's backlog reached b after ${msL} ms > ttl_seconds + 1 s`);
+  assert.ok(msR <= (RELEASE_MS + 1000) * SLOW, `kill -9: the surviving bridge's departed backlog reached b after ${msR} ms > release_after + 1 s`);
   const ex = await R.stop();
   assert.equal(ex.code, 0, `R exit ${JSON.stringify(ex)}`);
 }, { timeout: 120_000 });
