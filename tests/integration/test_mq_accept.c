@@ -7,8 +7,9 @@
  * mq_mpsc_exact_once_graceful: 4 producers x 1000 messages into one MPSC, one consumer acking
  *   everything: received == sent, no duplicate, per-producer FIFO with contiguous ids, payloads
  *   deleted. Run twice: payloads on the control-plane etcd, and on a separate KV etcd.
- * mq_no_keys_after_ttl: MPSC + MPMC used and closed; after TTL only the unleased counters and the
- *   unique mapping remain under the root (long allocator lease shortened to 4 s, so those go too).
+ * mq_no_keys_after_ttl: MPSC + MPMC used and closed; after TTL only the two global unleased
+ *   counters (chan ids, mpmc ids) and the unique mapping remain under the root (long allocator
+ *   lease shortened to 4 s, so the per-channel counters, the MPMC member-id one included, go too).
  * mq_mpmc_dynamic: 3 phases, up to 6 producers and 4 consumers join; graceful drain; consumed
  *   multiset == produced set, per-(sub-MPSC, producer) order, every consumer got messages.
  * mq_consumer_crash_redelivers: a consumer in a child process (re-exec of this binary) takes 20
@@ -951,11 +952,6 @@ static bool nokeys_allowed(const fx_mq_keys *k, const fx_kv *kv, const char *cha
     const char *key = (const char *)kv->key.data;
     if (kv->lease != 0) return false;
     if (!strcmp(key, chan_ctr) || !strcmp(key, mpmc_ctr)) return true;
-    char pfx[600];
-    snprintf(pfx, sizeof pfx, "%s/", mpmc_ctr);
-    int64_t id;
-    if (fx_mq_parse_id_after((fx_slice){kv->key.data, kv->key.len}, FX_SLICE_STR(pfx), &id) == FX_OK)
-        return true;
     char name[FX_MQ_NAME_MAX + 1];
     return fx_mq_parse_unique_key(k, (fx_slice){kv->key.data, kv->key.len}, name, sizeof name) == FX_OK;
 }
