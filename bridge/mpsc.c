@@ -2087,6 +2087,11 @@ static fx_err cons_close_impl(fx_mpsc_consumer *c, bool force, bool *unfinished)
             FX_WRN("mpsc consumer %lld/%lld closed with %lld acknowledged message(s) not "
                    "committed (%s); they will be delivered again",
                    (long long)c->m.chan, (long long)c->cidx, (long long)left, c->final_detail);
+        else if (c->final_err)
+            FX_WRN("mpsc consumer %lld/%lld close: final commit failed: %s (%s); offsets are "
+                   "committed, payloads left behind expire with the payload lease",
+                   (long long)c->m.chan, (long long)c->cidx, fx_errname(c->final_err),
+                   c->final_detail);
     }
     bool deleted = false;
     if (c->member_written && fx__mq_op_enter(cl) == FX_OK) {
