@@ -4,9 +4,12 @@
  * Registry protocol (the seed's child-close registry):
  *  - fx__mq_register() links an endpoint (before its blocking construction); refused with
  *    FX_ECLOSED once the client is closing.
- *  - fx_mq_client_close() takes the endpoints one at a time: it marks the endpoint as "being
- *    closed by the client" (priv->calling) without unlinking it, calls its close outside the lock,
- *    then unlinks it (if the endpoint did not already) and wakes anyone waiting.
+ *  - fx_mq_client_close() takes the endpoints one at a time: it unlinks the endpoint, marks it as
+ *    "being closed by the client" (priv->calling), calls its close outside the lock and then only
+ *    clears the mark and wakes anyone waiting: it never touches the endpoint after its close
+ *    returned, because a thread whose open was interrupted by this close frees the endpoint as
+ *    soon as the close has finished it (the seed's "construction running while the client
+ *    closes").
  *  - fx__mq_unregister() unlinks; when the client is inside that endpoint's close on another
  *    thread, it first waits until that call has returned, so an endpoint that unregistered can be
  *    freed without the client still touching it. (The endpoint must therefore let concurrent
@@ -20,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fx_log.h"
 #include "fx_time.h"
@@ -37,6 +41,9 @@ typedef struct client_priv {
     struct fx_mq_client pub; /* first: container_of by cast */
     pthread_cond_t cv;        /* registry and op-count changes (with pub.mu) */
     fx__mq_endpoint *calling; /* endpoint whose close the client is running now */
+    fx__mq_endpoint *kept;    /* endpoints whose close failed strongly (retried by the next
+                               * client close; the backends stay until the list is empty) */
+    bool force;               /* fx_mq_client_free: endpoint closes must finish */
     pthread_t caller;         /* the thread running it */
     int64_t ops;              /* op references held */
     fx_err close_err;         /* first endpoint close error (returned by repeated closes) */
@@ -105,7 +112,32 @@ static fx_err check_opts(const fx_mq_client_opts *o)
     if (o->close_timeout_ms < 0) return fx_seterr(FX_EINVAL, "mq client: close_timeout_ms < 0");
     if (o->kv_prefix && !o->kv_prefix[0])
         return fx_seterr(FX_EINVAL, "mq client: kv_prefix: empty (use NULL for the default)");
+    if (o->client_id) {
+        size_t n = strnlen(o->client_id, FX_MQ_STR_MAX + 1);
+        if (n == 0 || n > FX_MQ_STR_MAX)
+            return fx_seterr(FX_EINVAL, "mq client: client_id: must be 1..%d bytes",
+                             FX_MQ_STR_MAX);
+        for (size_t i = 0; i < n; i++)
+            if ((unsigned char)o->client_id[i] < 0x20 || o->client_id[i] == 0x7f)
+                return fx_seterr(FX_EINVAL, "mq client: client_id: control character at %zu", i);
+    }
     return FX_OK;
+}
+
+/* Default identity: "<hostname>-<pid>-<16 random hex>" (random from /dev/urandom, else the
+ * clock and the client's address), unique per client root and stable for its life. */
+static void default_client_id(fx_mq_client *c)
+{
+    char host[64] = "";
+    if (gethostname(host, sizeof host) != 0 || !host[0]) snprintf(host, sizeof host, "host");
+    host[sizeof host - 1] = 0;
+    uint64_t r = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    bool ok = f && fread(&r, sizeof r, 1, f) == 1;
+    if (f) fclose(f);
+    if (!ok) r = (uint64_t)fx_wall_ns() ^ (uint64_t)(uintptr_t)c;
+    snprintf(c->client_id, sizeof c->client_id, "%s-%ld-%016llx", host, (long)getpid(),
+             (unsigned long long)r);
 }
 
 static void free_strs(fx_mq_client *c)
@@ -153,6 +185,11 @@ fx_err fx_mq_client_new(const fx_mq_client_opts *opts, fx_mq_client **out)
     c->min_ttl_s = opts->min_ttl_s ? opts->min_ttl_s : DEF_MIN_TTL_S;
     c->op_timeout_ms = opts->op_timeout_ms ? opts->op_timeout_ms : DEF_OP_MS;
     c->close_timeout_ms = opts->close_timeout_ms ? opts->close_timeout_ms : DEF_CLOSE_MS;
+    if (opts->client_id)
+        snprintf(c->client_id, sizeof c->client_id, "%s", opts->client_id);
+    else
+        default_client_id(c);
+    c->opts.client_id = c->client_id;
 
     /* Owned copies of the strings we keep. Credentials and TLS paths are not kept: the etcd
      * clients copy what they need, and the client root never logs or reuses them. */
@@ -207,20 +244,31 @@ fail:
 
 /* ---- registry --------------------------------------------------------------------------------- */
 
-static bool linked(const fx_mq_client *c, const fx__mq_endpoint *ep)
-{
-    return c->endpoints == ep || ep->prev != NULL;
-}
+typedef struct saved_detail {
+    fx_err e;
+    char detail[512];
+} saved_detail;
 
+/* An endpoint is on one of two lists: c->endpoints (open) or priv->kept (strong close failure). */
 static void unlink_ep(fx_mq_client *c, fx__mq_endpoint *ep)
 {
-    if (!linked(c, ep)) return;
+    client_priv *p = priv_of(c);
+    fx__mq_endpoint **head = c->endpoints == ep ? &c->endpoints : p->kept == ep ? &p->kept : NULL;
+    if (!head && !ep->prev) return; /* not linked */
     if (ep->prev)
         ep->prev->next = ep->next;
     else
-        c->endpoints = ep->next;
+        *head = ep->next;
     if (ep->next) ep->next->prev = ep->prev;
     ep->prev = ep->next = NULL;
+}
+
+static void push_ep(fx__mq_endpoint **head, fx__mq_endpoint *ep)
+{
+    ep->prev = NULL;
+    ep->next = *head;
+    if (*head) (*head)->prev = ep;
+    *head = ep;
 }
 
 fx_err fx__mq_register(fx_mq_client *c, fx__mq_endpoint *ep)
@@ -231,10 +279,7 @@ fx_err fx__mq_register(fx_mq_client *c, fx__mq_endpoint *ep)
         pthread_mutex_unlock(&c->mu);
         return fx_seterr(FX_ECLOSED, "mq client: closed");
     }
-    ep->prev = NULL;
-    ep->next = c->endpoints;
-    if (c->endpoints) c->endpoints->prev = ep;
-    c->endpoints = ep;
+    push_ep(&c->endpoints, ep);
     pthread_mutex_unlock(&c->mu);
     return FX_OK;
 }
@@ -303,6 +348,13 @@ fx_err fx_mq_client_close(fx_mq_client *c)
     pthread_mutex_lock(&c->mu);
     if (c->state == 0) c->state = 1;
     fx_err first = FX_OK;
+    saved_detail strong = {FX_OK, ""};
+    /* Retry the endpoints whose close failed strongly last time. */
+    while (p->kept) {
+        fx__mq_endpoint *ep = p->kept;
+        unlink_ep(c, ep);
+        push_ep(&c->endpoints, ep);
+    }
     /* Close every endpoint. Concurrent client closes cooperate: each takes the next endpoint
      * nobody is closing; the loop ends when the list is empty and no close is running. */
     for (;;) {
@@ -318,22 +370,47 @@ fx_err fx_mq_client_close(fx_mq_client *c)
             pthread_cond_wait(&p->cv, &c->mu);
             continue;
         }
+        /* Unlink first: once fn() returns, the endpoint may already be freed by a thread that
+         * was opening it (its failed open frees it as soon as this close has finished it), so
+         * `ep` is never dereferenced after the call (only compared, in fx__mq_unregister). */
+        unlink_ep(c, ep);
         p->calling = ep;
         p->caller = pthread_self();
         fx_err (*fn)(void *) = ep->close;
+        fx_err (*fn_ex)(void *, bool, bool *) = ep->close_ex;
         void *self = ep->self;
+        bool force = p->force;
         pthread_mutex_unlock(&c->mu);
-        fx_err e = fn(self);
-        if (e && !first) first = e;
-        if (e)
+        bool unfinished = false;
+        fx_err e = fn_ex ? fn_ex(self, force, &unfinished) : fn(self);
+        if (e && unfinished) {
+            if (!strong.e) {
+                strong.e = e;
+                snprintf(strong.detail, sizeof strong.detail, "%s", fx_err_detail());
+            }
+            FX_WRN("mq client close: an endpoint close failed strongly: %s (%s); keeping the "
+                   "backends until a later close succeeds", fx_errname(e), fx_err_detail());
+        } else if (e) {
+            if (!first) first = e;
             FX_WRN("mq client close: an endpoint close failed: %s (%s)", fx_errname(e),
                    fx_err_detail());
+        }
         pthread_mutex_lock(&c->mu);
+        /* An unfinished endpoint has not unregistered (its unregister waits for `calling` to be
+         * cleared), so it is still valid here: keep it for the next client close. */
+        if (e && unfinished) push_ep(&p->kept, ep);
         p->calling = NULL;
-        unlink_ep(c, ep); /* no-op when the endpoint unregistered itself */
         pthread_cond_broadcast(&p->cv);
     }
     if (first && !p->close_err) p->close_err = first;
+    if (p->kept) {
+        /* Strong failure: no backend teardown; state stays "closing" (no new endpoints). */
+        pthread_mutex_unlock(&c->mu);
+        return fx_seterr(strong.e ? strong.e : FX_EUNAVAIL,
+                         "mq client close: an endpoint close failed and stays retryable (%s); "
+                         "backends kept, close again to retry",
+                         strong.e ? strong.detail : "closed by a concurrent client close");
+    }
     if (c->state == 1) {
         c->state = 2; /* no new op references */
         int64_t deadline = fx_now_ms() + 2 * (int64_t)c->op_timeout_ms + c->close_timeout_ms;
@@ -378,8 +455,14 @@ bool fx__mq_revoke_member_lease(fx_mq_client *c, int64_t lease, int64_t ttl_s, i
 void fx_mq_client_free(fx_mq_client *c)
 {
     if (!c) return;
-    fx_mq_client_close(c);
     client_priv *p = priv_of(c);
+    if (fx_mq_client_close(c) != FX_OK) {
+        pthread_mutex_lock(&c->mu);
+        bool kept = p->kept != NULL;
+        p->force = true; /* free must finish: endpoint closes give up what they could not do */
+        pthread_mutex_unlock(&c->mu);
+        if (kept) fx_mq_client_close(c);
+    }
     /* Endpoints still registered cannot exist here: close unlinks every one. */
     free_strs(c);
     pthread_cond_destroy(&p->cv);
@@ -391,6 +474,7 @@ fx_etcd *fx_mq_client_etcd(fx_mq_client *c) { return c ? c->etcd : NULL; }
 fx_kv_store *fx_mq_client_kv(fx_mq_client *c) { return c ? c->kv : NULL; }
 fx_lease_mgr *fx_mq_client_leases(fx_mq_client *c) { return c ? c->leases : NULL; }
 const char *fx_mq_client_root(const fx_mq_client *c) { return c ? c->keys.root : NULL; }
+const char *fx_mq_client_id(const fx_mq_client *c) { return c ? c->client_id : NULL; }
 
 /* ---- channel configuration ------------------------------------------------------------------- */
 

@@ -28,7 +28,8 @@
  * Errors: fx_err (lease/fx_err.h). Endpoint calls after close: FX_ECLOSED (or FX_ELEASE_LOST
  * once, see above). Capacity: FX_EFULL when a put cannot place its batch before its deadline.
  *
- * Close (every endpoint): one public close, idempotent, safe to call concurrently and while a
+ * Close (every endpoint): one public close, idempotent (except the retryable failure of an MPSC
+ * consumer close, see there), safe to call concurrently and while a
  * put or get is blocked in another thread (that call returns FX_ECLOSED promptly). Local
  * resources are released strictly; owned leased keys get one best-effort delete pass
  * (close_timeout_ms; WARN on failure, the lease TTL removes them). Shared keys (meta, offsets,
@@ -73,12 +74,26 @@ typedef struct fx_mq_client_opts {
      * message, the reference layout (kept for interoperability and for the benchmark). */
     bool per_message_keys;
     fx_lease_mgr_opts lease;     /* LeaseManager tuning */
+    /* Identity of this client root, written as "external_client_id" into every membership
+     * record it creates (producer membership of an MPSC / sub-MPSC, consumer membership), so an
+     * operator can tell which process holds a membership. The seed's value is the KV client's
+     * member id; this project has no KV cluster membership, so the client root's own identity is
+     * used. NULL -> "<hostname>-<pid>-<16 random hex>" generated once by fx_mq_client_new (stable
+     * for the client's life). At most 255 bytes, no control characters. */
+    const char *client_id;
 } fx_mq_client_opts;
 
 /* Create the root: etcd client, KV store, LeaseManager. No I/O beyond what they do lazily. */
 fx_err fx_mq_client_new(const fx_mq_client_opts *opts, fx_mq_client **out);
 /* Close every registered endpoint (as its own close would), then stop the LeaseManager and the
- * backends. Idempotent. Returns the first endpoint close error (closing continues past it). */
+ * backends. Idempotent. Returns the first endpoint close error (closing continues past it).
+ * Strong errors (the seed's rule): when an endpoint's close fails strongly (today: a standalone
+ * MPSC consumer whose acknowledged messages could not be committed, see fx_mpsc_consumer_close)
+ * the client close returns that error and keeps the backends and that endpoint; the next client
+ * close retries it and tears the backends down once it succeeds. fx_mq_client_free forces such
+ * closes to finish (the uncommitted messages are then delivered again). Local teardown steps
+ * (watch stop, thread join, lease-handle release) cannot fail; leased-key deletes stay
+ * best-effort (TTL fallback) and are never strong errors. */
 fx_err fx_mq_client_close(fx_mq_client *c);
 /* Close if needed and free. Endpoints still registered are closed and freed too. */
 void fx_mq_client_free(fx_mq_client *c);
@@ -88,6 +103,8 @@ fx_etcd *fx_mq_client_etcd(fx_mq_client *c);
 fx_kv_store *fx_mq_client_kv(fx_mq_client *c);
 fx_lease_mgr *fx_mq_client_leases(fx_mq_client *c);
 const char *fx_mq_client_root(const fx_mq_client *c);
+/* The client identity written as external_client_id (opts.client_id or the generated one). */
+const char *fx_mq_client_id(const fx_mq_client *c);
 
 /* ---- channel configuration -------------------------------------------------------------------- */
 
@@ -155,6 +172,11 @@ fx_err fx_mpsc_get(fx_mpsc_consumer *c, fx_mq_delivery *out, size_t max, size_t 
 fx_err fx_mpsc_ack(fx_mpsc_consumer *c, const fx_mq_msg_id *ids, size_t n);
 /* Wait until every ack given so far is committed to etcd (or timeout). */
 fx_err fx_mpsc_flush(fx_mpsc_consumer *c, int timeout_ms);
+/* Close: stops the read path and makes one final bounded commit of the acknowledged messages.
+ * If acknowledged messages are still uncommitted after it (etcd unreachable; not after a lost
+ * lease), the close fails strongly: it returns that error (FX_ETIMEDOUT, FX_EUNAVAIL...), the
+ * consumer stays bound (membership, leases, acks kept; get/ack return FX_ECLOSED) and the next
+ * close retries the commit. free() finishes it in any case. */
 fx_err fx_mpsc_consumer_close(fx_mpsc_consumer *c);
 void fx_mpsc_consumer_free(fx_mpsc_consumer *c);
 

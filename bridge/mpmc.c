@@ -34,6 +34,8 @@
  *  - A publish txn that fails ambiguously (timeout) is verified by re-reading the list; if that
  *    is impossible, the sub-MPSC is closed but its keys are not rolled back (a rollback of a
  *    channel that did get published would be worse); they expire with the leases.
+ *  - A rollback of an unpublished sub-MPSC is strict: delete, read back, up to 3 times; when
+ *    keys are still there (or the read-back fails) the open / put reports that error.
  *  - Member ids: one CAS per open (no range cache).
  *
  * Locking: each endpoint has one mutex `mu` (state, flags, producer routing tables) never held
@@ -232,7 +234,38 @@ static bool view_ready(const mpmc_view *v, int64_t id) { return ids_has(v->ready
 
 /* ---- rollback of an unpublished sub-MPSC (notes §5.4 step 7) ---------------------------------- */
 
-static void rollback_unpublished(fx_mq_client *c, int64_t mpmc, int64_t chan, fx_mpsc_consumer *sub)
+/* Keys of an unpublished sub-MPSC still present (one txn of count-only ranges over the five
+ * targets of the rollback delete, so one revision). */
+static fx_err rollback_left(fx_mq_client *c, const fx_op *dels, int64_t *left)
+{
+    fx_op rq[5];
+    for (int i = 0; i < 5; i++) {
+        rq[i] = op_range(dels[i].u.del.key, dels[i].u.del.range_end);
+        rq[i].u.range.count_only = true;
+    }
+    fx_txn_req t = {.success = rq, .n_success = 5};
+    fx_txn_resp r = {0};
+    fx_err e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
+    if (!e && (!r.succeeded || r.n_responses != 5))
+        e = fx_seterr(FX_EPROTO, "rollback read-back: %zu responses, want 5", r.n_responses);
+    *left = 0;
+    for (size_t i = 0; !e && i < r.n_responses; i++) {
+        if (r.responses[i].type != FX_OP_RANGE) {
+            e = fx_seterr(FX_EPROTO, "rollback read-back: response %zu is not a range", i);
+            break;
+        }
+        *left += r.responses[i].u.range.count;
+    }
+    fx_txn_resp_free(&r);
+    return e;
+}
+
+/* Strict rollback (the seed's _rollback_unpublished_channel): close the sub-consumer, then delete
+ * every channel-scoped key and read them back, up to MPMC_ROLLBACK_ATTEMPTS times. FX_OK only once
+ * a read-back found none left; otherwise an error (FX_EEXISTS: keys still present; or the error
+ * of the read-back) whose detail names the sub-MPSC. The caller reports it instead of its own
+ * error: an unpublished channel that outlives its creator's open must not go unnoticed. */
+static fx_err rollback_unpublished(fx_mq_client *c, int64_t mpmc, int64_t chan, fx_mpsc_consumer *sub)
 {
     if (sub) {
         fx_err e = fx_mpsc_consumer_close(sub);
@@ -247,29 +280,57 @@ static void rollback_unpublished(fx_mq_client *c, int64_t mpmc, int64_t chan, fx
     if (!e) e = fx_mq_key_cluster_lease_id_alloc(&c->keys, chan, &cll);
     if (!e) e = fx_mq_prefix_chan(&c->keys, chan, &pc);
     if (!e) e = fx_mq_prefix_alloc_chan(&c->keys, chan, &pa);
-    if (e) {
-        FX_WRN("mpmc %" PRId64 ": rollback of sub-MPSC %" PRId64 ": %s", mpmc, chan, fx_err_detail());
-        return;
-    }
+    if (e)
+        return fx_seterr(e, "mpmc %" PRId64 ": rollback of unpublished sub-MPSC %" PRId64 ": %s",
+                         mpmc, chan, fx_err_detail());
     uint8_t pce[FX_MQ_KEY_CAP], pae[FX_MQ_KEY_CAP];
     size_t pcl = fx_prefix_end(ks(&pc), pce), pal = fx_prefix_end(ks(&pa), pae);
     fx_slice none = {NULL, 0};
     fx_op ops[5] = {op_del(ks(&meta), none), op_del(ks(&cl), none), op_del(ks(&cll), none),
                     op_del(ks(&pc), (fx_slice){pce, pcl}), op_del(ks(&pa), (fx_slice){pae, pal})};
     fx_txn_req t = {.success = ops, .n_success = 5};
+    saved_err del = {0}, ver = {0};
+    int64_t left = -1;
     for (int i = 0; i < MPMC_ROLLBACK_ATTEMPTS; i++) {
         fx_txn_resp r = {0};
         e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
-        bool ok = !e && r.succeeded;
         fx_txn_resp_free(&r);
-        if (ok) {
-            FX_INF("mpmc %" PRId64 ": rolled back unpublished sub-MPSC %" PRId64, mpmc, chan);
-            return;
+        if (e) save_err(&del, e); /* maybe applied anyway: the read-back decides */
+        fx_err ve = rollback_left(c, ops, &left);
+        if (!ve && left == 0) {
+            FX_INF("mpmc %" PRId64 ": rolled back unpublished sub-MPSC %" PRId64 " (verified)",
+                   mpmc, chan);
+            return FX_OK;
+        }
+        if (ve) {
+            save_err(&ver, ve);
+            left = -1;
         }
     }
-    FX_WRN("mpmc %" PRId64 ": rollback of unpublished sub-MPSC %" PRId64
-           " failed after %d attempts (%s); its keys expire with their leases",
-           mpmc, chan, MPMC_ROLLBACK_ATTEMPTS, fx_err_detail());
+    char msg[1200]; /* (fx_seterr keeps 511 bytes) */
+    fx_err r;
+    if (left > 0) {
+        r = FX_EEXISTS;
+        snprintf(msg, sizeof msg, "mpmc %" PRId64 ": rollback of unpublished sub-MPSC %" PRId64
+                 " failed: %" PRId64 " key(s) still present after %d delete attempts (last "
+                 "delete: %s)", mpmc, chan, left, MPMC_ROLLBACK_ATTEMPTS,
+                 del.e ? del.detail : "ok");
+    } else {
+        r = ver.e ? ver.e : FX_EPROTO;
+        snprintf(msg, sizeof msg, "mpmc %" PRId64 ": rollback of unpublished sub-MPSC %" PRId64
+                 " could not be verified after %d attempts: %s", mpmc, chan,
+                 MPMC_ROLLBACK_ATTEMPTS, ver.detail);
+    }
+    FX_ERR("%s; its keys expire with their leases", msg);
+    return fx_seterr(r, "%s", msg);
+}
+
+/* The error of a failed rollback (thread detail), with the error that caused the rollback. */
+static fx_err rollback_err(fx_err re, const saved_err *cause)
+{
+    saved_err r;
+    save_err(&r, re);
+    return fx_seterr(re, "%s (after: %s)", r.detail, cause->e ? cause->detail : "a lost publish");
 }
 
 /* ---- resolve: name -> MPMC id ----------------------------------------------------------------- */
@@ -944,7 +1005,10 @@ static fx_err member_attach(mpmc_member *m)
 
     fx_mq_key ak;
     if ((e = fx_mq_key_alloc_mpmc_member_ids(&c->keys, m->mpmc, &ak))) return e;
-    if ((e = fx__mq_alloc_ids(c, &ak, 0, 1, &m->member))) return e;
+    /* The member-id counter lives under the id-allocator cluster lease (every member holds it),
+     * so the channel leaves no counter behind once its last member is gone. */
+    if ((e = fx__mq_alloc_ids(c, &ak, mt->id_allocator_cluster_lease_id, 1, &m->member)))
+        return e;
     m->member_dec_len = fx_mq_dec_format(m->member, m->member_dec);
     if ((e = member_construct_check(m))) return e;
 
@@ -1339,8 +1403,9 @@ static fx_err consumer_create_locked(fx_mpmc_consumer *cs)
         if ((e = fx__mpsc_consumer_open_sub(c, chan, &m->parent, &sub))) {
             saved_err se;
             save_err(&se, e);
-            rollback_unpublished(c, m->mpmc, chan, NULL);
+            fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL);
             view_free(&v);
+            if (re) return rollback_err(re, &se);
             return restore_err(&se);
         }
         bool retry_round = false;
@@ -1400,8 +1465,9 @@ static fx_err consumer_create_locked(fx_mpmc_consumer *cs)
         }
         saved_err se;
         save_err(&se, e);
-        rollback_unpublished(c, m->mpmc, chan, sub);
+        fx_err re = rollback_unpublished(c, m->mpmc, chan, sub);
         view_free(&v);
+        if (re) return rollback_err(re, &se);
         if (!retry_round) return se.e ? restore_err(&se) : fx_seterr(FX_EEXISTS, "publish lost");
     }
     return fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": no sub-MPSC claimed after %d rounds", m->mpmc,
@@ -1791,9 +1857,12 @@ static fx_err producer_create_first(fx_mpmc_producer *p)
         }
         char *json = NULL;
         if ((e = fx_mq_mpsc_list_encode(&chan, 1, &json))) {
+            saved_err se;
+            save_err(&se, e);
             fx_bytes_free(&raw);
-            rollback_unpublished(c, m->mpmc, chan, NULL);
-            return e;
+            fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL);
+            if (re) return rollback_err(re, &se);
+            return restore_err(&se);
         }
         fx_cmp cmp = present ? cmp_value(ks(&lk), (fx_slice){raw.data, raw.len})
                              : cmp_absent(ks(&lk));
@@ -1815,7 +1884,8 @@ static fx_err producer_create_first(fx_mpmc_producer *p)
                 bool in = ids_has(p->list, p->n_list, chan);
                 pthread_mutex_unlock(&m->mu);
                 if (in) return FX_OK;
-                rollback_unpublished(c, m->mpmc, chan, NULL);
+                fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL);
+                if (re) return rollback_err(re, &se);
             }
             return restore_err(&se);
         }
@@ -1831,7 +1901,7 @@ static fx_err producer_create_first(fx_mpmc_producer *p)
         }
         FX_DBG("mpmc %" PRId64 ": producer can only create the first sub-MPSC; using the winner's",
                m->mpmc);
-        rollback_unpublished(c, m->mpmc, chan, NULL);
+        if ((e = rollback_unpublished(c, m->mpmc, chan, NULL))) return e;
     }
     return fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": no first sub-MPSC after %d attempts", m->mpmc,
                      MPMC_CREATE_FIRST_ATTEMPTS);

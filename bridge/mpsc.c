@@ -60,7 +60,10 @@
 #define COMMIT_IDLE_MS 1000            /* commit thread safety wake-up */
 #define SKIP_LOG_MS 1000
 
-enum { ST_OPEN = 0, ST_RUNNING, ST_DONE, ST_FINISHED };
+/* ST_RETRY (standalone consumer only): a close failed strongly (acknowledged messages could not
+ * be committed); the data path is closed, the endpoint keeps its leases and membership, and the
+ * next close runs again (free() forces it to finish). */
+enum { ST_OPEN = 0, ST_RUNNING, ST_DONE, ST_FINISHED, ST_RETRY };
 
 /* ---- shared pieces --------------------------------------------------------------------------- */
 
@@ -321,8 +324,10 @@ static fx_err mgr_renew_long(fx_mq_client *c, chan_mgr *m)
 
 /* Bind a ChanManager to an existing channel (new_with_chan_id / new_mpmc_subchannel_with_chan_id):
  * read and validate meta, register global, global-long, payload, and the member lease (granted
- * here for a standalone endpoint, the parent's for a sub endpoint). Member and payload handles
- * carry the endpoint's expiry callback. On error everything acquired is released. */
+ * here for a standalone endpoint, the parent's for a sub endpoint). Global, member and payload
+ * handles carry the endpoint's expiry callback (the global lease holds the meta and the offsets:
+ * without it a consumer would retry its commits forever). On error everything acquired is
+ * released. */
 static fx_err mgr_open(fx_mq_client *c, int64_t chan, const fx__mpsc_parent *parent,
                        fx_lease_expired_fn cb, void *arg, chan_mgr *m)
 {
@@ -349,7 +354,7 @@ static fx_err mgr_open(fx_mq_client *c, int64_t chan, const fx__mpsc_parent *par
         m->ttl_s = m->data_ttl_s = m->meta.ttl_seconds;
         m->long_ttl_s = c->long_ttl_s;
     }
-    if ((e = fx__mq_hold(c, false, m->data_ttl_s, m->meta.global_lease_id, false, NULL, NULL,
+    if ((e = fx__mq_hold(c, false, m->data_ttl_s, m->meta.global_lease_id, false, cb, arg,
                          &m->h_global)))
         goto fail;
     e = fx__mq_hold(c, false, m->long_ttl_s, m->meta.global_long_lease_id, false, NULL, NULL,
@@ -450,19 +455,27 @@ fx_err fx_mpsc_create(fx_mq_client *c, const fx_mq_chan_cfg *cfg, int64_t *out_c
 }
 
 /* Membership txn: create(key)==0 -> put key (member lease) [+ put weight key (global lease)].
- * Retry-safe: when the key exists with our value and our lease, a previous attempt landed. */
+ * Retry-safe: when the key exists with our value and our lease, a previous attempt landed.
+ * excl (may be NULL): a prefix that must hold no key but ours (the consumer memberships of the
+ * channel: an MPSC never has two live consumers, the reference's "invalid binding state" that
+ * fails every producer put); the compare covers the whole prefix, so two binders racing cannot
+ * both win. */
 static fx_err member_txn(fx_mq_client *c, fx_slice key, fx_slice val, int64_t lease,
-                         const fx_slice *wkey, fx_slice wval, int64_t wlease)
+                         const fx_slice *wkey, fx_slice wval, int64_t wlease, const fx_slice *excl)
 {
     fx_err e = FX_OK;
+    uint8_t xend[FX_MQ_KEY_CAP];
+    fx_slice xe = {NULL, 0};
+    if (excl) xe = (fx_slice){xend, fx_prefix_end(*excl, xend)};
     for (int attempt = 0; attempt < MEMBER_TXN_ATTEMPTS; attempt++) {
-        fx_cmp cmp = {.target = FX_CMP_CREATE, .result = FX_CMP_EQUAL, .key = key};
+        fx_cmp cmp = {.target = FX_CMP_CREATE, .result = FX_CMP_EQUAL,
+                      .key = excl ? *excl : key, .range_end = xe};
         fx_op ok[2] = {
             {.type = FX_OP_PUT, .u.put = {.key = key, .value = val, .lease = lease}},
             {.type = FX_OP_PUT, .u.put = {.key = wkey ? *wkey : key, .value = wval,
                                           .lease = wlease}},
         };
-        fx_op get = {.type = FX_OP_RANGE, .u.range = {.key = key}};
+        fx_op get = {.type = FX_OP_RANGE, .u.range = {.key = excl ? *excl : key, .range_end = xe}};
         fx_txn_req tx = {.cmp = &cmp, .n_cmp = 1, .success = ok, .n_success = wkey ? 2 : 1,
                          .failure = &get, .n_failure = 1};
         fx_txn_resp resp = {0};
@@ -470,10 +483,21 @@ static fx_err member_txn(fx_mq_client *c, fx_slice key, fx_slice val, int64_t le
         if (e == FX_OK) {
             if (!resp.succeeded) {
                 const fx_range_resp *r = resp.n_responses == 1 ? &resp.responses[0].u.range : NULL;
-                if (r && r->n_kvs == 1 && r->kvs[0].lease == lease &&
-                    r->kvs[0].value.len == val.len &&
-                    memcmp(r->kvs[0].value.data, val.data, val.len) == 0) {
+                const fx_kv *other = NULL;
+                for (size_t i = 0; r && i < r->n_kvs && !other; i++) {
+                    const fx_kv *kv = &r->kvs[i];
+                    bool ours = kv->key.len == key.len &&
+                                memcmp(kv->key.data, key.data, key.len) == 0 &&
+                                kv->lease == lease && kv->value.len == val.len &&
+                                memcmp(kv->value.data, val.data, val.len) == 0;
+                    if (!ours) other = kv;
+                }
+                if (r && r->n_kvs >= 1 && !other) {
                     e = FX_OK; /* our earlier attempt landed */
+                } else if (excl && other) {
+                    e = fx_seterr(FX_EEXISTS, "channel already has a consumer (membership %.*s): "
+                                  "an MPSC takes one consumer at a time",
+                                  (int)other->key.len, (const char *)other->key.data);
                 } else {
                     e = fx_seterr(FX_EEXISTS, "membership key %.*s is held by another member",
                                   (int)key.len, (const char *)key.data);
@@ -1085,14 +1109,15 @@ static fx_err prod_build(fx_mpsc_producer *p, int64_t chan, const fx__mpsc_paren
         (e = key_err(pay_prefix(&p->m, &p->k_prefix), "payload prefix")))
         return e;
     if (prod_abort_requested(p)) return fx_seterr(FX_ECLOSED, "mpsc producer closed while opening");
-    fx_mq_producer_meta pm = {.producer_idx = p->pidx};
+    fx_mq_producer_meta pm = {.producer_idx = p->pidx, .has_external_client_id = true};
+    snprintf(pm.external_client_id, sizeof pm.external_client_id, "%s", c->client_id);
     char *js = NULL;
     if ((e = fx_mq_producer_meta_encode(&pm, &js))) return e;
     char wv[FX_MQ_DEC_BUF];
     size_t wl = fx_mq_dec_format(p->weight, wv);
     fx_slice wk = fx_mq_key_slice(&p->k_weight);
     e = member_txn(c, fx_mq_key_slice(&p->k_member), FX_SLICE_STR(js), p->m.member_lease, &wk,
-                   (fx_slice){wv, wl}, p->m.meta.global_lease_id);
+                   (fx_slice){wv, wl}, p->m.meta.global_lease_id, NULL);
     free(js);
     if (e) return e;
     p->member_written = true;
@@ -1242,6 +1267,9 @@ struct fx_mpsc_consumer {
     uint64_t commit_seq; /* ack_seq value fully committed */
     fx_log_slot skip_log, commit_log;
     stats st;
+    fx_err final_err;       /* the commit thread's final commit failed (written before join) */
+    char final_detail[256];
+    fx_err retry_err;       /* ST_RETRY: the strong error of the last close (under mu) */
 };
 
 static pstate *ps_find(fx_mpsc_consumer *c, int64_t pidx)
@@ -1527,10 +1555,15 @@ static void *commit_main(void *arg)
         fx__mq_op_leave(c->c);
         if (did) c->st.commits++;
         if (final) {
-            if (e)
-                FX_WRN("mpsc consumer %lld/%lld close: final commit failed: %s (%s); the "
-                       "uncommitted messages will be delivered again",
-                       (long long)c->m.chan, (long long)c->cidx, fx_errname(e), fx_err_detail());
+            if (e) {
+                c->final_err = e; /* read by the close after joining this thread */
+                snprintf(c->final_detail, sizeof c->final_detail, "%s", fx_err_detail());
+                if (c->m.sub)
+                    FX_WRN("mpsc consumer %lld/%lld close: final commit failed: %s (%s); the "
+                           "uncommitted messages will be delivered again",
+                           (long long)c->m.chan, (long long)c->cidx, fx_errname(e),
+                           fx_err_detail());
+            }
             break;
         }
         if (e) {
@@ -1552,7 +1585,7 @@ static void *commit_main(void *arg)
 
 /* ---- get / ack / flush ------------------------------------------------------------------------- */
 
-static fx_err cons_close_impl(fx_mpsc_consumer *c);
+static fx_err cons_close_impl(fx_mpsc_consumer *c, bool force, bool *unfinished);
 
 void fx_mq_delivery_free(fx_mq_delivery *d)
 {
@@ -1776,7 +1809,7 @@ fx_err fx_mpsc_get(fx_mpsc_consumer *c, fx_mq_delivery *out, size_t max, size_t 
     fx_err e = cons_gate_locked(c, &self_close);
     pthread_mutex_unlock(&c->mu);
     if (e) {
-        if (self_close) cons_close_impl(c);
+        if (self_close) cons_close_impl(c, false, NULL);
         return e;
     }
     fx_mq_client *cl = c->c;
@@ -1876,7 +1909,7 @@ fx_err fx_mpsc_get(fx_mpsc_consumer *c, fx_mq_delivery *out, size_t max, size_t 
             e = FX_OK; /* a later fetch failed: return what we have */
         }
     }
-    if (self_close) cons_close_impl(c);
+    if (self_close) cons_close_impl(c, false, NULL);
     c->st.got_msgs += got;
     *n = got;
     return e;
@@ -1910,7 +1943,7 @@ fx_err fx_mpsc_ack(fx_mpsc_consumer *c, const fx_mq_msg_id *ids, size_t n)
         }
     }
     pthread_mutex_unlock(&c->mu);
-    if (self_close) cons_close_impl(c);
+    if (self_close) cons_close_impl(c, false, NULL);
     return e;
 }
 
@@ -1933,13 +1966,17 @@ fx_err fx_mpsc_flush(fx_mpsc_consumer *c, int timeout_ms)
         pthread_cond_timedwait(&c->cv, &c->mu, &ts);
     }
     pthread_mutex_unlock(&c->mu);
-    if (self_close) cons_close_impl(c);
+    if (self_close) cons_close_impl(c, false, NULL);
     return e;
 }
 
 /* ---- consumer open / close -------------------------------------------------------------------- */
 
 static fx_err cons_close_cb(void *self) { return fx_mpsc_consumer_close(self); }
+static fx_err cons_close_ex_cb(void *self, bool force, bool *unfinished)
+{
+    return cons_close_impl(self, force, unfinished);
+}
 
 static void cons_destroy(fx_mpsc_consumer *c)
 {
@@ -1957,36 +1994,110 @@ static void cons_destroy(fx_mpsc_consumer *c)
     free(c);
 }
 
-static fx_err cons_close_impl(fx_mpsc_consumer *c)
+/* Acknowledged ids not committed yet (mu held). */
+static int64_t uncommitted_acks(const fx_mpsc_consumer *c)
 {
+    int64_t n = 0;
+    for (size_t i = 0; i < c->n_ps; i++)
+        if (c->ps[i].ack_base > c->ps[i].committed) n += c->ps[i].ack_base - c->ps[i].committed;
+    return n;
+}
+
+/* Close. The first call stops the watch and the commit thread (which makes one final bounded
+ * commit attempt). Strong error (standalone consumer, no lease lost, force false): acknowledged
+ * ids are still uncommitted after that attempt -> the close returns that error, *unfinished is
+ * set and the endpoint stays in ST_RETRY (leases, membership and acks kept): the next close
+ * retries the commit (one bounded attempt) and, when it lands, finishes. force: finish anyway
+ * (the uncommitted messages are delivered again; WARN). Sub-consumers (MPMC) never fail strongly:
+ * their MPMC close goes on (the same WARN). */
+static fx_err cons_close_impl(fx_mpsc_consumer *c, bool force, bool *unfinished)
+{
+    if (unfinished) *unfinished = false;
     pthread_mutex_lock(&c->mu);
     c->lf.stop = true;
     pthread_cond_broadcast(&c->data_cv);
     pthread_cond_broadcast(&c->commit_cv);
     pthread_cond_broadcast(&c->cv);
     while (c->lf.constructing) pthread_cond_wait(&c->cv, &c->mu);
-    if (c->lf.state >= ST_DONE) {
+    if (c->lf.state == ST_DONE || c->lf.state == ST_FINISHED) {
         fx_err r = c->lf.result;
         pthread_mutex_unlock(&c->mu);
         return r;
     }
     if (c->lf.state == ST_RUNNING) {
         c->lf.waiters++;
-        while (c->lf.state < ST_DONE) pthread_cond_wait(&c->cv, &c->mu);
+        while (c->lf.state == ST_RUNNING) pthread_cond_wait(&c->cv, &c->mu);
         fx_err r = c->lf.result;
+        if (c->lf.state == ST_RETRY) {
+            r = fx_seterr(c->retry_err, "mpsc consumer %lld/%lld: close failed (acknowledged "
+                          "messages not committed); close again to retry",
+                          (long long)c->m.chan, (long long)c->cidx);
+            if (unfinished) *unfinished = true;
+        }
         if (--c->lf.waiters == 0) pthread_cond_broadcast(&c->cv);
         pthread_mutex_unlock(&c->mu);
         return r;
     }
+    bool retry = c->lf.state == ST_RETRY;
     c->lf.state = ST_RUNNING;
     pthread_mutex_unlock(&c->mu);
 
     fx_mq_client *cl = c->c;
-    fx_watch_stop(c->watch);
-    c->watch = NULL;
-    if (c->commit_started) {
-        pthread_join(c->commit_thr, NULL); /* after its final bounded commit attempt */
-        c->commit_started = false;
+    if (!retry) {
+        fx_watch_stop(c->watch);
+        c->watch = NULL;
+        if (c->commit_started) {
+            pthread_join(c->commit_thr, NULL); /* after its final bounded commit attempt */
+            c->commit_started = false;
+        }
+    }
+    if (!c->m.sub) {
+        pthread_mutex_lock(&c->mu);
+        bool faulted = c->lf.fault != FX_OK;
+        int64_t left = faulted ? 0 : uncommitted_acks(c);
+        pthread_mutex_unlock(&c->mu);
+        if (left > 0 && retry) { /* the retry: one bounded commit attempt of its own */
+            fx_err e = fx__mq_op_enter(cl);
+            bool did = false;
+            if (!e) {
+                e = commit_round(c, cl->close_timeout_ms, &did);
+                fx__mq_op_leave(cl);
+            }
+            if (did) c->st.commits++;
+            if (e) {
+                c->final_err = e;
+                snprintf(c->final_detail, sizeof c->final_detail, "%s", fx_err_detail());
+            }
+            pthread_mutex_lock(&c->mu);
+            left = uncommitted_acks(c);
+            pthread_mutex_unlock(&c->mu);
+        }
+        if (left > 0 && !force) {
+            fx_err e = c->final_err ? c->final_err : FX_ETIMEDOUT;
+            pthread_mutex_lock(&c->mu);
+            c->lf.state = ST_RETRY;
+            c->retry_err = e;
+            pthread_cond_broadcast(&c->cv);
+            pthread_mutex_unlock(&c->mu);
+            if (unfinished) *unfinished = true;
+            FX_WRN("mpsc consumer %lld/%lld close: %lld acknowledged message(s) not committed "
+                   "(%s: %s); the close stays retryable",
+                   (long long)c->m.chan, (long long)c->cidx, (long long)left, fx_errname(e),
+                   c->final_detail);
+            return fx_seterr(e, "mpsc consumer %lld/%lld close: %lld acknowledged message(s) not "
+                             "committed (%s); close again to retry",
+                             (long long)c->m.chan, (long long)c->cidx, (long long)left,
+                             c->final_detail);
+        }
+        if (left > 0)
+            FX_WRN("mpsc consumer %lld/%lld closed with %lld acknowledged message(s) not "
+                   "committed (%s); they will be delivered again",
+                   (long long)c->m.chan, (long long)c->cidx, (long long)left, c->final_detail);
+        else if (c->final_err)
+            FX_WRN("mpsc consumer %lld/%lld close: final commit failed: %s (%s); offsets are "
+                   "committed, payloads left behind expire with the payload lease",
+                   (long long)c->m.chan, (long long)c->cidx, fx_errname(c->final_err),
+                   c->final_detail);
     }
     bool deleted = false;
     if (c->member_written && fx__mq_op_enter(cl) == FX_OK) {
@@ -2012,13 +2123,13 @@ static fx_err cons_close_impl(fx_mpsc_consumer *c)
 fx_err fx_mpsc_consumer_close(fx_mpsc_consumer *c)
 {
     if (!c) return fx_seterr(FX_EINVAL, "mpsc consumer close: NULL");
-    return cons_close_impl(c);
+    return cons_close_impl(c, false, NULL);
 }
 
 void fx_mpsc_consumer_free(fx_mpsc_consumer *c)
 {
     if (!c) return;
-    cons_close_impl(c);
+    cons_close_impl(c, true, NULL);
     life_wait_finished(&c->lf, &c->mu, &c->cv);
     cons_destroy(c);
 }
@@ -2112,11 +2223,17 @@ static fx_err cons_build(fx_mpsc_consumer *c, int64_t chan, const fx__mpsc_paren
     if ((e = fx__mq_alloc_ids(cl, &k, c->m.meta.global_long_lease_id, 1, &c->cidx))) return e;
     if ((e = key_err(fx_mq_key_consumer_member(&cl->keys, chan, c->cidx, &c->k_member), "member")))
         return e;
-    fx_mq_member_meta mm = {.member_id = c->cidx, .role = FX_MQ_ROLE_CONSUMER};
+    fx_mq_key cpre;
+    if ((e = key_err(fx_mq_prefix_consumer_members(&cl->keys, chan, &cpre), "consumer prefix")))
+        return e;
+    fx_mq_member_meta mm = {.member_id = c->cidx, .role = FX_MQ_ROLE_CONSUMER,
+                            .has_external_client_id = true};
+    snprintf(mm.external_client_id, sizeof mm.external_client_id, "%s", cl->client_id);
     char *js = NULL;
     if ((e = fx_mq_member_meta_encode(&mm, &js))) return e;
+    fx_slice cps = fx_mq_key_slice(&cpre);
     e = member_txn(cl, fx_mq_key_slice(&c->k_member), FX_SLICE_STR(js), c->m.member_lease, NULL,
-                   (fx_slice){NULL, 0}, 0);
+                   (fx_slice){NULL, 0}, 0, &cps);
     free(js);
     if (e) return e;
     c->member_written = true;
@@ -2162,6 +2279,7 @@ static fx_err cons_open(fx_mq_client *cl, int64_t chan, const fx__mpsc_parent *p
     fx_err e;
     if (!parent) {
         c->ep.close = cons_close_cb;
+        c->ep.close_ex = cons_close_ex_cb;
         c->ep.self = c;
         if ((e = fx__mq_register(cl, &c->ep))) {
             cons_destroy(c);

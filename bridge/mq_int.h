@@ -18,6 +18,11 @@
 /* An endpoint registered with the client root (the seed's child-close registry). */
 typedef struct fx__mq_endpoint {
     fx_err (*close)(void *self); /* the endpoint's public close */
+    /* Optional (NULL: `close` is used, which always finishes the endpoint). A close that can fail
+     * strongly (the seed's rule: such a child blocks backend teardown and stays retryable): on a
+     * strong failure it returns the error with *unfinished = true and stays registered-able and
+     * closable; force = true always finishes (used by fx_mq_client_free). */
+    fx_err (*close_ex)(void *self, bool force, bool *unfinished);
     void *self;
     struct fx__mq_endpoint *prev, *next;
 } fx__mq_endpoint;
@@ -34,6 +39,7 @@ struct fx_mq_client {
     fx_lease_backend kv_backend;
     int64_t long_ttl_s, min_ttl_s;
     int op_timeout_ms, close_timeout_ms;
+    char client_id[FX_MQ_STR_MAX + 1]; /* external_client_id of our memberships (opts) */
 
     pthread_mutex_t mu;       /* guards the registry and `state` */
     fx__mq_endpoint *endpoints;

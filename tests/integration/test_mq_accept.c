@@ -7,8 +7,9 @@
  * mq_mpsc_exact_once_graceful: 4 producers x 1000 messages into one MPSC, one consumer acking
  *   everything: received == sent, no duplicate, per-producer FIFO with contiguous ids, payloads
  *   deleted. Run twice: payloads on the control-plane etcd, and on a separate KV etcd.
- * mq_no_keys_after_ttl: MPSC + MPMC used and closed; after TTL only the unleased counters and the
- *   unique mapping remain under the root (long allocator lease shortened to 4 s, so those go too).
+ * mq_no_keys_after_ttl: MPSC + MPMC used and closed; after TTL only the two global unleased
+ *   counters (chan ids, mpmc ids) and the unique mapping remain under the root (long allocator
+ *   lease shortened to 4 s, so the per-channel counters, the MPMC member-id one included, go too).
  * mq_mpmc_dynamic: 3 phases, up to 6 producers and 4 consumers join; graceful drain; consumed
  *   multiset == produced set, per-(sub-MPSC, producer) order, every consumer got messages.
  * mq_consumer_crash_redelivers: a consumer in a child process (re-exec of this binary) takes 20
@@ -72,6 +73,7 @@
 #include "keys.h"
 #include "lease_mgr.h"
 #include "tests/support/fxt.h"
+#include "tests/support/fxt_proxy.h"
 
 #define OP_MS 5000
 #define TTL 3
@@ -950,11 +952,6 @@ static bool nokeys_allowed(const fx_mq_keys *k, const fx_kv *kv, const char *cha
     const char *key = (const char *)kv->key.data;
     if (kv->lease != 0) return false;
     if (!strcmp(key, chan_ctr) || !strcmp(key, mpmc_ctr)) return true;
-    char pfx[600];
-    snprintf(pfx, sizeof pfx, "%s/", mpmc_ctr);
-    int64_t id;
-    if (fx_mq_parse_id_after((fx_slice){kv->key.data, kv->key.len}, FX_SLICE_STR(pfx), &id) == FX_OK)
-        return true;
     char name[FX_MQ_NAME_MAX + 1];
     return fx_mq_parse_unique_key(k, (fx_slice){kv->key.data, kv->key.len}, name, sizeof name) == FX_OK;
 }
@@ -1798,227 +1795,6 @@ static void mq_consumer_create_race(void **state)
 }
 
 
-/* ---- a filtering TCP proxy in front of etcd ----------------------------------------------------
- * Relays HTTP/1.1 between the client under test and etcd. Requests (client -> etcd) are parsed
- * (header + Content-Length body); once a pattern is armed, a request whose body contains it is
- * not forwarded: the connection is closed instead, so exactly that etcd call fails. Responses
- * (etcd -> client, including streaming watches) are relayed as raw bytes. */
-
-#define PX_MAXCONN 256
-
-typedef struct px_conn {
-    struct proxy *px;
-    int cfd, sfd;
-    pthread_t t_c2s, t_s2c;
-    bool started;
-} px_conn;
-
-typedef struct proxy {
-    int lfd, port, up_port;
-    pthread_t t_acc;
-    atomic_bool stop;
-    pthread_mutex_t mu;
-    char pattern[512];
-    atomic_int blocked;
-    px_conn *conns[PX_MAXCONN];
-    int nconn;
-    char ep[64];
-    const char *eps[1];
-} proxy;
-
-static bool px_write_all(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return false;
-        p += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
-
-static void px_kill(px_conn *c)
-{
-    shutdown(c->cfd, SHUT_RDWR);
-    shutdown(c->sfd, SHUT_RDWR);
-}
-
-static void *px_s2c(void *arg)
-{
-    px_conn *c = arg;
-    char buf[65536];
-    for (;;) {
-        ssize_t n = recv(c->sfd, buf, sizeof buf, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0 || !px_write_all(c->cfd, buf, (size_t)n)) break;
-    }
-    px_kill(c);
-    return NULL;
-}
-
-static void *px_c2s(void *arg)
-{
-    px_conn *c = arg;
-    proxy *px = c->px;
-    size_t cap = 1 << 16, len = 0, hdr_sent = 0; /* hdr_sent: bytes of the current request sent */
-    char *buf = malloc(cap);
-    if (!buf) abort();
-    for (;;) {
-        /* Complete requests in buf? */
-        for (;;) {
-            char *eoh = len ? memmem(buf, len, "\r\n\r\n", 4) : NULL;
-            if (!eoh) break;
-            size_t hlen = (size_t)(eoh - buf) + 4, clen = 0;
-            for (char *h = buf; h < eoh; h = memchr(h, '\n', (size_t)(eoh - h)) + 1) {
-                if (!strncasecmp(h, "Content-Length:", 15)) clen = strtoul(h + 15, NULL, 10);
-                if (!memchr(h, '\n', (size_t)(eoh - h))) break;
-            }
-            bool expect = memmem(buf, hlen, "100-continue", 12) != NULL;
-            if (expect && hdr_sent == 0) {
-                if (!px_write_all(c->sfd, buf, hlen)) goto out;
-                hdr_sent = hlen;
-            }
-            if (len < hlen + clen) break; /* body incomplete */
-            bool block = false;
-            pthread_mutex_lock(&px->mu);
-            size_t pl = strlen(px->pattern);
-            if (pl && clen && memmem(buf + hlen, clen, px->pattern, pl)) block = true;
-            pthread_mutex_unlock(&px->mu);
-            if (block) {
-                atomic_fetch_add(&px->blocked, 1);
-                goto out;
-            }
-            if (!px_write_all(c->sfd, buf + hdr_sent, hlen + clen - hdr_sent)) goto out;
-            memmove(buf, buf + hlen + clen, len - hlen - clen);
-            len -= hlen + clen;
-            hdr_sent = 0;
-        }
-        if (len == cap) {
-            cap *= 2;
-            char *nb = realloc(buf, cap);
-            if (!nb) abort();
-            buf = nb;
-        }
-        ssize_t n = recv(c->cfd, buf + len, cap - len, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        len += (size_t)n;
-    }
-out:
-    free(buf);
-    px_kill(c);
-    return NULL;
-}
-
-static void *px_accept(void *arg)
-{
-    proxy *px = arg;
-    while (!atomic_load(&px->stop)) {
-        struct pollfd p = {.fd = px->lfd, .events = POLLIN};
-        if (poll(&p, 1, 50) <= 0) continue;
-        int cfd = accept4(px->lfd, NULL, NULL, SOCK_CLOEXEC);
-        if (cfd < 0) continue;
-        int sfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)px->up_port),
-                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        if (sfd < 0 || connect(sfd, (struct sockaddr *)&a, sizeof a) != 0) {
-            if (sfd >= 0) close(sfd);
-            close(cfd);
-            continue;
-        }
-        px_conn *c = calloc(1, sizeof *c);
-        pthread_mutex_lock(&px->mu);
-        bool room = c && px->nconn < PX_MAXCONN;
-        if (room) px->conns[px->nconn++] = c;
-        pthread_mutex_unlock(&px->mu);
-        if (!room) {
-            free(c);
-            close(sfd);
-            close(cfd);
-            continue;
-        }
-        c->px = px;
-        c->cfd = cfd;
-        c->sfd = sfd;
-        c->started = pthread_create(&c->t_c2s, NULL, px_c2s, c) == 0;
-        if (c->started && pthread_create(&c->t_s2c, NULL, px_s2c, c) != 0) {
-            px_kill(c);
-            pthread_join(c->t_c2s, NULL);
-            c->started = false;
-        }
-        if (!c->started) px_kill(c);
-    }
-    return NULL;
-}
-
-static proxy *proxy_start(int up_port)
-{
-    proxy *px = calloc(1, sizeof *px);
-    assert_non_null(px);
-    pthread_mutex_init(&px->mu, NULL);
-    atomic_init(&px->stop, false);
-    atomic_init(&px->blocked, 0);
-    px->up_port = up_port;
-    px->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(px->lfd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof a;
-    assert_int_equal(bind(px->lfd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(listen(px->lfd, 128), 0);
-    assert_int_equal(getsockname(px->lfd, (struct sockaddr *)&a, &al), 0);
-    px->port = ntohs(a.sin_port);
-    snprintf(px->ep, sizeof px->ep, "http://127.0.0.1:%d", px->port);
-    px->eps[0] = px->ep;
-    assert_int_equal(pthread_create(&px->t_acc, NULL, px_accept, px), 0);
-    return px;
-}
-
-/* Arm (or with NULL disarm) the pattern: base64 of `key`, as it appears in etcd JSON bodies. */
-static void proxy_block_key(proxy *px, const char *key)
-{
-    static const char tbl[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    char out[512] = "";
-    if (key) {
-        const unsigned char *k = (const unsigned char *)key;
-        size_t n = strlen(key), o = 0;
-        for (size_t i = 0; i < n && o + 5 < sizeof out; i += 3) {
-            unsigned v = (unsigned)k[i] << 16 | (i + 1 < n ? (unsigned)k[i + 1] << 8 : 0) |
-                         (i + 2 < n ? k[i + 2] : 0);
-            out[o++] = tbl[(v >> 18) & 63];
-            out[o++] = tbl[(v >> 12) & 63];
-            out[o++] = i + 1 < n ? tbl[(v >> 6) & 63] : '=';
-            out[o++] = i + 2 < n ? tbl[v & 63] : '=';
-        }
-        out[o] = 0;
-    }
-    pthread_mutex_lock(&px->mu);
-    snprintf(px->pattern, sizeof px->pattern, "%s", out);
-    pthread_mutex_unlock(&px->mu);
-}
-
-static void proxy_stop(proxy *px)
-{
-    if (!px) return;
-    atomic_store(&px->stop, true);
-    pthread_join(px->t_acc, NULL);
-    close(px->lfd);
-    for (int i = 0; i < px->nconn; i++) {
-        px_conn *c = px->conns[i];
-        px_kill(c);
-        if (c->started) {
-            pthread_join(c->t_c2s, NULL);
-            pthread_join(c->t_s2c, NULL);
-        }
-        close(c->cfd);
-        close(c->sfd);
-        free(c);
-    }
-    pthread_mutex_destroy(&px->mu);
-    free(px);
-}
-
 /* ===================================================================================================
  * mq_handoff_order
  * =================================================================================================*/
@@ -2159,8 +1935,9 @@ static void mq_handoff_order(void **state)
      * the membership delete fails (the proxy drops that request): the ready key is not deleted
      * on its own (no handoff while the membership is visible); the member revokes its member
      * lease instead, so ready + membership go together in one revision, and the role key goes. */
-    proxy *px = proxy_start(G.etcd.client_port);
-    copts po = {.close_ms = 500, .eps = px->eps};
+    fxt_proxy *px = fxt_proxy_start(G.etcd.client_port);
+    assert_non_null(px);
+    copts po = {.close_ms = 500, .eps = fxt_proxy_eps(px)};
     fx_mq_client *cx = client_new(root, &po);
     ep q2 = open_mc(cx, m);
     assert_int_equal(fx_mpmc_consumer_chan(q2.h), sub);
@@ -2171,17 +1948,17 @@ static void mq_handoff_order(void **state)
     CHECK(fx_mq_key_mpmc_role(&k, FX_MQ_ROLE_CONSUMER, m, fx_mpmc_consumer_member(q2.h), &role2));
     assert_int_equal(raw_get_int(ready.s), fx_mpmc_consumer_member(q2.h));
     mark = evlog_len(l);
-    proxy_block_key(px, mem2);
+    fxt_proxy_block_key(px, mem2);
     fx_err ce = ep_close(q2);
-    proxy_block_key(px, NULL);
-    int blocked = atomic_load(&px->blocked);
+    fxt_proxy_block_key(px, NULL);
+    int blocked = fxt_proxy_blocked(px);
     bool ready_kept = raw_exists(ready.s), mem_kept = raw_exists(mem2), role_kept = raw_exists(role2.s);
     const char *keys2[3] = {mem2, ready.s, role2.s};
     int64_t rev2[3];
     seen = evlog_wait_deletes(l, keys2, rev2, 3, mark, TTL * 1000 + 6000);
     ep_free(q2);
     fx_mq_client_free(cx);
-    proxy_stop(px);
+    fxt_proxy_stop(px);
     if (blocked == 0) {
         fx_watch_stop(w);
         fail_msg("close never sent the membership delete of %s", mem2);

@@ -1,0 +1,46 @@
+/* fxt_proxy.h -- a deterministic, filtering TCP proxy in front of etcd (test support).
+ *
+ * Relays HTTP/1.1 between a client under test and etcd. Requests (client -> etcd) are parsed
+ * (header + Content-Length body); a request whose body matches an armed rule is not forwarded:
+ * the proxy closes that connection instead, so exactly that etcd call fails (the client sees a
+ * transport error). Responses (etcd -> client, streaming watches included) are relayed as raw
+ * bytes. A rule is a set of up to FXT_PROXY_NEEDLES substrings that must ALL occur in the body;
+ * a request is dropped when ANY armed rule matches (at most FXT_PROXY_RULES rules).
+ *
+ * etcd's JSON gateway carries keys in base64: fxt_proxy_b64() gives the needle of a whole key
+ * (with padding, so it does not match a longer key whose length is not a multiple of 3).
+ *
+ * Thread rules: start/stop from the test's main thread; the arm/disarm calls and the counters
+ * may be used from any thread. Errors: fxt_proxy_start returns NULL (message on stderr).
+ */
+#ifndef FXT_PROXY_H
+#define FXT_PROXY_H
+
+#include <stddef.h>
+
+#define FXT_PROXY_RULES 4
+#define FXT_PROXY_NEEDLES 3
+#define FXT_PROXY_NEEDLE_MAX 512
+
+typedef struct fxt_proxy fxt_proxy;
+
+/* Listen on a free loopback port and relay to 127.0.0.1:up_port. */
+fxt_proxy *fxt_proxy_start(int up_port);
+/* Stop accepting, cut every connection, join every thread, free. NULL is a no-op. */
+void fxt_proxy_stop(fxt_proxy *px);
+/* The endpoint to give the client under test: a 1-element array "http://127.0.0.1:<port>". */
+const char *const *fxt_proxy_eps(fxt_proxy *px);
+
+/* Replace every rule by one rule made of `n` needles (n == 0 or needles NULL: disarm all). */
+void fxt_proxy_block(fxt_proxy *px, const char *const *needles, size_t n);
+/* Add one rule (ignored with a message on stderr when FXT_PROXY_RULES are armed already). */
+void fxt_proxy_block_add(fxt_proxy *px, const char *const *needles, size_t n);
+/* One rule with the base64 of `key` (NULL: disarm all). */
+void fxt_proxy_block_key(fxt_proxy *px, const char *key);
+/* Requests dropped so far. */
+int fxt_proxy_blocked(fxt_proxy *px);
+
+/* Base64 of a string into out (cap >= 4/3 strlen + 5). */
+void fxt_proxy_b64(const char *s, char *out, size_t cap);
+
+#endif
