@@ -67,6 +67,10 @@ typedef struct cst {
     dm_chan *ch;
     fx_daemon *d;
     fx_mpmc_consumer *cons;
+    /* A second consumer bound to a stranded sub-MPSC (left by a released claim or a dead bridge),
+     * drained next to `cons` until it stays empty, then closed (adopt_stranded). */
+    fx_mpmc_consumer *adopt;
+    int64_t adopt_empty_since; /* 0: its last get returned messages */
     bool explicit_ack;
     bool use_leaf; /* explicit ack and d->leaf: deliveries over the leaf connection */
     uint32_t max_ents;
@@ -284,9 +288,11 @@ static void wait_events(cst *s, int64_t ms)
 }
 
 static void set_holding(cst *s, bool h);
+static void adopt_close(cst *s, bool lost);
 
 static void consumer_drop(cst *s)
 {
+    adopt_close(s, true);
     release_all(s);
     s->n_acks = 0;
     if (s->cons) {
@@ -323,22 +329,45 @@ static bool open_consumer(cst *s)
     return false;
 }
 
+/* Commit the acks gathered: those of the adopted sub-MPSC through its consumer, the rest through
+ * the claim's own. */
 static void flush_acks(cst *s)
 {
-    if (!s->n_acks || !s->cons) {
-        s->n_acks = 0;
-        return;
-    }
-    fx_err e = fx_mpmc_ack(s->cons, s->acks, s->n_acks);
-    if (e == FX_ECLOSED || e == FX_ELEASE_LOST) {
-        FX_WRN("claim %s: consumer closed (%s): %zu acks lost, reopening", s->cl->subject,
-               fx_strerror(e), s->n_acks);
-        s->lost = true;
-    } else if (e) {
-        fx_log_ratelimited(&s->slot_ack, 5000, FX_LOG_ERR, "claim %s: ack of %zu failed: %s (%s)",
-                           s->cl->subject, s->n_acks, fx_strerror(e), fx_err_detail());
-    }
+    size_t n = s->n_acks, j = n;
     s->n_acks = 0;
+    if (!n) return;
+    int64_t achan = s->adopt ? fx_mpmc_consumer_chan(s->adopt) : -1;
+    for (size_t i = 0; i < j;) { /* [0, j): own sub-MPSC, [j, n): adopted */
+        if (s->acks[i].chan == achan) {
+            fx_mq_msg_id t = s->acks[i];
+            s->acks[i] = s->acks[--j];
+            s->acks[j] = t;
+        } else {
+            i++;
+        }
+    }
+    if (j && s->cons) {
+        fx_err e = fx_mpmc_ack(s->cons, s->acks, j);
+        if (e == FX_ECLOSED || e == FX_ELEASE_LOST) {
+            FX_WRN("claim %s: consumer closed (%s): %zu acks lost, reopening", s->cl->subject,
+                   fx_strerror(e), j);
+            s->lost = true;
+        } else if (e) {
+            fx_log_ratelimited(&s->slot_ack, 5000, FX_LOG_ERR, "claim %s: ack of %zu failed: %s (%s)",
+                               s->cl->subject, j, fx_strerror(e), fx_err_detail());
+        }
+    }
+    if (n > j && s->adopt) {
+        fx_err e = fx_mpmc_ack(s->adopt, s->acks + j, n - j);
+        if (e == FX_ECLOSED || e == FX_ELEASE_LOST) {
+            FX_WRN("claim %s: adopted sub-MPSC closed (%s): %zu acks lost", s->cl->subject,
+                   fx_strerror(e), n - j);
+            adopt_close(s, true);
+        } else if (e) {
+            fx_log_ratelimited(&s->slot_ack, 5000, FX_LOG_ERR, "claim %s: ack of %zu failed: %s (%s)",
+                               s->cl->subject, n - j, fx_strerror(e), fx_err_detail());
+        }
+    }
 }
 
 /* ---- delivery ----------------------------------------------------------------------------------- */
@@ -790,12 +819,47 @@ static bool in_set(const int64_t *set, size_t n, int64_t v)
     return false;
 }
 
-/* An idle claim (nothing in flight) whose own sub-MPSC is empty adopts an unready sub-MPSC that
- * still holds messages (left by a released claim or a killed bridge whose member lease expired).
- * fx_mpmc_consumer_open claims the first unready sub-MPSC in list order, so the claim opens
- * consumers while holding the previous ones (each open then steps past the sub-MPSCs held) until
- * one lands on a stranded sub-MPSC; that one replaces the current consumer, the rest are closed.
- * At most min(unready, FX_DM_SWEEP_MAX) opens per view refresh. */
+/* Entries in flight that came from sub-MPSC `chan`. */
+static size_t count_chan(cst *s, int64_t chan)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < s->n_ents; i++)
+        if (s->ents[i].state != E_FREE && s->ents[i].dv.id.chan == chan) n++;
+    return n;
+}
+
+/* Close the adopted consumer. lost: it closed under us (its entries are dropped: the messages
+ * stay unacked in the sub-MPSC for its next consumer; dead letters in progress finish). Else it
+ * was drained: its acks are committed first. */
+static void adopt_close(cst *s, bool lost)
+{
+    if (!s->adopt) return;
+    int64_t chan = fx_mpmc_consumer_chan(s->adopt);
+    if (lost) {
+        for (uint32_t i = 0; i < s->n_ents; i++)
+            if (s->ents[i].state != E_FREE && s->ents[i].state != E_WAIT_DLQ &&
+                s->ents[i].dv.id.chan == chan)
+                ent_release(s, i);
+    } else {
+        fx_err e = fx_mpmc_flush(s->adopt, 2000);
+        if (e && e != FX_ECLOSED && e != FX_ELEASE_LOST)
+            FX_WRN("claim %s: adopted sub-MPSC %" PRId64 ": ack flush: %s", s->cl->subject, chan,
+                   fx_strerror(e));
+    }
+    fx_mpmc_consumer_close(s->adopt);
+    fx_mpmc_consumer_free(s->adopt);
+    s->adopt = NULL;
+    s->adopt_empty_since = 0;
+    FX_INF("claim %s: %s adopted sub-MPSC %" PRId64, s->cl->subject, lost ? "lost" : "drained", chan);
+}
+
+/* A claim adopts an unready sub-MPSC that still holds messages (left by a released claim or a
+ * killed bridge whose member lease expired) as soon as the sub-MPSC view shows one, busy or not:
+ * it binds a second consumer to it and drains it next to its own (adopted messages first), so no
+ * delivery waits on a departed claim. fx_mpmc_consumer_open claims the first unready sub-MPSC in
+ * list order, so the claim opens consumers while holding the previous ones (each open then steps
+ * past the sub-MPSCs held) until one lands on a stranded sub-MPSC; the others are closed. At most
+ * min(unready, FX_DM_SWEEP_MAX) opens per view refresh, one adopted sub-MPSC at a time. */
 static void adopt_stranded(cst *s)
 {
     dm_chan *ch = s->ch;
@@ -809,7 +873,7 @@ static void adopt_stranded(cst *s)
     memcpy(unready, ch->unready, nu * sizeof *unready);
     memcpy(stranded, ch->stranded, ns * sizeof *stranded);
     pthread_mutex_unlock(&ch->mu);
-    if (!ns || gen == s->view_gen || !s->cons) return;
+    if (!ns || gen == s->view_gen || !s->cons || s->adopt) return;
     s->view_gen = gen;
     int64_t own = fx_mpmc_consumer_chan(s->cons);
     if (in_set(stranded, ns, own)) return;
@@ -833,13 +897,39 @@ static void adopt_stranded(cst *s)
         fx_mpmc_consumer_free(held[i]);
     }
     if (!target) return;
-    fx_mpmc_consumer *old = s->cons;
-    s->cons = target;
-    fx_mpmc_flush(old, 2000);
-    fx_mpmc_consumer_close(old);
-    fx_mpmc_consumer_free(old);
-    FX_INF("claim %s: adopted sub-MPSC %" PRId64 " with stranded backlog (left sub-MPSC %" PRId64 ")",
-           s->cl->subject, fx_mpmc_consumer_chan(target), own);
+    s->adopt = target;
+    s->adopt_empty_since = 0;
+    FX_INF("claim %s: adopted sub-MPSC %" PRId64 " with stranded backlog (next to its own sub-MPSC %"
+           PRId64 ")", s->cl->subject, fx_mpmc_consumer_chan(target), own);
+}
+
+/* Fetch from the adopted sub-MPSC (without waiting). true when messages were accepted. Closes it
+ * once it has been empty for FX_DM_ADOPT_IDLE_MS with nothing of it in flight. */
+static bool fetch_adopted(cst *s, size_t want)
+{
+    if (!s->adopt) return false;
+    size_t got = 0;
+    fx_err e = fx_mpmc_get(s->adopt, s->getbuf, want, &got, 0);
+    if (e == FX_OK && got) {
+        s->adopt_empty_since = 0;
+        accept_msgs(s, got);
+        return true;
+    }
+    if (e == FX_ECLOSED || e == FX_ELEASE_LOST) {
+        adopt_close(s, true);
+    } else if (e == FX_ETIMEDOUT || e == FX_OK) {
+        int64_t now = fx_now_ms();
+        if (!s->adopt_empty_since) s->adopt_empty_since = now;
+        if (now - s->adopt_empty_since >= FX_DM_ADOPT_IDLE_MS &&
+            count_chan(s, fx_mpmc_consumer_chan(s->adopt)) == 0) {
+            flush_acks(s);
+            adopt_close(s, false);
+        }
+    } else {
+        fx_log_ratelimited(&s->slot_get, 5000, FX_LOG_WRN, "claim %s: get (adopted) failed: %s (%s)",
+                           s->cl->subject, fx_strerror(e), fx_err_detail());
+    }
+    return false;
 }
 
 /* ---- the claim thread -------------------------------------------------------------------------- */
@@ -872,6 +962,7 @@ static void claim_loop(cst *s)
             continue;
         }
         if (stop_requested(s)) return;
+        if (!s->adopt) adopt_stranded(s); /* no RPC unless the view shows stranded backlog */
         int64_t next = next_due_in(s);
         bool can_fetch = s->n_used < s->max_ents && can_publish(s);
         if (!can_fetch) {
@@ -880,6 +971,11 @@ static void claim_loop(cst *s)
         }
         size_t want = s->max_ents - s->n_used;
         if (want > FX_DM_FETCH_MAX) want = FX_DM_FETCH_MAX;
+        if (fetch_adopted(s, want)) {
+            do_sends(s);
+            continue;
+        }
+        if (s->lost) continue;
         int to = events_pending(cl) ? 0 : (int)(next < 20 ? next : 20);
         size_t got = 0;
         fx_err e = fx_mpmc_get(s->cons, s->getbuf, want, &got, to);
@@ -887,7 +983,7 @@ static void claim_loop(cst *s)
             accept_msgs(s, got);
             do_sends(s);
         } else if (e == FX_ETIMEDOUT) {
-            if (s->n_used == 0 && s->dlq_pending == 0 && s->n_acks == 0) adopt_stranded(s);
+            /* nothing: the next turn adopts stranded backlog if the view shows some */
         } else if (e == FX_ECLOSED || e == FX_ELEASE_LOST) {
             FX_WRN("claim %s: consumer closed (%s): reopening", cl->subject, fx_strerror(e));
             consumer_drop(s);
@@ -935,6 +1031,7 @@ static void claim_release(cst *s)
             }
         }
         flush_acks(s);
+        if (s->adopt) adopt_close(s, false);
         if (!s->lost) {
             fx_err e = fx_mpmc_flush(s->cons, 2000);
             if (e && e != FX_ECLOSED && e != FX_ELEASE_LOST)

@@ -59,7 +59,8 @@
 #define FX_DM_NONE_GRACE_MS 20             /* ack none: wait for a no-responders before acking */
 #define FX_DM_DRAIN_LINGER_MS 1000         /* drain: wait this long for outstanding acks */
 #define FX_DM_DLQ_WAIT_MS 5000             /* release: wait for dead letters being stored */
-#define FX_DM_SWEEP_MAX 16                 /* sub-MPSCs an idle claim steps over to adopt backlog */
+#define FX_DM_SWEEP_MAX 16                 /* sub-MPSCs a claim steps over to adopt backlog */
+#define FX_DM_ADOPT_IDLE_MS 500            /* an adopted sub-MPSC empty this long is let go */
 #define FX_DM_VIEW_MS 1000                 /* house-keeping refresh of backlog and sub-MPSC view */
 #define FX_DM_KICK_MIN_MS 100             /* kicked view refreshes (released claims): at most 10/s */
 #define FX_DM_KEEPER_MS 1000               /* producer thread: re-check its producer when idle */
@@ -170,7 +171,7 @@ struct dm_chan {
 
     /* Sub-MPSC view refreshed by house-keeping (under mu): unready sub-MPSCs (no consumer) and
      * those of them holding backlog ("stranded": e.g. left by a released or killed claim). An
-     * idle claim adopts stranded backlog (claim.c, adopt_stranded). */
+     * claim adopts stranded backlog next to its own (claim.c, adopt_stranded). */
     int64_t unready[FX_DM_SWEEP_MAX];
     size_t n_unready;
     int64_t stranded[FX_DM_SWEEP_MAX];
