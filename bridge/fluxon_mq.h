@@ -232,6 +232,14 @@ void fx_mpmc_consumer_free(fx_mpmc_consumer *c);
 int64_t fx_mpmc_consumer_member(const fx_mpmc_consumer *c);
 /* The sub-MPSC this consumer owns. */
 int64_t fx_mpmc_consumer_chan(const fx_mpmc_consumer *c);
+/* Drain an unready sub-MPSC `chan` that holds messages (left by a consumer that departed): join
+ * as a consumer member and bind that sub-MPSC's consumer directly, WITHOUT a ready key, so
+ * producers do not route new messages to it while it is drained. The binding itself is the lock
+ * (a second consumer is refused): FX_EEXISTS when it is ready (claimed) or another consumer is
+ * bound to it, FX_ENOTFOUND when it is not in the MPMC's list. Otherwise a consumer like any
+ * other (get/ack/flush/close); its close deletes the membership (no ready key to delete). */
+fx_err fx_mpmc_consumer_open_drain(fx_mq_client *c, int64_t mpmc, int64_t chan,
+                                   fx_mpmc_consumer **out);
 
 /* ---- released claims ---------------------------------------------------------------------------- */
 

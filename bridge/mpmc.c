@@ -1511,13 +1511,13 @@ static fx_err consumer_close_pass(void *self)
             save_err(&se, e);
         }
         confirmed = fx__mpsc_consumer_membership_deleted(cs->sub);
+        unconfirmed = !confirmed; /* then the member lease is revoked (member_close_tail) */
     }
     if (cs->ready_put) {
         if (!confirmed) {
             FX_WRN("mpmc %" PRId64 " consumer %" PRId64 ": membership delete of sub-MPSC %" PRId64
                    " not confirmed: ready key kept (the member lease is revoked instead)", m->mpmc,
                    m->member, cs->chan);
-            unconfirmed = true;
         } else if (have_op) {
             fx_err e = ready_key_delete(m, &cs->ready_key, step_ms(deadline));
             if (e) {
@@ -1560,7 +1560,33 @@ void fx_mpmc_consumer_free(fx_mpmc_consumer *c)
     consumer_dealloc(c);
 }
 
-fx_err fx_mpmc_consumer_open(fx_mq_client *c, int64_t mpmc, fx_mpmc_consumer **out)
+/* Drain claim of sub-MPSC chan: bind its consumer directly, without a ready key (the consumer
+ * membership txn refuses a second consumer atomically, so the binding is the lock). */
+static fx_err consumer_bind_drain(fx_mpmc_consumer *cs, int64_t chan)
+{
+    mpmc_member *m = &cs->m;
+    fx_mq_client *c = m->c;
+    mpmc_view v;
+    fx_err e = read_view(c, m->mpmc, &v);
+    if (e) return e;
+    bool listed = ids_has(v.list, v.n_list, chan), ready = view_ready(&v, chan);
+    view_free(&v);
+    if (!listed)
+        return fx_seterr(FX_ENOTFOUND, "mpmc %" PRId64 ": no sub-MPSC %" PRId64, m->mpmc, chan);
+    if (ready)
+        return fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": sub-MPSC %" PRId64 " is claimed", m->mpmc,
+                         chan);
+    fx_mpsc_consumer *sub = NULL;
+    if ((e = fx__mpsc_consumer_open_sub(c, chan, &m->parent, &sub))) return e;
+    cs->sub = sub;
+    cs->chan = chan;
+    FX_INF("mpmc %" PRId64 ": consumer %" PRId64 " drains sub-MPSC %" PRId64, m->mpmc, m->member,
+           chan);
+    return FX_OK;
+}
+
+static fx_err consumer_open_impl(fx_mq_client *c, int64_t mpmc, int64_t drain,
+                                 fx_mpmc_consumer **out)
 {
     if (!c || !out || mpmc < 0) return fx_seterr(FX_EINVAL, "mpmc consumer open: bad arguments");
     *out = NULL;
@@ -1586,7 +1612,7 @@ fx_err fx_mpmc_consumer_open(fx_mq_client *c, int64_t mpmc, fx_mpmc_consumer **o
     cs->m.registered = true;
     e = member_attach(&cs->m);
     if (!e) e = member_construct_check(&cs->m);
-    if (!e) e = consumer_claim(cs);
+    if (!e) e = drain >= 0 ? consumer_bind_drain(cs, drain) : consumer_claim(cs);
     if (!e) { /* keep every listed sub-MPSC's long lease alive too (best effort) */
         mpmc_view v;
         if (read_view(c, mpmc, &v) == FX_OK) {
@@ -1605,6 +1631,18 @@ fx_err fx_mpmc_consumer_open(fx_mq_client *c, int64_t mpmc, fx_mpmc_consumer **o
     }
     *out = cs;
     return FX_OK;
+}
+
+fx_err fx_mpmc_consumer_open(fx_mq_client *c, int64_t mpmc, fx_mpmc_consumer **out)
+{
+    return consumer_open_impl(c, mpmc, -1, out);
+}
+
+fx_err fx_mpmc_consumer_open_drain(fx_mq_client *c, int64_t mpmc, int64_t chan,
+                                   fx_mpmc_consumer **out)
+{
+    if (chan < 0) return fx_seterr(FX_EINVAL, "mpmc drain open: bad sub-MPSC id");
+    return consumer_open_impl(c, mpmc, chan, out);
 }
 
 /* A sub-consumer call failed with closed/lease-lost: map it to the MPMC endpoint. */

@@ -3,8 +3,9 @@
  * One channel is read as one snapshot: the name mapping first (its header revision R), then
  * every other key at revision R, batched in read-only txns:
  *   txn 1: MPMC meta, mpsc_channels list, ready prefix, producer and consumer role prefixes;
- *   txn 2..: produce- and consume-offset prefixes of up to ADMIN_SUBS_PER_TXN sub-MPSCs each
- *            (2 ops per sub-MPSC, well under etcd's default limit of 128 ops per txn).
+ *   txn 2..: produce- and consume-offset prefixes and the consumer-membership count of up to
+ *            ADMIN_SUBS_PER_TXN sub-MPSCs each (3 ops per sub-MPSC, under etcd's default limit of
+ *            128 ops per txn).
  * A compaction between the reads (FX_ECOMPACTED) restarts the snapshot (bounded attempts).
  * Bounds: at most FX_MQ_MAX_MPSC_CHANNELS sub-MPSCs (the list decoder's bound) and at most
  * ADMIN_RANGE_LIMIT keys per prefix range; a hit bound is reported as "truncated":true.
@@ -24,7 +25,7 @@
 #include "fx_log.h"
 #include "mq_int.h"
 
-#define ADMIN_SUBS_PER_TXN 32
+#define ADMIN_SUBS_PER_TXN 40
 #define ADMIN_RANGE_LIMIT 4096
 #define ADMIN_ATTEMPTS 3
 #define ADMIN_LIST_MAX 4096 /* channel mappings listed when no config is given */
@@ -44,6 +45,7 @@ typedef struct sub_info {
     prod_off *prods;
     size_t n_prods;
     int64_t backlog;
+    int64_t consumers; /* consumer membership keys (a bound consumer, ready or draining) */
 } sub_info;
 
 typedef struct ready_ent {
@@ -211,13 +213,13 @@ static int64_t prod_backlog(const prod_off *p)
     return b > 0 ? b : 0;
 }
 
-/* Offsets of subs[from, from+n) at revision rev, in one txn. */
+/* Offsets and consumer counts of subs[from, from+n) at revision rev, in one txn. */
 static fx_err read_offsets(fx_mq_client *c, snapshot *s, size_t from, size_t n, int64_t rev)
 {
     fx_err e = FX_OK;
-    fx_mq_key *keys = calloc(2 * n, sizeof *keys);
-    uint8_t(*ends)[FX_MQ_KEY_CAP] = calloc(2 * n, sizeof *ends);
-    fx_op *ops = calloc(2 * n, sizeof *ops);
+    fx_mq_key *keys = calloc(3 * n, sizeof *keys);
+    uint8_t(*ends)[FX_MQ_KEY_CAP] = calloc(3 * n, sizeof *ends);
+    fx_op *ops = calloc(3 * n, sizeof *ops);
     fx_txn_resp r;
     memset(&r, 0, sizeof r);
     if (!keys || !ends || !ops) {
@@ -226,18 +228,22 @@ static fx_err read_offsets(fx_mq_client *c, snapshot *s, size_t from, size_t n, 
     }
     for (size_t i = 0; i < n && !e; i++) {
         int64_t chan = s->subs[from + i].chan;
-        e = fx_mq_prefix_produce_offsets(&c->keys, chan, &keys[2 * i]);
-        if (!e) e = fx_mq_prefix_consume_offsets(&c->keys, chan, &keys[2 * i + 1]);
+        e = fx_mq_prefix_produce_offsets(&c->keys, chan, &keys[3 * i]);
+        if (!e) e = fx_mq_prefix_consume_offsets(&c->keys, chan, &keys[3 * i + 1]);
+        if (!e) e = fx_mq_prefix_consumer_members(&c->keys, chan, &keys[3 * i + 2]);
         if (!e) {
-            ops[2 * i] = prefix_op(&keys[2 * i], ends[2 * i], rev);
-            ops[2 * i + 1] = prefix_op(&keys[2 * i + 1], ends[2 * i + 1], rev);
+            ops[3 * i] = prefix_op(&keys[3 * i], ends[3 * i], rev);
+            ops[3 * i + 1] = prefix_op(&keys[3 * i + 1], ends[3 * i + 1], rev);
+            ops[3 * i + 2] = prefix_op(&keys[3 * i + 2], ends[3 * i + 2], rev);
+            ops[3 * i + 2].u.range.count_only = true;
         }
     }
-    if (!e) e = run_txn(c, ops, 2 * n, &r);
+    if (!e) e = run_txn(c, ops, 3 * n, &r);
     for (size_t i = 0; i < n && !e; i++) {
-        const fx_range_resp *po = &r.responses[2 * i].u.range, *co = &r.responses[2 * i + 1].u.range;
+        const fx_range_resp *po = &r.responses[3 * i].u.range, *co = &r.responses[3 * i + 1].u.range;
         if (po->more || co->more) s->truncated = true;
         e = parse_offsets(c, &s->subs[from + i], po, co);
+        s->subs[from + i].consumers = r.responses[3 * i + 2].u.range.count;
     }
 out:
     fx_txn_resp_free(&r);
@@ -478,7 +484,7 @@ static char *info_json(const char *name, const fx_chan_config *cc, const snapsho
         ok = add_i64(o, "chan_id", si->chan) && cJSON_AddBoolToObject(o, "ready", si->ready) &&
              (si->ready && si->owner >= 0 ? add_i64(o, "owner_member", si->owner)
                                           : cJSON_AddNullToObject(o, "owner_member") != NULL) &&
-             add_i64(o, "backlog", si->backlog);
+             add_i64(o, "backlog", si->backlog) && add_i64(o, "consumers", si->consumers);
         cJSON *prods = ok ? cJSON_AddArrayToObject(o, "producers") : NULL;
         ok = prods != NULL;
         for (size_t j = 0; ok && j < si->n_prods; j++) {

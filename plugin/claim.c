@@ -71,6 +71,7 @@ typedef struct cst {
      * drained next to `cons` until it stays empty, then closed (adopt_stranded). */
     fx_mpmc_consumer *adopt;
     int64_t adopt_empty_since; /* 0: its last get returned messages */
+    uint64_t adopt_got, adopt_gets; /* messages and get calls of the current adoption (log) */
     bool explicit_ack;
     bool use_leaf; /* explicit ack and d->leaf: deliveries over the leaf connection */
     uint32_t max_ents;
@@ -812,13 +813,6 @@ static void accept_msgs(cst *s, size_t got)
 
 /* ---- stranded backlog ---------------------------------------------------------------------------- */
 
-static bool in_set(const int64_t *set, size_t n, int64_t v)
-{
-    for (size_t i = 0; i < n; i++)
-        if (set[i] == v) return true;
-    return false;
-}
-
 /* Entries in flight that came from sub-MPSC `chan`. */
 static size_t count_chan(cst *s, int64_t chan)
 {
@@ -848,59 +842,54 @@ static void adopt_close(cst *s, bool lost)
     }
     fx_mpmc_consumer_close(s->adopt);
     fx_mpmc_consumer_free(s->adopt);
+    FX_INF("claim %s: %s adopted sub-MPSC %" PRId64 " (%" PRIu64 " message(s) in %" PRIu64
+           " fetches)", s->cl->subject, lost ? "lost" : "drained", chan, s->adopt_got,
+           s->adopt_gets);
     s->adopt = NULL;
     s->adopt_empty_since = 0;
-    FX_INF("claim %s: %s adopted sub-MPSC %" PRId64, s->cl->subject, lost ? "lost" : "drained", chan);
+    s->adopt_got = s->adopt_gets = 0;
 }
 
 /* A claim adopts an unready sub-MPSC that still holds messages (left by a released claim or a
  * killed bridge whose member lease expired) as soon as the sub-MPSC view shows one, busy or not:
- * it binds a second consumer to it and drains it next to its own (adopted messages first), so no
- * delivery waits on a departed claim. fx_mpmc_consumer_open claims the first unready sub-MPSC in
- * list order, so the claim opens consumers while holding the previous ones (each open then steps
- * past the sub-MPSCs held) until one lands on a stranded sub-MPSC; the others are closed. At most
- * min(unready, FX_DM_SWEEP_MAX) opens per view refresh, one adopted sub-MPSC at a time. */
+ * it opens a drain consumer on it (bound without a ready key, so producers route nothing new
+ * there) and drains it next to its own sub-MPSC (adopted messages first) until it stays empty,
+ * so no delivery waits on a departed claim. One adopted sub-MPSC at a time per claim; the
+ * stranded list is tried in order (another claim, here or on another bridge, may hold one:
+ * FX_EEXISTS, next). */
 static void adopt_stranded(cst *s)
 {
     dm_chan *ch = s->ch;
-    int64_t unready[FX_DM_SWEEP_MAX], stranded[FX_DM_SWEEP_MAX];
-    size_t nu, ns;
+    int64_t stranded[FX_DM_SWEEP_MAX];
+    size_t ns;
     uint64_t gen;
     pthread_mutex_lock(&ch->mu);
     gen = ch->view_gen;
-    nu = ch->n_unready;
     ns = ch->n_stranded;
-    memcpy(unready, ch->unready, nu * sizeof *unready);
     memcpy(stranded, ch->stranded, ns * sizeof *stranded);
     pthread_mutex_unlock(&ch->mu);
     if (!ns || gen == s->view_gen || !s->cons || s->adopt) return;
     s->view_gen = gen;
     int64_t own = fx_mpmc_consumer_chan(s->cons);
-    if (in_set(stranded, ns, own)) return;
     int64_t mpmc = -1;
     if (dm_chan_resolve(ch, false, &mpmc)) return;
-    fx_mpmc_consumer *held[FX_DM_SWEEP_MAX], *target = NULL;
-    size_t nh = 0;
-    for (size_t i = 0; i < nu && !stop_requested(s); i++) {
+    for (size_t i = 0; i < ns && !stop_requested(s); i++) {
+        if (stranded[i] == own) continue;
         fx_mpmc_consumer *c = NULL;
-        if (fx_mpmc_consumer_open(s->d->mq, mpmc, &c)) break;
-        int64_t chan = fx_mpmc_consumer_chan(c);
-        if (in_set(stranded, ns, chan)) {
-            target = c;
-            break;
+        fx_err e = fx_mpmc_consumer_open_drain(s->d->mq, mpmc, stranded[i], &c);
+        if (e == FX_EEXISTS || e == FX_ENOTFOUND) continue;
+        if (e) {
+            fx_log_ratelimited(&s->slot_open, 5000, FX_LOG_WRN,
+                               "claim %s: cannot adopt sub-MPSC %" PRId64 ": %s (%s)",
+                               s->cl->subject, stranded[i], fx_strerror(e), fx_err_detail());
+            return;
         }
-        held[nh++] = c;
-        if (!in_set(unready, nu, chan)) break; /* a new sub-MPSC: no unready one left */
+        s->adopt = c;
+        s->adopt_empty_since = 0;
+        FX_INF("claim %s: adopted sub-MPSC %" PRId64 " with stranded backlog (next to its own "
+               "sub-MPSC %" PRId64 ")", s->cl->subject, stranded[i], own);
+        return;
     }
-    for (size_t i = 0; i < nh; i++) {
-        fx_mpmc_consumer_close(held[i]);
-        fx_mpmc_consumer_free(held[i]);
-    }
-    if (!target) return;
-    s->adopt = target;
-    s->adopt_empty_since = 0;
-    FX_INF("claim %s: adopted sub-MPSC %" PRId64 " with stranded backlog (next to its own sub-MPSC %"
-           PRId64 ")", s->cl->subject, fx_mpmc_consumer_chan(target), own);
 }
 
 /* Fetch from the adopted sub-MPSC (without waiting). true when messages were accepted. Closes it
@@ -910,6 +899,8 @@ static bool fetch_adopted(cst *s, size_t want)
     if (!s->adopt) return false;
     size_t got = 0;
     fx_err e = fx_mpmc_get(s->adopt, s->getbuf, want, &got, 0);
+    s->adopt_gets++;
+    s->adopt_got += got;
     if (e == FX_OK && got) {
         s->adopt_empty_since = 0;
         accept_msgs(s, got);

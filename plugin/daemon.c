@@ -487,8 +487,8 @@ static void hk_chan_view(fx_daemon *d, const fx_config *cfg, dm_chan *ch)
     }
     cJSON *bl = cJSON_GetObjectItemCaseSensitive(o, "backlog");
     if (cJSON_IsNumber(bl)) fx_metric_set(ch->m.backlog, (int64_t)bl->valuedouble);
-    int64_t unready[FX_DM_SWEEP_MAX], stranded[FX_DM_SWEEP_MAX];
-    size_t nu = 0, ns = 0;
+    int64_t stranded[FX_DM_SWEEP_MAX];
+    size_t ns = 0;
     cJSON *subs = cJSON_GetObjectItemCaseSensitive(o, "sub_mpscs");
     cJSON *it;
     cJSON_ArrayForEach(it, subs)
@@ -496,18 +496,18 @@ static void hk_chan_view(fx_daemon *d, const fx_config *cfg, dm_chan *ch)
         cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "chan_id");
         cJSON *rd = cJSON_GetObjectItemCaseSensitive(it, "ready");
         cJSON *b = cJSON_GetObjectItemCaseSensitive(it, "backlog");
-        if (!cJSON_IsNumber(id) || cJSON_IsTrue(rd)) continue;
-        if (nu < FX_DM_SWEEP_MAX) unready[nu++] = (int64_t)id->valuedouble;
+        cJSON *nc = cJSON_GetObjectItemCaseSensitive(it, "consumers");
+        /* Stranded: unready, no consumer bound, messages waiting. (An unready one with a consumer
+         * is being drained by a claim that adopted it.) */
+        if (!cJSON_IsNumber(id) || cJSON_IsTrue(rd) || (cJSON_IsNumber(nc) && nc->valuedouble > 0))
+            continue;
         if (cJSON_IsNumber(b) && b->valuedouble > 0 && ns < FX_DM_SWEEP_MAX)
             stranded[ns++] = (int64_t)id->valuedouble;
     }
     cJSON_Delete(o);
     pthread_mutex_lock(&ch->mu);
-    bool changed = nu != ch->n_unready || ns != ch->n_stranded ||
-                   memcmp(unready, ch->unready, nu * sizeof *unready) != 0 ||
+    bool changed = ns != ch->n_stranded ||
                    memcmp(stranded, ch->stranded, ns * sizeof *stranded) != 0;
-    memcpy(ch->unready, unready, nu * sizeof *unready);
-    ch->n_unready = nu;
     memcpy(ch->stranded, stranded, ns * sizeof *stranded);
     ch->n_stranded = ns;
     if (changed || ns) ch->view_gen++;

@@ -59,7 +59,7 @@
 #define FX_DM_NONE_GRACE_MS 20             /* ack none: wait for a no-responders before acking */
 #define FX_DM_DRAIN_LINGER_MS 1000         /* drain: wait this long for outstanding acks */
 #define FX_DM_DLQ_WAIT_MS 5000             /* release: wait for dead letters being stored */
-#define FX_DM_SWEEP_MAX 16                 /* sub-MPSCs a claim steps over to adopt backlog */
+#define FX_DM_SWEEP_MAX 16                 /* stranded sub-MPSCs remembered per view refresh */
 #define FX_DM_ADOPT_IDLE_MS 500            /* an adopted sub-MPSC empty this long is let go */
 #define FX_DM_VIEW_MS 1000                 /* house-keeping refresh of backlog and sub-MPSC view */
 #define FX_DM_KICK_MIN_MS 100             /* kicked view refreshes (released claims): at most 10/s */
@@ -169,11 +169,9 @@ struct dm_chan {
     atomic_bool attached;
     char attach_err[320];
 
-    /* Sub-MPSC view refreshed by house-keeping (under mu): unready sub-MPSCs (no consumer) and
-     * those of them holding backlog ("stranded": e.g. left by a released or killed claim). An
-     * claim adopts stranded backlog next to its own (claim.c, adopt_stranded). */
-    int64_t unready[FX_DM_SWEEP_MAX];
-    size_t n_unready;
+    /* Sub-MPSC view refreshed by house-keeping (under mu): the "stranded" sub-MPSCs, unready,
+     * with no consumer bound and messages waiting (left by a released or killed claim). A claim
+     * adopts stranded backlog next to its own (claim.c, adopt_stranded). */
     int64_t stranded[FX_DM_SWEEP_MAX];
     size_t n_stranded;
     uint64_t view_gen;
