@@ -4,8 +4,17 @@
  *   GET|HEAD /metrics  200 Prometheus text format 0.0.4
  *   other paths        404 (text)          other methods: 405 with "Allow: GET, HEAD"
  *   a request body     400 (refused before it is read)
- * libmicrohttpd runs one internal polling thread; at most HTTP_CONN_LIMIT connections, each
- * closed after HTTP_CONN_TIMEOUT_S idle seconds. MHD errors go to the log as [WRN].
+ * libmicrohttpd runs one internal polling thread on poll() (never select(), which refuses
+ * descriptors >= FD_SETSIZE = 1024, so a busy bridge holding more than 1,024 descriptors would
+ * stop answering; not epoll, see fx_http_start). Bounds, each with a rule when hit:
+ *   HTTP_CONN_LIMIT       connections in all; more are accepted and closed at once (logged)
+ *   HTTP_PER_IP_LIMIT     connections from one address, so one slow client cannot fill the rest
+ *   HTTP_CONN_TIMEOUT_S   a connection idle (no byte either way) this long is closed
+ *   HTTP_CONN_MEMORY      per-connection memory for the request line, headers and parsed query
+ *                         arguments: a larger head is answered 414 (URL) or 431 (headers), or
+ *                         the connection is closed at once when no room is left for the answer
+ * A slowloris (a head sent a byte at a time) therefore holds at most HTTP_PER_IP_LIMIT of the
+ * HTTP_CONN_LIMIT slots per source address. MHD errors go to the log as [WRN].
  */
 #include <errno.h>
 #include <arpa/inet.h>
@@ -32,8 +41,11 @@ typedef enum MHD_Result fx_mhd_ret;
 typedef int fx_mhd_ret;
 #endif
 
-#define HTTP_CONN_LIMIT 64
+#define HTTP_CONN_LIMIT 512
+#define HTTP_PER_IP_LIMIT 128
 #define HTTP_CONN_TIMEOUT_S 10
+#define HTTP_CONN_MEMORY (32 * 1024)
+#define HTTP_LISTEN_BACKLOG 128
 #define HTTP_HEALTH_ERR_MAX 256
 
 #define CT_JSON "application/json"
@@ -218,13 +230,24 @@ fx_err fx_http_start(const char *listen, fx_health_fn health, void *health_arg,
     h->health = health;
     h->health_arg = health_arg;
     h->metrics = metrics;
-    unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_ITC;
+    unsigned int flags = MHD_USE_ERROR_LOG | MHD_USE_ITC;
+    /* poll(), not epoll: libmicrohttpd 0.9.75 (Debian 12) in epoll mode leaves a connection whose
+     * request head ran out of pool memory (e.g. a 3 KB query of 1,500 empty arguments) open
+     * until the idle timeout; with poll() it is closed at once. */
+    if (MHD_is_feature_supported(MHD_FEATURE_POLL) != MHD_YES) {
+        free(h);
+        return fx_seterr(FX_EUNAVAIL, "http: libmicrohttpd lacks poll() support");
+    }
+    flags |= MHD_USE_POLL_INTERNAL_THREAD;
     if (h->addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
     errno = 0;
     h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, (void *)NULL, /* first */
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned int)HTTP_CONN_LIMIT,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)HTTP_PER_IP_LIMIT,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)HTTP_CONN_TIMEOUT_S,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HTTP_CONN_MEMORY,
+                            MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned int)HTTP_LISTEN_BACKLOG,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&h->addr,
                             MHD_OPTION_END);
     if (!h->d) {
@@ -240,9 +263,9 @@ fx_err fx_http_start(const char *listen, fx_health_fn health, void *health_arg,
         inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&h->addr)->sin6_addr, host, sizeof host);
     else
         inet_ntop(AF_INET, &((struct sockaddr_in *)&h->addr)->sin_addr, host, sizeof host);
-    FX_INF("http: listening on http://%s%s%s:%d (/healthz, /metrics)",
+    FX_INF("http: listening on http://%s%s%s:%d (/healthz, /metrics; poll, %d connections)",
            h->addr.ss_family == AF_INET6 ? "[" : "", host, h->addr.ss_family == AF_INET6 ? "]" : "",
-           h->port);
+           h->port, HTTP_CONN_LIMIT);
     *out = h;
     return FX_OK;
 }

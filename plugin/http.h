@@ -3,8 +3,10 @@
  *   GET /healthz  -> 200 {"status":"ok"}  or 503 {"status":"error","error":"<reason>"}
  *   GET /metrics  -> 200 Prometheus text (text/plain; version=0.0.4)
  *   anything else -> 404; methods other than GET/HEAD -> 405. Request bodies are refused.
- * Runs on libmicrohttpd's own thread (MHD_USE_INTERNAL_POLLING_THREAD), bounded connections
- * (64) and a per-connection timeout (10 s).
+ * Runs on libmicrohttpd's own thread with poll() (never select(), so it keeps answering when the
+ * process holds more than 1,024 descriptors); bounded connections (512, 128 per client address),
+ * a per-connection idle timeout (10 s) and a 32 KB bound on the request head (414/431 beyond it,
+ * or an immediate close when no room is left for the answer).
  * Thread rules: start/stop from the main thread; `health` runs on the HTTP thread and must be
  * thread-safe and quick (read cached state; no blocking I/O).
  */
