@@ -19,6 +19,9 @@
  *   1 s, five times; a 3 KB query string is answered at once; 3 KB of 1,500 empty arguments
  *   (more than the per-connection memory holds) gets a 4xx or an immediate close, not a hang;
  *   the slow clients are all still connected at the end.
+ * http_slow_head_closed: a client that trickles a request head a byte every 100 ms (so the idle
+ *   timeout never fires) is closed by the server 5 s after it connected (the request-head
+ *   deadline), not before 4.5 s and not after 7 s; a client that sent nothing at all too.
  * systemd_units_verify: `systemd-analyze verify` reports nothing for the two units of deploy/systemd/
  *   (ExecStart's /usr/local/bin/fluxon-bridge is rewritten to an existing binary, since the
  *   daemon is not installed here). SKIPPED when systemd-analyze is missing.
@@ -455,6 +458,47 @@ static void http_fd_pressure_and_slow_clients(void **state)
     fx_http_stop(h);
 }
 
+static void http_slow_head_closed(void **state)
+{
+    (void)state;
+    fx_http *h = start_ok(NULL);
+    int port = fx_http_port(h);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int slow = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int silent = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(slow >= 0 && silent >= 0);
+    assert_int_equal(connect(slow, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(connect(silent, (struct sockaddr *)&sa, sizeof sa), 0);
+    int64_t t0 = fxt_now_ms();
+    const char *head = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
+    size_t hl = strlen(head), k = 0;
+    int64_t slow_closed = -1, silent_closed = -1;
+    while ((slow_closed < 0 || silent_closed < 0) && fxt_now_ms() - t0 < 10000) {
+        if (slow_closed < 0 && send(slow, k < hl ? head + k : "a", 1, MSG_NOSIGNAL) != 1)
+            slow_closed = fxt_now_ms() - t0; /* reset by the server */
+        k++;
+        struct pollfd p[2] = {{.fd = slow, .events = POLLIN}, {.fd = silent, .events = POLLIN}};
+        if (poll(p, 2, 100) > 0) { /* readable: the end of the stream (nothing else is sent) */
+            char c;
+            if (slow_closed < 0 && p[0].revents && recv(slow, &c, 1, MSG_DONTWAIT) <= 0)
+                slow_closed = fxt_now_ms() - t0;
+            if (silent_closed < 0 && p[1].revents && recv(silent, &c, 1, MSG_DONTWAIT) <= 0)
+                silent_closed = fxt_now_ms() - t0;
+        }
+    }
+    close(slow);
+    close(silent);
+    /* a prompt client is not affected */
+    resp r;
+    request(NULL, port, NULL, "/healthz", NULL, &r);
+    assert_int_equal(r.status, 200);
+    fx_http_stop(h);
+    if (slow_closed < 4500 || slow_closed > 7000 || silent_closed < 4500 || silent_closed > 7000)
+        fail_msg("closed after %lld ms (trickling) and %lld ms (silent), want 5 s (4.5-7 s)",
+                 (long long)slow_closed, (long long)silent_closed);
+}
+
 /* ---- systemd units -------------------------------------------------------------------------------- */
 
 static bool find_tool(const char *name, char *out, size_t cap)
@@ -579,6 +623,7 @@ int main(void)
         cmocka_unit_test(http_listen_errors),
         cmocka_unit_test(http_stop_prompt),
         cmocka_unit_test(http_fd_pressure_and_slow_clients),
+        cmocka_unit_test(http_slow_head_closed),
         cmocka_unit_test(systemd_units_verify),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
