@@ -374,11 +374,31 @@ static int raw_request(int port, const char *req, int timeout_ms, int64_t *took_
     return status;
 }
 
+enum { HELD = 1100, SLOW = 64 };
+static int g_held[HELD];
+static int g_slow[SLOW];
+static fx_http *g_ph;
+
+/* Teardown of http_fd_pressure_and_slow_clients, also after a failure: later tests need the
+ * descriptors back below 1024. */
+static int close_pressure(void **state)
+{
+    (void)state;
+    for (int i = 0; i < HELD; i++)
+        if (g_held[i] > 0) close(g_held[i]);
+    for (int i = 0; i < SLOW; i++)
+        if (g_slow[i] > 0) close(g_slow[i]);
+    memset(g_held, 0, sizeof g_held);
+    memset(g_slow, 0, sizeof g_slow);
+    fx_http_stop(g_ph);
+    g_ph = NULL;
+    return 0;
+}
+
 static void http_fd_pressure_and_slow_clients(void **state)
 {
     (void)state;
     const int64_t slowf = getenv("FXT_SANITIZED") ? 3 : 1; /* sanitizer builds run slower */
-    enum { HELD = 1100, SLOW = 64 };
     struct rlimit rl;
     assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
     if (rl.rlim_cur < HELD + SLOW + 200) {
@@ -388,9 +408,9 @@ static void http_fd_pressure_and_slow_clients(void **state)
             fail_msg("RLIMIT_NOFILE hard limit %llu is too low for this test",
                      (unsigned long long)rl.rlim_max);
     }
-    fx_http *h = start_ok(NULL);
+    fx_http *h = g_ph = start_ok(NULL);
     int port = fx_http_port(h);
-    static int held[HELD];
+    int *held = g_held;
     for (int i = 0; i < HELD; i++) {
         held[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
         assert_true(held[i] >= 0);
@@ -398,7 +418,7 @@ static void http_fd_pressure_and_slow_clients(void **state)
     assert_true(held[HELD - 1] >= 1024);
 
     /* 64 slow clients: a request head a byte at a time (every 50 ms), never the blank line. */
-    static int slow[SLOW];
+    int *slow = g_slow;
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     for (int i = 0; i < SLOW; i++) {
@@ -452,10 +472,9 @@ static void http_fd_pressure_and_slow_clients(void **state)
     for (int i = 0; i < SLOW; i++) {
         struct pollfd p = {.fd = slow[i], .events = POLLIN};
         assert_int_equal(poll(&p, 1, 0), 0);
-        close(slow[i]);
     }
-    for (int i = 0; i < HELD; i++) close(held[i]);
     fx_http_stop(h);
+    g_ph = NULL;
 }
 
 static void http_slow_head_closed(void **state)
@@ -622,7 +641,7 @@ int main(void)
         cmocka_unit_test(http_not_found_and_method),
         cmocka_unit_test(http_listen_errors),
         cmocka_unit_test(http_stop_prompt),
-        cmocka_unit_test(http_fd_pressure_and_slow_clients),
+        cmocka_unit_test_teardown(http_fd_pressure_and_slow_clients, close_pressure),
         cmocka_unit_test(http_slow_head_closed),
         cmocka_unit_test(systemd_units_verify),
     };
