@@ -8,6 +8,9 @@
 #   make run      install, build, start a local etcd + nats-server, run the bridge
 #   make bench    benchmarks (tables into BENCHMARKS.md)
 #   make soak     5-minute bridge memory soak under full load (nats_bench -S 300)
+#   make fuzz     libFuzzer targets (tests/fuzz/, clang, ASan+UBSan, build dir build-fuzz), each
+#                 run for FUZZ_SECONDS (default 30) from its seed corpus; non-zero on any crash
+#   make fuzz-corpus  rewrite the seed corpora tests/fuzz/corpus/ (after a format change)
 #   make clean
 
 CC      ?= cc
@@ -24,6 +27,10 @@ ifeq ($(SAN),address)
 CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDFLAGS += -fsanitize=address,undefined
 endif
+ifeq ($(SAN),fuzzer)
+CFLAGS  += -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
 ifeq ($(SAN),thread)
 CFLAGS  += -fsanitize=thread -fno-omit-frame-pointer
 LDFLAGS += -fsanitize=thread
@@ -37,6 +44,8 @@ SUPPORT_SRC:= $(wildcard tests/support/*.c)
 UNIT_SRC   := $(wildcard tests/unit/test_*.c)
 INTEG_SRC  := $(wildcard tests/integration/test_*.c)
 BENCH_SRC  := $(wildcard tests/bench/*.c)
+FUZZ_SRC   := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_SECONDS ?= 30
 
 LEASE_OBJ  := $(LEASE_SRC:%.c=$(BUILD)/%.o)
 BRIDGE_OBJ := $(BRIDGE_SRC:%.c=$(BUILD)/%.o)
@@ -51,11 +60,13 @@ BINS       := $(if $(wildcard plugin/main.c),$(BUILD)/fluxon-bridge) $(if $(wild
 UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/unit/%)
 INTEG_BIN  := $(INTEG_SRC:tests/integration/%.c=$(BUILD)/tests/integration/%)
 BENCH_BIN  := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/tests/bench/%)
+FUZZ_BIN   := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/tests/fuzz/%)
 
 # Keep object files of test programs (make would delete them as intermediates and rebuild).
 .SECONDARY:
 
-.PHONY: all deps test test-unit test-integration check tsan valgrind run bench soak clean tests
+.PHONY: all deps test test-unit test-integration check tsan valgrind run bench soak clean tests \
+        fuzz fuzz-build fuzz-corpus
 
 all: $(LIBLEASE) $(if $(BRIDGE_OBJ),$(LIBBRIDGE)) $(if $(PLUGIN_OBJ),$(LIBPLUGIN)) $(BINS) tests $(BENCH_BIN)
 
@@ -94,6 +105,9 @@ $(BUILD)/tests/unit/%: $(BUILD)/tests/unit/%.o $(LIBS)
 $(BUILD)/tests/integration/%: $(BUILD)/tests/integration/%.o $(SUPPORT_OBJ) $(LIBS)
 	$(CC) $(LDFLAGS) -o $@ $< $(SUPPORT_OBJ) $(LIBS) -lcmocka $(PLUGIN_LDLIBS) $(LDLIBS)
 
+$(BUILD)/tests/fuzz/%: $(BUILD)/tests/fuzz/%.o $(LIBS)
+	$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $< $(LIBS) $(PLUGIN_LDLIBS) $(LDLIBS)
+
 $(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o $(SUPPORT_OBJ) $(LIBS)
 	$(CC) $(LDFLAGS) -o $@ $< $(SUPPORT_OBJ) $(LIBS) $(PLUGIN_LDLIBS) $(LDLIBS)
 
@@ -121,6 +135,21 @@ valgrind: all
 run: deps all
 	@bash deploy/local/run.sh
 
+# The fuzz targets and the project libraries they link, built by clang with libFuzzer, ASan and
+# UBSan in their own build dir; then each target runs FUZZ_SECONDS (tests/fuzz/run.sh).
+fuzz: deps
+	@$(MAKE) --no-print-directory BUILD=build-fuzz CC=clang SAN=fuzzer OPT="-O1 -g" fuzz-build
+	@bash tests/fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
+
+fuzz-build: $(FUZZ_BIN)
+
+# Writes the seed corpora (run after a format change, then commit tests/fuzz/corpus/).
+fuzz-corpus: $(BUILD)/tests/fuzz/make_corpus
+	$< tests/fuzz/corpus
+
+$(BUILD)/tests/fuzz/make_corpus: $(BUILD)/tests/fuzz/make_corpus.o $(LIBS)
+	$(CC) $(LDFLAGS) -o $@ $< $(LIBS) $(PLUGIN_LDLIBS) $(LDLIBS)
+
 bench: deps all
 	@bash tests/bench/run.sh
 
@@ -128,6 +157,6 @@ soak: deps all
 	@bash tests/bench/run.sh --soak 300
 
 clean:
-	rm -rf build build-san build-tsan
+	rm -rf build build-san build-tsan build-fuzz
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

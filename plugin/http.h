@@ -3,8 +3,12 @@
  *   GET /healthz  -> 200 {"status":"ok"}  or 503 {"status":"error","error":"<reason>"}
  *   GET /metrics  -> 200 Prometheus text (text/plain; version=0.0.4)
  *   anything else -> 404; methods other than GET/HEAD -> 405. Request bodies are refused.
- * Runs on libmicrohttpd's own thread (MHD_USE_INTERNAL_POLLING_THREAD), bounded connections
- * (64) and a per-connection timeout (10 s).
+ * Runs on libmicrohttpd's own thread with poll() (never select(), so it keeps answering when the
+ * process holds more than 1,024 descriptors), plus a reaper thread. Bounds: 512 connections (128
+ * per client address); a complete request head within 5 s of connecting or of the previous
+ * answer (however slowly it trickles in), else the connection is closed; 10 s idle timeout; a
+ * 32 KB request head (414/431 beyond it, or an immediate close when no room is left for the
+ * answer). libmicrohttpd's messages are logged rate-limited.
  * Thread rules: start/stop from the main thread; `health` runs on the HTTP thread and must be
  * thread-safe and quick (read cached state; no blocking I/O).
  */

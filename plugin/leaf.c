@@ -98,6 +98,7 @@ struct fx_leaf {
     char *rbuf;
     size_t rlen, skip;
     int hs_fd;          /* >= 0 during the handshake: PONG answers go straight to it */
+    bool feed_info;     /* fx_leaf_feed: the INFO line was seen */
     bool hs_pong;       /* the handshake PONG arrived */
     char hs_err[256];   /* -ERR received during the handshake */
     uint64_t rng;
@@ -888,6 +889,27 @@ static ssize_t read_some(fx_leaf *l, int fd)
         set_why(l, "read failed: %s", strerror_r(errno, eb, sizeof eb));
         return -1;
     }
+}
+
+int fx_leaf_feed(fx_leaf *l, const void *data, size_t len)
+{
+    if (!l || l->started) return -1;
+    const char *p = data;
+    fx_err fail = FX_OK;
+    while (len) {
+        size_t n = RBUF_CAP - l->rlen < len ? RBUF_CAP - l->rlen : len;
+        memcpy(l->rbuf + l->rlen, p, n);
+        l->rlen += n;
+        p += n;
+        len -= n;
+        if (process_input(l, &l->feed_info, &fail) != 0) {
+            l->rlen = 0;
+            l->skip = 0;
+            l->feed_info = false;
+            return -1;
+        }
+    }
+    return 0;
 }
 
 /* ---- connection --------------------------------------------------------------------------------- */

@@ -116,4 +116,11 @@ fx_err fx_leaf_flush(fx_leaf *l, int64_t timeout_ms);
 void fx_leaf_stop(fx_leaf *l);
 void fx_leaf_free(fx_leaf *l);
 
+/* For tests and fuzzing (tests/fuzz/fuzz_leaf.c): process data[0..len) as if the server had sent
+ * it on a fresh connection (the first line must be INFO), through the same line reader as the
+ * I/O thread. Only on a leaf that was never started (no socket: a PING, whose PONG cannot be
+ * written, ends the input like a full write buffer). Returns 0, or -1 once a line was refused as
+ * the connection would be dropped (the reader is then reset for a new connection). */
+int fx_leaf_feed(fx_leaf *l, const void *data, size_t len);
+
 #endif

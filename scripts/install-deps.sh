@@ -9,6 +9,7 @@ PKGS=(
   libcurl4-openssl-dev libcjson-dev libcmocka-dev libnats-dev libmicrohttpd-dev libssl-dev
   etcd-server etcd-client nats-server
   curl valgrind
+  clang libclang-rt-dev   # make fuzz: clang -fsanitize=fuzzer (libFuzzer runtime)
 )
 
 missing=()

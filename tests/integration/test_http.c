@@ -13,6 +13,15 @@
  *   when the host has IPv6 loopback.
  * http_stop_prompt: stop returns within 1 s with an idle keep-alive connection and a silent TCP
  *   connection open; the port is closed afterwards.
+ * http_fd_pressure_and_slow_clients: with 1,100 more descriptors open in the process after the
+ *   start (so every accepted connection's descriptor is above FD_SETSIZE = 1024) and 64 clients
+ *   sending a request head a byte at a time and never finishing it, /healthz answers 200 within
+ *   1 s, five times; a 3 KB query string is answered at once; 3 KB of 1,500 empty arguments
+ *   (more than the per-connection memory holds) gets a 4xx or an immediate close, not a hang;
+ *   the slow clients are all still connected at the end.
+ * http_slow_head_closed: a client that trickles a request head a byte every 100 ms (so the idle
+ *   timeout never fires) is closed by the server 5 s after it connected (the request-head
+ *   deadline), not before 4.5 s and not after 7 s; a client that sent nothing at all too.
  * systemd_units_verify: `systemd-analyze verify` reports nothing for the two units of deploy/systemd/
  *   (ExecStart's /usr/local/bin/fluxon-bridge is rewritten to an existing binary, since the
  *   daemon is not installed here). SKIPPED when systemd-analyze is missing.
@@ -33,6 +42,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -328,6 +340,184 @@ static void http_stop_prompt(void **state)
     close(fd2);
 }
 
+/* Send req on a new connection and read until the server closes it or timeout_ms passes.
+ * Returns the HTTP status, 0 for a close without a status line, -1 for no answer in time. */
+static int raw_request(int port, const char *req, int timeout_ms, int64_t *took_ms)
+{
+    int64_t t0 = fxt_now_ms();
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    size_t n = strlen(req);
+    assert_int_equal(send(fd, req, n, MSG_NOSIGNAL), (ssize_t)n);
+    char buf[512];
+    size_t got = 0;
+    int status = -1;
+    for (;;) {
+        int left = timeout_ms - (int)(fxt_now_ms() - t0);
+        if (left <= 0) break;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, left) <= 0) continue;
+        ssize_t k = recv(fd, buf + got, sizeof buf - 1 - got, 0);
+        if (k > 0 && got + (size_t)k < sizeof buf - 1) {
+            got += (size_t)k;
+            continue;
+        }
+        buf[got] = '\0';
+        status = (got > 12 && strncmp(buf, "HTTP/1.", 7) == 0) ? atoi(buf + 9) : 0;
+        break;
+    }
+    close(fd);
+    *took_ms = fxt_now_ms() - t0;
+    return status;
+}
+
+enum { HELD = 1100, SLOW = 64 };
+static int g_held[HELD];
+static int g_slow[SLOW];
+static fx_http *g_ph;
+
+/* Teardown of http_fd_pressure_and_slow_clients, also after a failure: later tests need the
+ * descriptors back below 1024. */
+static int close_pressure(void **state)
+{
+    (void)state;
+    for (int i = 0; i < HELD; i++)
+        if (g_held[i] > 0) close(g_held[i]);
+    for (int i = 0; i < SLOW; i++)
+        if (g_slow[i] > 0) close(g_slow[i]);
+    memset(g_held, 0, sizeof g_held);
+    memset(g_slow, 0, sizeof g_slow);
+    fx_http_stop(g_ph);
+    g_ph = NULL;
+    return 0;
+}
+
+static void http_fd_pressure_and_slow_clients(void **state)
+{
+    (void)state;
+    const int64_t slowf = getenv("FXT_SANITIZED") ? 3 : 1; /* sanitizer builds run slower */
+    struct rlimit rl;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_cur < HELD + SLOW + 200) {
+        rl.rlim_cur = rl.rlim_max < HELD + SLOW + 200 ? rl.rlim_max : HELD + SLOW + 200;
+        assert_int_equal(setrlimit(RLIMIT_NOFILE, &rl), 0);
+        if (rl.rlim_cur < HELD + SLOW + 200)
+            fail_msg("RLIMIT_NOFILE hard limit %llu is too low for this test",
+                     (unsigned long long)rl.rlim_max);
+    }
+    fx_http *h = g_ph = start_ok(NULL);
+    int port = fx_http_port(h);
+    int *held = g_held;
+    for (int i = 0; i < HELD; i++) {
+        held[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        assert_true(held[i] >= 0);
+    }
+    assert_true(held[HELD - 1] >= 1024);
+
+    /* 64 slow clients: a request head a byte at a time (every 50 ms), never the blank line. */
+    int *slow = g_slow;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (int i = 0; i < SLOW; i++) {
+        slow[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        assert_true(slow[i] >= 0);
+        assert_int_equal(connect(slow[i], (struct sockaddr *)&sa, sizeof sa), 0);
+    }
+    const char *head = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
+    size_t hl = strlen(head);
+    for (size_t k = 0; k < 20; k++) {
+        for (int i = 0; i < SLOW; i++)
+            if (send(slow[i], k < hl ? head + k : "a", 1, MSG_NOSIGNAL) != 1)
+                fail_msg("slow client %d: dropped by the server (%s)", i, strerror(errno));
+        struct timespec ts = {0, 50 * 1000 * 1000}; /* pacing the slow clients, not a sync */
+        nanosleep(&ts, NULL);
+    }
+
+    CURL *c = curl_easy_init();
+    for (int i = 0; i < 5; i++) {
+        resp r;
+        int64_t t0 = fxt_now_ms();
+        request(c, port, NULL, "/healthz", NULL, &r);
+        int64_t took = fxt_now_ms() - t0;
+        assert_int_equal(r.status, 200);
+        if (took >= 1000 * slowf) fail_msg("/healthz took %lld ms", (long long)took);
+        /* keep the slow clients dripping */
+        for (int k = 0; k < SLOW; k++)
+            if (send(slow[k], "a", 1, MSG_NOSIGNAL) != 1)
+                fail_msg("slow client %d: dropped by the server (%s)", k, strerror(errno));
+    }
+    curl_easy_cleanup(c);
+
+    char req[4096];
+    char q[3001];
+    memset(q, 'a', 3000);
+    q[3000] = '\0';
+    snprintf(req, sizeof req, "GET /healthz?%s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", q);
+    int64_t took = 0;
+    assert_int_equal(raw_request(port, req, 2000, &took), 200);
+    for (int i = 0; i < 3000; i += 2) {
+        q[i] = 'a';
+        q[i + 1] = '&';
+    }
+    snprintf(req, sizeof req, "GET /healthz?%s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", q);
+    int st = raw_request(port, req, 3000, &took);
+    if (st < 0 || (st > 0 && (st < 400 || st >= 500)) || took >= 1000 * slowf)
+        fail_msg("1,500 empty query arguments: status %d after %lld ms (want 4xx or a close, "
+                 "promptly)", st, (long long)took);
+
+    /* the slow clients were never dropped */
+    for (int i = 0; i < SLOW; i++) {
+        struct pollfd p = {.fd = slow[i], .events = POLLIN};
+        assert_int_equal(poll(&p, 1, 0), 0);
+    }
+    fx_http_stop(h);
+    g_ph = NULL;
+}
+
+static void http_slow_head_closed(void **state)
+{
+    (void)state;
+    fx_http *h = start_ok(NULL);
+    int port = fx_http_port(h);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int slow = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int silent = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(slow >= 0 && silent >= 0);
+    assert_int_equal(connect(slow, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(connect(silent, (struct sockaddr *)&sa, sizeof sa), 0);
+    int64_t t0 = fxt_now_ms();
+    const char *head = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
+    size_t hl = strlen(head), k = 0;
+    int64_t slow_closed = -1, silent_closed = -1;
+    while ((slow_closed < 0 || silent_closed < 0) && fxt_now_ms() - t0 < 10000) {
+        if (slow_closed < 0 && send(slow, k < hl ? head + k : "a", 1, MSG_NOSIGNAL) != 1)
+            slow_closed = fxt_now_ms() - t0; /* reset by the server */
+        k++;
+        struct pollfd p[2] = {{.fd = slow, .events = POLLIN}, {.fd = silent, .events = POLLIN}};
+        if (poll(p, 2, 100) > 0) { /* readable: the end of the stream (nothing else is sent) */
+            char c;
+            if (slow_closed < 0 && p[0].revents && recv(slow, &c, 1, MSG_DONTWAIT) <= 0)
+                slow_closed = fxt_now_ms() - t0;
+            if (silent_closed < 0 && p[1].revents && recv(silent, &c, 1, MSG_DONTWAIT) <= 0)
+                silent_closed = fxt_now_ms() - t0;
+        }
+    }
+    close(slow);
+    close(silent);
+    /* a prompt client is not affected */
+    resp r;
+    request(NULL, port, NULL, "/healthz", NULL, &r);
+    assert_int_equal(r.status, 200);
+    fx_http_stop(h);
+    if (slow_closed < 4500 || slow_closed > 7000 || silent_closed < 4500 || silent_closed > 7000)
+        fail_msg("closed after %lld ms (trickling) and %lld ms (silent), want 5 s (4.5-7 s)",
+                 (long long)slow_closed, (long long)silent_closed);
+}
+
 /* ---- systemd units -------------------------------------------------------------------------------- */
 
 static bool find_tool(const char *name, char *out, size_t cap)
@@ -451,6 +641,8 @@ int main(void)
         cmocka_unit_test(http_not_found_and_method),
         cmocka_unit_test(http_listen_errors),
         cmocka_unit_test(http_stop_prompt),
+        cmocka_unit_test_teardown(http_fd_pressure_and_slow_clients, close_pressure),
+        cmocka_unit_test(http_slow_head_closed),
         cmocka_unit_test(systemd_units_verify),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -156,8 +156,10 @@ export function installExitHandlers(cleanupRoot) {
 export class Proc {
   /**
    * Start `cmd args` with stdout and stderr appended to logPath; writes <root>/<tag>.pid.
+   * inheritFds: N extra descriptors (/dev/null, read-only) the child inherits at fds 3..N+2, so
+   * it holds that many from its first instruction (descriptor pressure without a test hook).
    */
-  constructor(tag, cmd, args, { logPath, cwd, env } = {}) {
+  constructor(tag, cmd, args, { logPath, cwd, env, inheritFds = 0 } = {}) {
     this.tag = tag;
     this.cmd = cmd;
     this.args = args;
@@ -165,8 +167,14 @@ export class Proc {
     this.pidfile = path.join(ROOT, `${tag}-${process.pid}-${Proc.seq++}.pid`);
     const fd = fs.openSync(logPath, "a");
     fs.writeSync(fd, `---- ${new Date().toISOString()} start: ${cmd} ${args.join(" ")}\n`);
-    this.child = spawn(cmd, args, { stdio: ["ignore", fd, fd], cwd, env: env || process.env });
-    fs.closeSync(fd);
+    const extra = inheritFds > 0 ? fs.openSync("/dev/null", "r") : null;
+    const stdio = ["ignore", fd, fd, ...Array(inheritFds).fill(extra)];
+    try {
+      this.child = spawn(cmd, args, { stdio, cwd, env: env || process.env });
+    } finally {
+      fs.closeSync(fd);
+      if (extra !== null) fs.closeSync(extra);
+    }
     this.pid = this.child.pid;
     this.exit = null; // {code, signal}
     this.exited = new Promise((resolve) => {
@@ -491,7 +499,8 @@ export function requireBinaries() {
 export class Bridge {
   /**
    * opts: name, nats (NatsServer), etcd (Etcd), prefix (etcd root), defaults, channels, config
-   * (a function that may edit the config object before it is written).
+   * (a function that may edit the config object before it is written), inheritFds (descriptors
+   * the process starts with, see Proc).
    */
   constructor(ctx, opts) {
     this.ctx = ctx;
@@ -530,6 +539,7 @@ export class Bridge {
     this.starts++;
     this.proc = new Proc(`${this.ctx.name}-bridge-${this.name}`, BRIDGE_BIN, ["-c", this.configPath], {
       logPath: path.join(this.ctx.dir, `bridge-${this.name}.log`),
+      inheritFds: this.opts.inheritFds || 0,
     });
     if (!this._registered) {
       this._registered = true;
