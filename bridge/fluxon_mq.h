@@ -243,14 +243,14 @@ fx_err fx_mpmc_consumer_open_drain(fx_mq_client *c, int64_t mpmc, int64_t chan,
 
 /* ---- released claims ---------------------------------------------------------------------------- */
 
-/* A watch on the ready keys of every MPMC under the client's root: fn(arg) is called (on the
- * watch's own thread, one call at a time; it must not block) whenever one is deleted, i.e. a
+/* A watch on the ready keys of every MPMC under the client's root: fn(arg, mpmc) is called (on
+ * the watch's own thread, one call at a time; it must not block) whenever one is deleted, i.e. a
  * consumer released its sub-MPSC or its member lease expired, so the caller can let an idle
  * consumer adopt the backlog left there at once instead of at its next poll. The watch survives
  * etcd restarts (lease/etcd.h). start fails when etcd does not answer within timeout_ms. stop
  * must be called before fx_mq_client_close. */
 typedef struct fx_mq_release_watch fx_mq_release_watch;
-fx_err fx_mq_release_watch_start(fx_mq_client *c, void (*fn)(void *arg), void *arg,
+fx_err fx_mq_release_watch_start(fx_mq_client *c, void (*fn)(void *arg, int64_t mpmc), void *arg,
                                  int timeout_ms, fx_mq_release_watch **out);
 void fx_mq_release_watch_stop(fx_mq_release_watch *rw);
 

@@ -9,8 +9,9 @@
 
 struct fx_mq_release_watch {
     fx_watch *w;
-    void (*fn)(void *arg);
+    void (*fn)(void *arg, int64_t mpmc);
     void *arg;
+    const fx_mq_keys *keys;
     char prefix[FX_MQ_KEY_CAP];
     uint8_t end[FX_MQ_KEY_CAP];
 };
@@ -19,14 +20,17 @@ static void on_update(void *arg, const fx_watch_update *u)
 {
     fx_mq_release_watch *rw = arg;
     if (u->kind != FX_WATCH_EVENTS) return;
-    for (size_t i = 0; i < u->n_events; i++)
-        if (u->events[i].type == FX_EV_DELETE) {
-            rw->fn(rw->arg);
-            return;
-        }
+    for (size_t i = 0; i < u->n_events; i++) {
+        const fx_event *ev = &u->events[i];
+        int64_t mpmc = -1, chan = -1;
+        if (ev->type == FX_EV_DELETE &&
+            fx_mq_parse_ready_key(rw->keys, (fx_slice){ev->kv.key.data, ev->kv.key.len}, &mpmc,
+                                  &chan) == FX_OK)
+            rw->fn(rw->arg, mpmc);
+    }
 }
 
-fx_err fx_mq_release_watch_start(fx_mq_client *c, void (*fn)(void *arg), void *arg,
+fx_err fx_mq_release_watch_start(fx_mq_client *c, void (*fn)(void *arg, int64_t mpmc), void *arg,
                                  int timeout_ms, fx_mq_release_watch **out)
 {
     if (!c || !fn || !out) return fx_seterr(FX_EINVAL, "release watch: NULL argument");
@@ -34,6 +38,7 @@ fx_err fx_mq_release_watch_start(fx_mq_client *c, void (*fn)(void *arg), void *a
     if (!rw) return fx_seterr(FX_ENOMEM, "release watch: out of memory");
     rw->fn = fn;
     rw->arg = arg;
+    rw->keys = &c->keys;
     int n = snprintf(rw->prefix, sizeof rw->prefix, "%s/mpmc_channels/ready/", c->keys.root);
     if (n < 0 || (size_t)n >= sizeof rw->prefix) {
         free(rw);

@@ -1048,7 +1048,7 @@ static void *claim_main(void *arg)
     if (table_init(&s)) {
         claim_loop(&s);
         claim_release(&s);
-        dm_view_kick(s.d); /* its sub-MPSC may hold stranded backlog now: adopt it at once */
+        dm_view_kick(s.d, s.ch); /* its sub-MPSC may hold stranded backlog now: adopt it at once */
     } else {
         FX_ERR("claim %s: out of memory", cl->subject);
     }

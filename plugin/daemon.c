@@ -514,12 +514,16 @@ static void hk_chan_view(fx_daemon *d, const fx_config *cfg, dm_chan *ch)
     pthread_mutex_unlock(&ch->mu);
 }
 
-static void hk_backlog(fx_daemon *d)
+/* Refresh the sub-MPSC views: every channel (all), or only those kicked since (view_due). */
+static void hk_backlog(fx_daemon *d, bool all)
 {
     dm_chan *list[256];
     size_t n = 0;
     pthread_rwlock_rdlock(&d->reg);
-    for (size_t c = 0; c < d->n_chans && n < 256; c++) list[n++] = d->chans[c];
+    for (size_t c = 0; c < d->n_chans && n < 256; c++) {
+        bool due = atomic_exchange(&d->chans[c]->view_due, false);
+        if (all || due) list[n++] = d->chans[c];
+    }
     pthread_rwlock_unlock(&d->reg);
     const fx_config *cfg;
     pthread_mutex_lock(&d->cfg_mu);
@@ -531,21 +535,36 @@ static void hk_backlog(fx_daemon *d)
     }
 }
 
-void dm_view_kick(fx_daemon *d)
+void dm_view_kick(fx_daemon *d, dm_chan *ch)
 {
+    atomic_store(&ch->view_due, true);
     pthread_mutex_lock(&d->mu);
     d->view_kick = true;
     pthread_cond_broadcast(&d->cv);
     pthread_mutex_unlock(&d->mu);
 }
 
-static void on_release_event(void *arg) { dm_view_kick(arg); }
+/* A ready key of MPMC `mpmc` was deleted (any bridge): refresh the view of that channel now. */
+static void on_release_event(void *arg, int64_t mpmc)
+{
+    fx_daemon *d = arg;
+    pthread_rwlock_rdlock(&d->reg);
+    for (size_t i = 0; i < d->n_chans; i++) {
+        dm_chan *ch = d->chans[i];
+        pthread_mutex_lock(&ch->mu);
+        bool hit = ch->have_mpmc && ch->mpmc == mpmc;
+        pthread_mutex_unlock(&ch->mu);
+        if (hit) dm_view_kick(d, ch);
+    }
+    pthread_rwlock_unlock(&d->reg);
+}
 
 static void *hk_main(void *arg)
 {
     fx_daemon *d = arg;
     bool etcd_was_ok = true;
-    int64_t next_backlog = 0, next_probe = 0, last_backlog = 0;
+    int64_t next_backlog = 0, next_probe = 0, last_kick = 0;
+    bool kicked = false;
     fx_mq_release_watch *rw = NULL;
     for (;;) {
         if (fx_now_ms() >= next_probe) {
@@ -563,14 +582,18 @@ static void *hk_main(void *arg)
             next_probe = fx_now_ms() + 1000;
         }
         if (fx_now_ms() >= next_backlog) {
-            hk_backlog(d);
-            last_backlog = fx_now_ms();
-            next_backlog = last_backlog + FX_DM_VIEW_MS;
+            hk_backlog(d, true);
+            next_backlog = fx_now_ms() + FX_DM_VIEW_MS;
+        } else if (kicked && fx_now_ms() >= last_kick + FX_DM_KICK_MIN_MS) {
+            kicked = false;
+            last_kick = fx_now_ms();
+            hk_backlog(d, false);
         }
         /* Sleep until the next step, a kick (a claim was released: its backlog is stranded now
          * and an idle claim should adopt it at once) or stop. */
         pthread_mutex_lock(&d->mu);
         int64_t until = next_probe < next_backlog ? next_probe : next_backlog;
+        if (kicked && last_kick + FX_DM_KICK_MIN_MS < until) until = last_kick + FX_DM_KICK_MIN_MS;
         while (!d->stop_late && !d->view_kick && fx_ms_left(until) > 0) {
             struct timespec ts = fx_deadline_ts(until);
             pthread_cond_timedwait(&d->cv, &d->mu, &ts);
@@ -578,7 +601,7 @@ static void *hk_main(void *arg)
         bool stop = d->stop_late;
         if (d->view_kick) { /* at most one kicked refresh per FX_DM_KICK_MIN_MS */
             d->view_kick = false;
-            next_backlog = last_backlog + FX_DM_KICK_MIN_MS;
+            kicked = true;
         }
         pthread_mutex_unlock(&d->mu);
         if (stop) break;

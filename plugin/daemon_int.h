@@ -61,7 +61,7 @@
 #define FX_DM_DLQ_WAIT_MS 5000             /* release: wait for dead letters being stored */
 #define FX_DM_SWEEP_MAX 16                 /* stranded sub-MPSCs remembered per view refresh */
 #define FX_DM_ADOPT_IDLE_MS 500            /* an adopted sub-MPSC empty this long is let go */
-#define FX_DM_VIEW_MS 1000                 /* house-keeping refresh of backlog and sub-MPSC view */
+#define FX_DM_VIEW_MS 2000                 /* house-keeping refresh of backlog and sub-MPSC views */
 #define FX_DM_KICK_MIN_MS 100             /* kicked view refreshes (released claims): at most 10/s */
 #define FX_DM_KEEPER_MS 1000               /* producer thread: re-check its producer when idle */
 
@@ -175,6 +175,7 @@ struct dm_chan {
     int64_t stranded[FX_DM_SWEEP_MAX];
     size_t n_stranded;
     uint64_t view_gen;
+    atomic_bool view_due; /* refresh this channel's view now (dm_view_kick) */
 
     dm_claim *claims; /* under d->reg */
     atomic_bool draining;
@@ -261,7 +262,7 @@ struct fx_daemon {
 
     /* control (under mu) */
     bool ctl_reload, ctl_stop, ctl_exit;
-    bool view_kick; /* refresh the sub-MPSC views now (a claim was released) */
+    bool view_kick; /* some channel's view_due is set (a claim was released) */
 
     /* health (under health_mu) */
     pthread_mutex_t health_mu;
@@ -336,8 +337,8 @@ dm_chan *dm_find_chan_locked(fx_daemon *d, const char *name);
 /* Interruptible wait on d->cv for ms; returns true when the interest thread must stop. */
 bool dm_bg_wait(fx_daemon *d, int64_t ms);
 bool dm_nats_connected(fx_daemon *d);
-/* Ask house-keeping to refresh every channel's sub-MPSC view now (any thread, no lock held). */
-void dm_view_kick(fx_daemon *d);
+/* Ask house-keeping to refresh the sub-MPSC view of ch now (any thread; holds no lock, or reg). */
+void dm_view_kick(fx_daemon *d, dm_chan *ch);
 uint64_t dm_rand64(void);
 
 #endif

@@ -1,0 +1,2 @@
+build2/plugin/metrics.o: plugin/metrics.c plugin/metrics.h
+plugin/metrics.h:
