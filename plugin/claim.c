@@ -67,11 +67,16 @@ typedef struct cst {
     dm_chan *ch;
     fx_daemon *d;
     fx_mpmc_consumer *cons;
-    /* A second consumer bound to a stranded sub-MPSC (left by a released claim or a dead bridge),
-     * drained next to `cons` until it stays empty, then closed (adopt_stranded). */
-    fx_mpmc_consumer *adopt;
-    int64_t adopt_empty_since; /* 0: its last get returned messages */
-    uint64_t adopt_got, adopt_gets; /* messages and get calls of the current adoption (log) */
+    /* Drain consumers bound to stranded sub-MPSCs (left by a released claim or a dead bridge),
+     * drained next to `cons` until each stays empty, then closed (adopt_stranded). */
+    struct adopted {
+        fx_mpmc_consumer *c;
+        int64_t chan;
+        int64_t empty_since; /* 0: its last get returned messages */
+        uint64_t got, gets;  /* messages and get calls (log) */
+    } adopt[FX_DM_ADOPT_MAX];
+    size_t n_adopt;
+    size_t adopt_rr; /* next slot fetch_adopted tries first */
     bool explicit_ack;
     bool use_leaf; /* explicit ack and d->leaf: deliveries over the leaf connection */
     uint32_t max_ents;
@@ -289,11 +294,11 @@ static void wait_events(cst *s, int64_t ms)
 }
 
 static void set_holding(cst *s, bool h);
-static void adopt_close(cst *s, bool lost);
+static void adopt_close(cst *s, size_t i, bool lost);
 
 static void consumer_drop(cst *s)
 {
-    adopt_close(s, true);
+    while (s->n_adopt) adopt_close(s, s->n_adopt - 1, true);
     release_all(s);
     s->n_acks = 0;
     if (s->cons) {
@@ -330,45 +335,44 @@ static bool open_consumer(cst *s)
     return false;
 }
 
-/* Commit the acks gathered: those of the adopted sub-MPSC through its consumer, the rest through
- * the claim's own. */
+/* Ack ids [0, n) through consumer c; true when c turned out closed. */
+static bool ack_through(cst *s, fx_mpmc_consumer *c, const fx_mq_msg_id *ids, size_t n,
+                        const char *what)
+{
+    fx_err e = fx_mpmc_ack(c, ids, n);
+    if (e == FX_ECLOSED || e == FX_ELEASE_LOST) {
+        FX_WRN("claim %s: %s consumer closed (%s): %zu acks lost", s->cl->subject, what,
+               fx_strerror(e), n);
+        return true;
+    }
+    if (e)
+        fx_log_ratelimited(&s->slot_ack, 5000, FX_LOG_ERR, "claim %s: ack of %zu failed: %s (%s)",
+                           s->cl->subject, n, fx_strerror(e), fx_err_detail());
+    return false;
+}
+
+/* Commit the acks gathered: those of each adopted sub-MPSC through its drain consumer, the rest
+ * through the claim's own. */
 static void flush_acks(cst *s)
 {
-    size_t n = s->n_acks, j = n;
+    size_t n = s->n_acks;
     s->n_acks = 0;
-    if (!n) return;
-    int64_t achan = s->adopt ? fx_mpmc_consumer_chan(s->adopt) : -1;
-    for (size_t i = 0; i < j;) { /* [0, j): own sub-MPSC, [j, n): adopted */
-        if (s->acks[i].chan == achan) {
-            fx_mq_msg_id t = s->acks[i];
-            s->acks[i] = s->acks[--j];
-            s->acks[j] = t;
-        } else {
-            i++;
+    for (size_t a = s->n_adopt; a-- > 0 && n;) {
+        size_t j = n; /* move this sub-MPSC's acks to [j, n) */
+        for (size_t i = 0; i < j;) {
+            if (s->acks[i].chan == s->adopt[a].chan) {
+                fx_mq_msg_id t = s->acks[i];
+                s->acks[i] = s->acks[--j];
+                s->acks[j] = t;
+            } else {
+                i++;
+            }
         }
+        if (n > j && ack_through(s, s->adopt[a].c, s->acks + j, n - j, "adopted"))
+            adopt_close(s, a, true);
+        n = j;
     }
-    if (j && s->cons) {
-        fx_err e = fx_mpmc_ack(s->cons, s->acks, j);
-        if (e == FX_ECLOSED || e == FX_ELEASE_LOST) {
-            FX_WRN("claim %s: consumer closed (%s): %zu acks lost, reopening", s->cl->subject,
-                   fx_strerror(e), j);
-            s->lost = true;
-        } else if (e) {
-            fx_log_ratelimited(&s->slot_ack, 5000, FX_LOG_ERR, "claim %s: ack of %zu failed: %s (%s)",
-                               s->cl->subject, j, fx_strerror(e), fx_err_detail());
-        }
-    }
-    if (n > j && s->adopt) {
-        fx_err e = fx_mpmc_ack(s->adopt, s->acks + j, n - j);
-        if (e == FX_ECLOSED || e == FX_ELEASE_LOST) {
-            FX_WRN("claim %s: adopted sub-MPSC closed (%s): %zu acks lost", s->cl->subject,
-                   fx_strerror(e), n - j);
-            adopt_close(s, true);
-        } else if (e) {
-            fx_log_ratelimited(&s->slot_ack, 5000, FX_LOG_ERR, "claim %s: ack of %zu failed: %s (%s)",
-                               s->cl->subject, n - j, fx_strerror(e), fx_err_detail());
-        }
-    }
+    if (n && s->cons && ack_through(s, s->cons, s->acks, n, "own")) s->lost = true;
 }
 
 /* ---- delivery ----------------------------------------------------------------------------------- */
@@ -822,41 +826,43 @@ static size_t count_chan(cst *s, int64_t chan)
     return n;
 }
 
-/* Close the adopted consumer. lost: it closed under us (its entries are dropped: the messages
- * stay unacked in the sub-MPSC for its next consumer; dead letters in progress finish). Else it
- * was drained: its acks are committed first. */
-static void adopt_close(cst *s, bool lost)
+/* Close adopted slot i. lost: its consumer closed under us (its entries are dropped: the
+ * messages stay unacked in the sub-MPSC for its next consumer; dead letters in progress finish).
+ * Else it was drained: its acks are committed first. */
+static void adopt_close(cst *s, size_t i, bool lost)
 {
-    if (!s->adopt) return;
-    int64_t chan = fx_mpmc_consumer_chan(s->adopt);
+    struct adopted a = s->adopt[i];
+    s->adopt[i] = s->adopt[--s->n_adopt];
     if (lost) {
-        for (uint32_t i = 0; i < s->n_ents; i++)
-            if (s->ents[i].state != E_FREE && s->ents[i].state != E_WAIT_DLQ &&
-                s->ents[i].dv.id.chan == chan)
-                ent_release(s, i);
+        for (uint32_t k = 0; k < s->n_ents; k++)
+            if (s->ents[k].state != E_FREE && s->ents[k].state != E_WAIT_DLQ &&
+                s->ents[k].dv.id.chan == a.chan)
+                ent_release(s, k);
     } else {
-        fx_err e = fx_mpmc_flush(s->adopt, 2000);
+        fx_err e = fx_mpmc_flush(a.c, 2000);
         if (e && e != FX_ECLOSED && e != FX_ELEASE_LOST)
-            FX_WRN("claim %s: adopted sub-MPSC %" PRId64 ": ack flush: %s", s->cl->subject, chan,
+            FX_WRN("claim %s: adopted sub-MPSC %" PRId64 ": ack flush: %s", s->cl->subject, a.chan,
                    fx_strerror(e));
     }
-    fx_mpmc_consumer_close(s->adopt);
-    fx_mpmc_consumer_free(s->adopt);
+    fx_mpmc_consumer_close(a.c);
+    fx_mpmc_consumer_free(a.c);
     FX_INF("claim %s: %s adopted sub-MPSC %" PRId64 " (%" PRIu64 " message(s) in %" PRIu64
-           " fetches)", s->cl->subject, lost ? "lost" : "drained", chan, s->adopt_got,
-           s->adopt_gets);
-    s->adopt = NULL;
-    s->adopt_empty_since = 0;
-    s->adopt_got = s->adopt_gets = 0;
+           " fetches)", s->cl->subject, lost ? "lost" : "drained", a.chan, a.got, a.gets);
 }
 
-/* A claim adopts an unready sub-MPSC that still holds messages (left by a released claim or a
- * killed bridge whose member lease expired) as soon as the sub-MPSC view shows one, busy or not:
- * it opens a drain consumer on it (bound without a ready key, so producers route nothing new
- * there) and drains it next to its own sub-MPSC (adopted messages first) until it stays empty,
- * so no delivery waits on a departed claim. One adopted sub-MPSC at a time per claim; the
- * stranded list is tried in order (another claim, here or on another bridge, may hold one:
- * FX_EEXISTS, next). */
+static bool is_adopted(const cst *s, int64_t chan)
+{
+    for (size_t i = 0; i < s->n_adopt; i++)
+        if (s->adopt[i].chan == chan) return true;
+    return false;
+}
+
+/* A claim adopts the unready sub-MPSCs that still hold messages (left by a released claim or a
+ * killed bridge whose member lease expired) as soon as the sub-MPSC view shows them, busy or not:
+ * it opens a drain consumer on each (bound without a ready key, so producers route nothing new
+ * there) and drains them next to its own sub-MPSC (adopted messages first) until each stays
+ * empty, so no delivery waits on a departed claim. At most FX_DM_ADOPT_MAX at a time per claim;
+ * another claim, here or on another bridge, may hold one (FX_EEXISTS: the next). */
 static void adopt_stranded(cst *s)
 {
     dm_chan *ch = s->ch;
@@ -868,13 +874,13 @@ static void adopt_stranded(cst *s)
     ns = ch->n_stranded;
     memcpy(stranded, ch->stranded, ns * sizeof *stranded);
     pthread_mutex_unlock(&ch->mu);
-    if (!ns || gen == s->view_gen || !s->cons || s->adopt) return;
+    if (!ns || gen == s->view_gen || !s->cons || s->n_adopt >= FX_DM_ADOPT_MAX) return;
     s->view_gen = gen;
     int64_t own = fx_mpmc_consumer_chan(s->cons);
     int64_t mpmc = -1;
     if (dm_chan_resolve(ch, false, &mpmc)) return;
-    for (size_t i = 0; i < ns && !stop_requested(s); i++) {
-        if (stranded[i] == own) continue;
+    for (size_t i = 0; i < ns && s->n_adopt < FX_DM_ADOPT_MAX && !stop_requested(s); i++) {
+        if (stranded[i] == own || is_adopted(s, stranded[i])) continue;
         fx_mpmc_consumer *c = NULL;
         fx_err e = fx_mpmc_consumer_open_drain(s->d->mq, mpmc, stranded[i], &c);
         if (e == FX_EEXISTS || e == FX_ENOTFOUND) continue;
@@ -884,41 +890,51 @@ static void adopt_stranded(cst *s)
                                s->cl->subject, stranded[i], fx_strerror(e), fx_err_detail());
             return;
         }
-        s->adopt = c;
-        s->adopt_empty_since = 0;
+        s->adopt[s->n_adopt++] = (struct adopted){.c = c, .chan = stranded[i]};
         FX_INF("claim %s: adopted sub-MPSC %" PRId64 " with stranded backlog (next to its own "
                "sub-MPSC %" PRId64 ")", s->cl->subject, stranded[i], own);
-        return;
     }
 }
 
-/* Fetch from the adopted sub-MPSC (without waiting). true when messages were accepted. Closes it
- * once it has been empty for FX_DM_ADOPT_IDLE_MS with nothing of it in flight. */
+/* Fetch from the adopted sub-MPSCs (without waiting), round robin. true when messages were
+ * accepted. A drain consumer empty for FX_DM_ADOPT_IDLE_MS with nothing of it in flight is
+ * closed (nothing new is routed to it). */
 static bool fetch_adopted(cst *s, size_t want)
 {
-    if (!s->adopt) return false;
-    size_t got = 0;
-    fx_err e = fx_mpmc_get(s->adopt, s->getbuf, want, &got, 0);
-    s->adopt_gets++;
-    s->adopt_got += got;
-    if (e == FX_OK && got) {
-        s->adopt_empty_since = 0;
-        accept_msgs(s, got);
-        return true;
-    }
-    if (e == FX_ECLOSED || e == FX_ELEASE_LOST) {
-        adopt_close(s, true);
-    } else if (e == FX_ETIMEDOUT || e == FX_OK) {
-        int64_t now = fx_now_ms();
-        if (!s->adopt_empty_since) s->adopt_empty_since = now;
-        if (now - s->adopt_empty_since >= FX_DM_ADOPT_IDLE_MS &&
-            count_chan(s, fx_mpmc_consumer_chan(s->adopt)) == 0) {
-            flush_acks(s);
-            adopt_close(s, false);
+    for (size_t k = 0; k < s->n_adopt; k++) {
+        size_t i = (s->adopt_rr + k) % s->n_adopt;
+        struct adopted *a = &s->adopt[i];
+        size_t got = 0;
+        fx_err e = fx_mpmc_get(a->c, s->getbuf, want, &got, 0);
+        a->gets++;
+        a->got += got;
+        if (e == FX_OK && got) {
+            a->empty_since = 0;
+            s->adopt_rr = i + 1;
+            accept_msgs(s, got);
+            return true;
         }
-    } else {
-        fx_log_ratelimited(&s->slot_get, 5000, FX_LOG_WRN, "claim %s: get (adopted) failed: %s (%s)",
-                           s->cl->subject, fx_strerror(e), fx_err_detail());
+        if (e == FX_ECLOSED || e == FX_ELEASE_LOST) {
+            adopt_close(s, i, true);
+            return false; /* slots moved: next turn */
+        }
+        if (e != FX_ETIMEDOUT && e != FX_OK) {
+            fx_log_ratelimited(&s->slot_get, 5000, FX_LOG_WRN,
+                               "claim %s: get (adopted) failed: %s (%s)", s->cl->subject,
+                               fx_strerror(e), fx_err_detail());
+            continue;
+        }
+        int64_t now = fx_now_ms();
+        if (!a->empty_since) a->empty_since = now;
+        if (now - a->empty_since >= FX_DM_ADOPT_IDLE_MS && count_chan(s, a->chan) == 0) {
+            flush_acks(s);
+            for (size_t j = 0; j < s->n_adopt; j++)
+                if (s->adopt[j].chan == a->chan) {
+                    adopt_close(s, j, false);
+                    break;
+                }
+            return false;
+        }
     }
     return false;
 }
@@ -953,7 +969,7 @@ static void claim_loop(cst *s)
             continue;
         }
         if (stop_requested(s)) return;
-        if (!s->adopt) adopt_stranded(s); /* no RPC unless the view shows stranded backlog */
+        adopt_stranded(s); /* no RPC unless the view shows stranded backlog not adopted yet */
         int64_t next = next_due_in(s);
         bool can_fetch = s->n_used < s->max_ents && can_publish(s);
         if (!can_fetch) {
@@ -1022,7 +1038,7 @@ static void claim_release(cst *s)
             }
         }
         flush_acks(s);
-        if (s->adopt) adopt_close(s, false);
+        while (s->n_adopt) adopt_close(s, s->n_adopt - 1, false);
         if (!s->lost) {
             fx_err e = fx_mpmc_flush(s->cons, 2000);
             if (e && e != FX_ECLOSED && e != FX_ELEASE_LOST)
