@@ -76,6 +76,8 @@ typedef struct cst {
     uint64_t next_cseq, gen_ctr;
     fx_mq_msg_id *acks;
     size_t n_acks;
+    dm_ackreply **replies; /* AckSync replies of the acks in `acks`, answered after flush_acks */
+    size_t n_replies;
     size_t dlq_pending;
     fx_mq_delivery *getbuf;
     char *hbuf; /* delivery header block (leaf path), reused */
@@ -212,6 +214,9 @@ static bool table_grow(cst *s)
     fx_mq_msg_id *na = realloc(s->acks, nn * sizeof *na);
     if (!na) return false;
     s->acks = na;
+    dm_ackreply **nr = realloc(s->replies, nn * sizeof *nr);
+    if (!nr) return false;
+    s->replies = nr;
     for (uint32_t i = nn; i > s->n_ents; i--) {
         memset(&s->ents[i - 1], 0, sizeof(ent));
         s->ents[i - 1].heap_pos = -1;
@@ -255,6 +260,44 @@ static void release_all(cst *s)
 
 static void ack_add(cst *s, const fx_mq_msg_id *id) { s->acks[s->n_acks++] = *id; }
 
+/* ---- AckSync replies ------------------------------------------------------------------------- */
+
+static dm_ackreply *ackreply_new(const char *subject)
+{
+    size_t l = strlen(subject);
+    dm_ackreply *r = malloc(sizeof *r + l + 1);
+    if (!r) return NULL;
+    atomic_init(&r->refs, 1);
+    atomic_init(&r->answered, false);
+    memcpy(r->subject, subject, l + 1);
+    return r;
+}
+
+/* Drop one reference. ok: the ack was applied: answer with an empty message (the first answer
+ * wins). The last reference of an unanswered reply sends the error reply; d NULL: no publish
+ * (the daemon is being torn down). */
+static void ackreply_done(fx_daemon *d, dm_ackreply *r, bool ok)
+{
+    if (!r) return;
+    if (ok && d && d->nc && !atomic_exchange(&r->answered, true))
+        natsConnection_Publish(d->nc, r->subject, NULL, 0);
+    if (atomic_fetch_sub(&r->refs, 1) != 1) return;
+    if (!atomic_load(&r->answered) && d && d->nc) {
+        char buf[256];
+        int n = fx_puback_err(409, "ack not applied: the delivery is no longer pending "
+                                   "(already acknowledged, redelivered or released)",
+                              buf, sizeof buf);
+        if (n > 0) natsConnection_Publish(d->nc, r->subject, buf, n);
+    }
+    free(r);
+}
+
+static void replies_done(cst *s, bool ok)
+{
+    for (size_t i = 0; i < s->n_replies; i++) ackreply_done(s->d, s->replies[i], ok);
+    s->n_replies = 0;
+}
+
 /* ---- consumer ---------------------------------------------------------------------------------- */
 
 static bool stop_requested(cst *s)
@@ -282,6 +325,7 @@ static void consumer_drop(cst *s)
 {
     release_all(s);
     s->n_acks = 0;
+    replies_done(s, false);
     if (s->cons) {
         set_holding(s, false);
         fx_mpmc_consumer_close(s->cons);
@@ -320,9 +364,11 @@ static void flush_acks(cst *s)
 {
     if (!s->n_acks || !s->cons) {
         s->n_acks = 0;
+        replies_done(s, false);
         return;
     }
     fx_err e = fx_mpmc_ack(s->cons, s->acks, s->n_acks);
+    replies_done(s, e == FX_OK);
     if (e == FX_ECLOSED || e == FX_ELEASE_LOST) {
         FX_WRN("claim %s: consumer closed (%s): %zu acks lost, reopening", s->cl->subject,
                fx_strerror(e), s->n_acks);
@@ -357,7 +403,8 @@ static bool publish_ent(cst *s, uint32_t idx)
         meta.delivered = attempt;
         meta.seq = DM_SEQ(&e->dv.id);
         meta.claim_seq = e->claim_seq;
-        meta.ts_ns = fx_wall_ns();
+        /* JetStream's metadata timestamp is the time the message was stored */
+        meta.ts_ns = e->msg.publish_ns > 0 ? e->msg.publish_ns : fx_wall_ns();
         meta.pending = s->n_used > 0 ? s->n_used - 1 : 0;
         meta.nonce = e->nonce;
         char js[FX_JSACK_SUBJECT_MAX];
@@ -580,7 +627,8 @@ static void redeliver_or_dlq(cst *s, uint32_t idx, int64_t delay_ms)
 
 /* ---- events ------------------------------------------------------------------------------------ */
 
-static void handle_ev(cst *s, const dm_ev *ev)
+/* Apply one event; true when it changed the state of a pending delivery. */
+static bool apply_ev(cst *s, const dm_ev *ev)
 {
     fx_daemon *d = s->d;
     uint32_t idx = hash_find(s, ev->claim_seq);
@@ -592,21 +640,21 @@ static void handle_ev(cst *s, const dm_ev *ev)
             /* not an attempt: the message stays unacked for the next consumer */
             if (e->delivered) e->delivered--;
         }
-        return;
+        return false;
     }
     if (!e || e->nonce != ev->nonce || !s->explicit_ack) {
         fx_metric_inc(d->g_stale_acks, 1);
-        return;
+        return false;
     }
     switch (ev->kind) {
     case EV_ACK:
-        if (e->state != E_WAIT_ACK && e->state != E_WAIT_SEND) break;
+        if (e->state != E_WAIT_ACK && e->state != E_WAIT_SEND) return false;
         fx_metric_inc(s->ch->m.acked, 1);
         ack_add(s, &e->dv.id);
         ent_release(s, idx);
-        break;
+        return true;
     case EV_NAK:
-        if (e->state != E_WAIT_ACK) break;
+        if (e->state != E_WAIT_ACK) return false;
         {
             int64_t delay = ev->delay_ns > 0 ? ev->delay_ns / 1000000 : -1;
             if (delay < 0) {
@@ -621,18 +669,29 @@ static void handle_ev(cst *s, const dm_ev *ev)
             }
             redeliver_or_dlq(s, idx, delay);
         }
-        break;
+        return true;
     case EV_WPI:
-        if (e->state != E_WAIT_ACK) break;
+        if (e->state != E_WAIT_ACK) return false;
         heap_set(s, idx, fx_now_ms() + s->ch->s.ack_wait_ms);
-        break;
+        return true;
     case EV_TERM:
-        if (e->state != E_WAIT_ACK && e->state != E_WAIT_SEND) break;
+        if (e->state != E_WAIT_ACK && e->state != E_WAIT_SEND) return false;
         dead_letter(s, idx, "term");
-        break;
+        return true;
     default:
-        break;
+        return false;
     }
+}
+
+static void handle_ev(cst *s, dm_ev *ev)
+{
+    bool applied = apply_ev(s, ev);
+    if (!ev->reply) return;
+    if (applied && ev->kind == EV_ACK && s->n_replies < s->n_acks)
+        s->replies[s->n_replies++] = ev->reply; /* answered once flush_acks handed it to the MQ */
+    else
+        ackreply_done(s->d, ev->reply, applied);
+    ev->reply = NULL;
 }
 
 static void handle_dlq_done(cst *s, pq_item *it)
@@ -947,8 +1006,16 @@ static void *claim_main(void *arg)
     } else {
         FX_ERR("claim %s: out of memory", cl->subject);
     }
-    /* completions of dead letters still in flight are freed by the producer side from now on */
+    /* completions of dead letters still in flight are freed by the producer side from now on;
+     * acks still queued are not applied: their requesters get the error reply now */
     pthread_mutex_lock(&cl->mu);
+    while (cl->ev_n) {
+        dm_ev *ev = &cl->evs[cl->ev_head];
+        ackreply_done(s.d, ev->reply, false);
+        ev->reply = NULL;
+        cl->ev_head = (cl->ev_head + 1) % cl->ev_cap;
+        cl->ev_n--;
+    }
     cl->dlq_closed = true;
     pq_item *done = cl->dlq_done;
     cl->dlq_done = NULL;
@@ -964,6 +1031,7 @@ static void *claim_main(void *arg)
     free(s.heap);
     free(s.sendq);
     free(s.acks);
+    free(s.replies);
     free(s.buckets);
     for (size_t i = 0; s.getbuf && i < FX_DM_FETCH_MAX; i++) fx_mq_delivery_free(&s.getbuf[i]);
     free(s.getbuf);
@@ -985,6 +1053,8 @@ void dm_claim_unref(dm_claim *cl)
         free(it);
         it = nx;
     }
+    for (size_t i = 0; i < cl->ev_n; i++) /* acks that never reached the thread */
+        ackreply_done(NULL, cl->evs[(cl->ev_head + i) % cl->ev_cap].reply, false);
     free(cl->evs);
     pthread_mutex_destroy(&cl->mu);
     pthread_cond_destroy(&cl->cv);
@@ -1062,6 +1132,7 @@ static dm_claim *claim_new(dm_chan *ch, const char *token)
 
 /* ---- ack routing (NATS callbacks: parse, look up, enqueue; never block) ------------------------- */
 
+/* ev->reply (if any) keeps the caller's reference; each queued event takes one more. */
 static void route(fx_daemon *d, const char *chan, const char *claim, const dm_ev *ev, bool invalid)
 {
     pthread_rwlock_rdlock(&d->reg);
@@ -1080,7 +1151,9 @@ static void route(fx_daemon *d, const char *chan, const char *claim, const dm_ev
     for (dm_claim *cl = ch->claims; cl; cl = cl->next) {
         if (strcmp(cl->token, claim) != 0 || atomic_load(&cl->finished)) continue;
         routed = true;
+        if (ev->reply) atomic_fetch_add(&ev->reply->refs, 1);
         if (!ev_push(cl, ev)) {
+            if (ev->reply) atomic_fetch_sub(&ev->reply->refs, 1); /* ours is still held */
             static fx_log_slot slot;
             fx_log_ratelimited(&slot, 5000, FX_LOG_WRN, "claim %s: ack queue full: ack dropped",
                                cl->subject);
@@ -1136,7 +1209,11 @@ void dm_on_ack(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
                                meta.channel);
         }
     }
+    const char *rs = natsMsg_GetReply(m);
+    if (ev.kind != EV_NORESP && rs && *rs)
+        ev.reply = ackreply_new(rs); /* out of memory: the ack is still applied, unanswered */
     route(d, meta.channel, meta.claim, &ev, invalid);
+    ackreply_done(d, ev.reply, false); /* the router's reference: error reply if nobody applied it */
     natsMsg_Destroy(m);
 }
 

@@ -49,7 +49,7 @@
  * and bytes; the MQ writes it as one segment (<= 4096 msgs, 1 MiB) in one etcd txn. */
 #define FX_DM_BATCH_MSGS 1024
 #define FX_DM_BATCH_BYTES (1u << 20)
-#define FX_DM_PUT_TIMEOUT_MS 4000          /* under the 5 s default publish timeout of clients */
+#define FX_DM_PUT_TIMEOUT_MS 4000          /* etcd work of one batch (plus the channel's full_wait) */
 #define FX_DM_MAX_MSG_BYTES (1u << 20)     /* payload + header block, before the headroom */
 #define FX_DM_DELIVERY_HEADROOM 4096       /* room for the Fluxon-* delivery headers */
 #define FX_DM_FETCH_MAX 128                /* messages per fx_mpmc_get */
@@ -99,7 +99,7 @@ typedef struct dm_claim dm_claim;
 
 typedef struct dm_chan_metrics {
     fx_metric *captured, *stored, *delivered, *acked, *redelivered, *dead, *dropped,
-        *invalid_acks, *backlog, *claims, *store_errors;
+        *invalid_acks, *backlog, *claims, *store_errors, *full_dropped;
 } dm_chan_metrics;
 
 /* ---- producer queue ----------------------------------------------------------------------------- */
@@ -168,11 +168,22 @@ struct dm_chan {
 enum { EV_ACK = 0, EV_NAK, EV_WPI, EV_TERM, EV_NORESP };
 enum { STOP_NONE = 0, STOP_RELEASE, STOP_DRAIN };
 
+/* The reply subject of an ack sent as a request (nats.go AckSync, nats.js ackAck): shared by the
+ * router and every claim the ack was queued to (reference counted). The claim that applies the
+ * ack answers with an empty message (first answer wins); when the last reference goes without an
+ * answer, the ack was not applied and gets an error reply. */
+typedef struct dm_ackreply {
+    atomic_int refs;
+    atomic_bool answered;
+    char subject[];
+} dm_ackreply;
+
 typedef struct dm_ev {
     uint8_t kind;
     uint64_t claim_seq;
     uint64_t nonce; /* 0 for EV_NORESP on the ack none subject (no nonce there) */
     int64_t delay_ns;
+    dm_ackreply *reply; /* one reference, or NULL */
 } dm_ev;
 
 struct dm_claim {
