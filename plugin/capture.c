@@ -470,9 +470,21 @@ static void complete(dm_chan *ch, pq_item *it, fx_err e, const fx_mq_msg_id *id)
         reply_ok(d, ch, it->reply, id);
     } else {
         fx_metric_inc(ch->m.store_errors, 1);
-        if (e == FX_EFULL)
-            dm_reply_error(d, it->reply, 503, "channel full");
-        else
+        if (e == FX_EFULL && it->reply) {
+            /* JetStream's answer for a full stream (DiscardNew), so clients fail fast with a
+             * code they know. */
+            char buf[256];
+            int n = fx_puback_err_code(503, FX_JS_ERR_MAX_MSGS, "maximum messages exceeded", buf,
+                                       sizeof buf);
+            if (n > 0 && d->nc) natsConnection_Publish(d->nc, it->reply, buf, n);
+        } else if (e == FX_EFULL) {
+            /* fire and forget: nobody hears about it but the operator */
+            fx_metric_inc(ch->m.full_dropped, 1);
+            static fx_log_slot slot;
+            fx_log_ratelimited(&slot, 5000, FX_LOG_WRN,
+                               "channel %s: full: publish without reply dropped "
+                               "(fluxon_full_dropped_total)", ch->name);
+        } else
             dm_reply_error(d, it->reply, 500, fx_strerror(e));
     }
     free(it);
@@ -496,7 +508,9 @@ static void process_batch(dm_chan *ch, prod_state *ps, pq_item **batch, size_t n
     fx_mq_msg_id ids[FX_DM_BATCH_MSGS];
     for (size_t i = 0; i < n; i++) vals[i] = (fx_slice){batch[i]->rec, batch[i]->rec_len};
     size_t done = 0;
-    int64_t deadline = fx_now_ms() + FX_DM_PUT_TIMEOUT_MS;
+    /* full_wait (default 0): how long a put may wait for room; 0 answers "full" at once. The
+     * etcd work itself has its own budget on top. */
+    int64_t deadline = fx_now_ms() + FX_DM_PUT_TIMEOUT_MS + ch->s.full_wait_ms;
     fx_err e = FX_OK;
     int reopen = 0;
     while (done < n) {
@@ -507,7 +521,8 @@ static void process_batch(dm_chan *ch, prod_state *ps, pq_item **batch, size_t n
             e = FX_ETIMEDOUT;
             break;
         }
-        e = fx_mpmc_put(ch->prod, vals + done, n - done, left, &np, ids + done);
+        int wait = ch->s.full_wait_ms < left ? (int)ch->s.full_wait_ms : left;
+        e = fx_mpmc_put(ch->prod, vals + done, n - done, wait, &np, ids + done);
         if (np > n - done) np = n - done;
         for (size_t i = done; i < done + np; i++) complete(ch, batch[i], FX_OK, &ids[i]);
         for (size_t i = done; i < done + np; i++) batch[i] = NULL;
@@ -617,6 +632,9 @@ dm_chan *dm_chan_new(fx_daemon *d, const fx_chan_config *cc)
     m->store_errors = cmetric(d, "fluxon_store_errors_total",
                               "Captured messages that could not be stored (error PubAck)",
                               FX_METRIC_COUNTER, l);
+    m->full_dropped = cmetric(d, "fluxon_full_dropped_total",
+                              "Publishes without a reply subject dropped because the channel was full",
+                              FX_METRIC_COUNTER, l);
     return ch;
 }
 
@@ -653,7 +671,8 @@ static bool settings_same(const fx_chan_settings *a, const fx_chan_settings *b)
     if (a->ttl_seconds != b->ttl_seconds || a->capacity != b->capacity || a->ack != b->ack ||
         a->ack_wait_ms != b->ack_wait_ms || a->max_deliver != b->max_deliver ||
         a->max_ack_pending != b->max_ack_pending || a->n_backoff != b->n_backoff ||
-        a->release_after_ms != b->release_after_ms || a->interest_poll_ms != b->interest_poll_ms)
+        a->release_after_ms != b->release_after_ms || a->interest_poll_ms != b->interest_poll_ms ||
+        a->full_wait_ms != b->full_wait_ms || a->duplicate_window_ms != b->duplicate_window_ms)
         return false;
     for (size_t i = 0; i < a->n_backoff && i < FX_CFG_MAX_BACKOFF; i++)
         if (a->backoff_ms[i] != b->backoff_ms[i]) return false;

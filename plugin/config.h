@@ -29,6 +29,9 @@ typedef struct fx_chan_settings {
     size_t n_backoff;
     int64_t release_after_ms; /* default 5 s */
     int64_t interest_poll_ms; /* default 1 s, >= 50 ms */
+    int64_t full_wait_ms;     /* default 0: a publish to a full channel fails at once (503,
+                                 err_code 10077); > 0: wait up to this long for room (<= 60 s) */
+    int64_t duplicate_window_ms; /* default 2 min: Nats-Msg-Id dedup window; 0 disables dedup */
 } fx_chan_settings;
 
 typedef struct fx_chan_config {
