@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "daemon_int.h"
+#include "dedup.h"
 #include "flatdict.h"
 #include "fx_time.h"
 #include "jsack.h"
@@ -31,17 +32,18 @@ void dm_reply_error(fx_daemon *d, const char *reply, int code, const char *desc)
     if (n > 0) natsConnection_Publish(d->nc, reply, buf, n);
 }
 
-static void reply_ok(fx_daemon *d, dm_chan *ch, const char *reply, const fx_mq_msg_id *id)
+static void reply_ok(fx_daemon *d, dm_chan *ch, const char *reply, const fx_mq_msg_id *id,
+                     bool duplicate)
 {
     if (!reply || !*reply || !d->nc) return;
     char buf[768];
-    int n = fx_puback_ok(ch->name, DM_SEQ(id), buf, sizeof buf - 96);
+    int n = fx_puback_ok(ch->name, DM_SEQ(id), buf, sizeof buf - 128);
     if (n <= 0) return;
-    if (buf[n - 1] == '}') { /* extra field: the full identity of the stored message */
+    if (buf[n - 1] == '}') { /* extra fields: JetStream's duplicate flag, the full identity */
         n--;
         int k = snprintf(buf + n, sizeof buf - (size_t)n,
-                         ",\"fluxon_id\":\"%" PRId64 ".%" PRId64 ".%" PRId64 "\"}", id->chan,
-                         id->pidx, id->msg);
+                         "%s,\"fluxon_id\":\"%" PRId64 ".%" PRId64 ".%" PRId64 "\"}",
+                         duplicate ? ",\"duplicate\":true" : "", id->chan, id->pidx, id->msg);
         if (k <= 0 || (size_t)k >= sizeof buf - (size_t)n) return;
         n += k;
     }
@@ -249,8 +251,14 @@ natsStatus dm_hdr_apply(natsMsg *m, fx_slice block)
 
 pq_item *dm_pq_item_new(int kind, const char *reply, size_t rec_len)
 {
+    return dm_pq_item_new_id(kind, reply, NULL, rec_len);
+}
+
+pq_item *dm_pq_item_new_id(int kind, const char *reply, const char *msgid, size_t rec_len)
+{
     size_t rl = reply ? strlen(reply) + 1 : 0;
-    pq_item *it = malloc(sizeof *it + rl + rec_len + 1);
+    size_t il = msgid ? strlen(msgid) + 1 : 0;
+    pq_item *it = malloc(sizeof *it + rl + il + rec_len + 1);
     if (!it) return NULL;
     memset(it, 0, sizeof *it);
     it->kind = kind;
@@ -259,6 +267,11 @@ pq_item *dm_pq_item_new(int kind, const char *reply, size_t rec_len)
         memcpy(p, reply, rl);
         it->reply = p;
         p += rl;
+    }
+    if (msgid) {
+        memcpy(p, msgid, il);
+        it->msgid = p;
+        p += il;
     }
     it->rec = (uint8_t *)p;
     it->rec_len = rec_len;
@@ -289,6 +302,23 @@ static bool pq_push_kind(dm_pq *q, pq_item *it)
 }
 
 bool dm_pq_push(dm_pq *q, pq_item *it) { return pq_push_kind(q, it); }
+
+/* Put items taken from the queue back at its head, in order (they were counted before: no
+ * bound check). Producer thread only. */
+static void pq_requeue_front(dm_pq *q, pq_item **items, size_t n)
+{
+    if (!n) return;
+    pthread_mutex_lock(&q->mu);
+    for (size_t i = n; i > 0; i--) {
+        pq_item *it = items[i - 1];
+        it->next = q->head;
+        q->head = it;
+        if (!q->tail) q->tail = it;
+        q->n++;
+        q->bytes += it->rec_len;
+    }
+    pthread_mutex_unlock(&q->mu);
+}
 
 static pq_item *pq_take_locked(dm_pq *q)
 {
@@ -328,6 +358,45 @@ static void on_capture(natsConnection *nc, natsSubscription *sub, natsMsg *m, vo
         dm_reply_error(d, reply, 500, "bridge out of memory");
         goto out;
     }
+    char msgid[FX_DEDUP_ID_MAX + 1];
+    bool has_msgid = false;
+    if (hlen) { /* JetStream publish headers: Nats-Expected-*, Nats-Msg-Id */
+        hdr_iter hi;
+        fx_slice hk, hv;
+        hdr_iter_init(&hi, hdr, hlen);
+        const size_t el = sizeof FX_DM_HDR_EXPECTED - 1;
+        while (hdr_iter_next(&hi, &hk, &hv)) {
+            if (hk.len > el && memcmp(hk.data, FX_DM_HDR_EXPECTED, el) == 0) {
+                char desc[160];
+                int code = 400, err_code = 0;
+                if (hk.len == sizeof FX_DM_HDR_EXPECTED_STREAM - 1 &&
+                    memcmp(hk.data, FX_DM_HDR_EXPECTED_STREAM, hk.len) == 0) {
+                    if (hv.len == strlen(ch->name) && memcmp(hv.data, ch->name, hv.len) == 0) continue;
+                    err_code = FX_JS_ERR_STREAM_MISMATCH;
+                    snprintf(desc, sizeof desc, "expected stream does not match");
+                } else {
+                    snprintf(desc, sizeof desc, "header %.*s is not supported by fluxon-bridge",
+                             (int)(hk.len < 64 ? hk.len : 64), (const char *)hk.data);
+                }
+                fx_metric_inc(ch->m.dropped, 1);
+                char buf[256];
+                int n = fx_puback_err_code(code, err_code, desc, buf, sizeof buf);
+                if (reply && n > 0) natsConnection_Publish(d->nc, reply, buf, n);
+                goto out;
+            }
+            if (ch->s.duplicate_window_ms > 0 && !has_msgid && hk.len == sizeof FX_DM_HDR_MSG_ID - 1 &&
+                memcmp(hk.data, FX_DM_HDR_MSG_ID, hk.len) == 0 && hv.len > 0) {
+                if (hv.len > FX_DEDUP_ID_MAX) {
+                    fx_metric_inc(ch->m.dropped, 1);
+                    dm_reply_error(d, reply, 400, "Nats-Msg-Id longer than 512 bytes");
+                    goto out;
+                }
+                memcpy(msgid, hv.data, hv.len);
+                msgid[hv.len] = '\0';
+                has_msgid = true;
+            }
+        }
+    }
     size_t lim = dm_max_msg_bytes(d);
     if (hlen + (size_t)dlen > lim) {
         static fx_log_slot slot;
@@ -344,7 +413,8 @@ static void on_capture(natsConnection *nc, natsSubscription *sub, natsMsg *m, vo
                      .data = {data, (size_t)dlen}};
     size_t rl = 0;
     pq_item *it = NULL;
-    if (fx_mq_msg_encoded_size(&rec, &rl) != FX_OK || !(it = dm_pq_item_new(PQ_CAPTURE, reply, rl)) ||
+    if (fx_mq_msg_encoded_size(&rec, &rl) != FX_OK ||
+        !(it = dm_pq_item_new_id(PQ_CAPTURE, reply, has_msgid ? msgid : NULL, rl)) ||
         fx_mq_msg_encode_into(&rec, it->rec, rl, &rl) != FX_OK) {
         free(it);
         fx_metric_inc(ch->m.dropped, 1);
@@ -467,7 +537,7 @@ static void complete(dm_chan *ch, pq_item *it, fx_err e, const fx_mq_msg_id *id)
     }
     if (!e) {
         fx_metric_inc(ch->m.stored, 1);
-        reply_ok(d, ch, it->reply, id);
+        reply_ok(d, ch, it->reply, id, false);
     } else {
         fx_metric_inc(ch->m.store_errors, 1);
         if (e == FX_EFULL && it->reply) {
@@ -498,12 +568,105 @@ static bool prod_stopping(dm_chan *ch)
     return st;
 }
 
+/* ---- Nats-Msg-Id dedup (bridge/dedup.h) ---------------------------------------------------- */
+
+static fx_log_slot dedup_slot;
+
+/* Answer and drop the captures whose Nats-Msg-Id is in the window; a second capture of an id
+ * already in this batch goes back to the head of the queue (the next batch finds the first one
+ * recorded). Returns the new count. Batches without any Nats-Msg-Id cost nothing. */
+static size_t dedup_filter(dm_chan *ch, pq_item **batch, size_t n)
+{
+    size_t nid = 0;
+    for (size_t i = 0; i < n; i++)
+        if (batch[i]->kind == PQ_CAPTURE && batch[i]->msgid) nid++;
+    if (!nid) return n;
+    if (!ch->dedup) {
+        fx_err e = fx_dedup_new(ch->d->mq, ch->name, ch->s.duplicate_window_ms, &ch->dedup);
+        if (e) {
+            fx_log_ratelimited(&dedup_slot, 5000, FX_LOG_ERR, "channel %s: dedup: %s (%s)",
+                               ch->name, fx_strerror(e), fx_err_detail());
+            return n;
+        }
+    }
+    fx_slice ids[FX_DM_BATCH_MSGS];
+    uint32_t at[FX_DM_BATCH_MSGS];
+    pq_item *later[FX_DM_BATCH_MSGS];
+    size_t k = 0, nl = 0;
+    for (size_t i = 0; i < n; i++) {
+        pq_item *it = batch[i];
+        if (it->kind != PQ_CAPTURE || !it->msgid) continue;
+        fx_slice id = FX_SLICE_STR(it->msgid);
+        bool again = false;
+        for (size_t j = 0; j < k && !again; j++)
+            again = ids[j].len == id.len && memcmp(ids[j].data, id.data, id.len) == 0;
+        if (again) {
+            later[nl++] = it;
+            batch[i] = NULL;
+            continue;
+        }
+        ids[k] = id;
+        at[k++] = (uint32_t)i;
+    }
+    fx_bytes vals[FX_DM_BATCH_MSGS];
+    fx_err e = fx_dedup_lookup(ch->dedup, ids, k, vals, FX_DM_PUT_TIMEOUT_MS);
+    if (e) {
+        fx_log_ratelimited(&dedup_slot, 5000, FX_LOG_WRN,
+                           "channel %s: dedup lookup failed: %s (%s): storing without the check",
+                           ch->name, fx_strerror(e), fx_err_detail());
+    }
+    for (size_t j = 0; j < k; j++) {
+        fx_mq_msg_id id;
+        long long a, b, c;
+        char tail;
+        if (!e && vals[j].len &&
+            sscanf((const char *)vals[j].data, "%lld.%lld.%lld%c", &a, &b, &c, &tail) == 3) {
+            id = (fx_mq_msg_id){a, b, c};
+            pq_item *it = batch[at[j]];
+            fx_metric_inc(ch->m.duplicates, 1);
+            reply_ok(ch->d, ch, it->reply, &id, true);
+            free(it);
+            batch[at[j]] = NULL;
+        }
+        fx_bytes_free(&vals[j]);
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (batch[i]) batch[m++] = batch[i];
+    pq_requeue_front(&ch->q, later, nl);
+    return m;
+}
+
+/* Record the Nats-Msg-Id of stored captures (before their PubAck goes out). */
+static void dedup_record(dm_chan *ch, pq_item **items, const fx_mq_msg_id *sids, size_t n)
+{
+    if (!ch->dedup) return;
+    fx_slice ids[FX_DM_BATCH_MSGS], vals[FX_DM_BATCH_MSGS];
+    char vbuf[FX_DM_BATCH_MSGS][72];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (items[i]->kind != PQ_CAPTURE || !items[i]->msgid) continue;
+        int l = snprintf(vbuf[k], sizeof vbuf[k], "%" PRId64 ".%" PRId64 ".%" PRId64, sids[i].chan,
+                         sids[i].pidx, sids[i].msg);
+        ids[k] = FX_SLICE_STR(items[i]->msgid);
+        vals[k] = (fx_slice){vbuf[k], (size_t)l};
+        k++;
+    }
+    if (!k) return;
+    fx_err e = fx_dedup_record(ch->dedup, ids, vals, k, FX_DM_PUT_TIMEOUT_MS);
+    if (e)
+        fx_log_ratelimited(&dedup_slot, 5000, FX_LOG_WRN,
+                           "channel %s: dedup: %zu id(s) stored but not recorded: %s (%s)",
+                           ch->name, k, fx_strerror(e), fx_err_detail());
+}
+
 static void process_batch(dm_chan *ch, prod_state *ps, pq_item **batch, size_t n)
 {
     if (ps->give_up) {
         for (size_t i = 0; i < n; i++) complete(ch, batch[i], FX_ECANCELED, NULL);
         return;
     }
+    if (ch->s.duplicate_window_ms > 0 && !(n = dedup_filter(ch, batch, n))) return;
     fx_slice vals[FX_DM_BATCH_MSGS];
     fx_mq_msg_id ids[FX_DM_BATCH_MSGS];
     for (size_t i = 0; i < n; i++) vals[i] = (fx_slice){batch[i]->rec, batch[i]->rec_len};
@@ -524,6 +687,7 @@ static void process_batch(dm_chan *ch, prod_state *ps, pq_item **batch, size_t n
         int wait = ch->s.full_wait_ms < left ? (int)ch->s.full_wait_ms : left;
         e = fx_mpmc_put(ch->prod, vals + done, n - done, wait, &np, ids + done);
         if (np > n - done) np = n - done;
+        if (ch->dedup) dedup_record(ch, batch + done, ids + done, np);
         for (size_t i = done; i < done + np; i++) complete(ch, batch[i], FX_OK, &ids[i]);
         for (size_t i = done; i < done + np; i++) batch[i] = NULL;
         done += np;
@@ -574,6 +738,8 @@ static void *producer_main(void *arg)
         process_batch(ch, &ps, batch, n);
     }
     prod_close(ch);
+    fx_dedup_free(ch->dedup);
+    ch->dedup = NULL;
     nats_ReleaseThreadMemory();
     return NULL;
 }
@@ -632,6 +798,9 @@ dm_chan *dm_chan_new(fx_daemon *d, const fx_chan_config *cc)
     m->store_errors = cmetric(d, "fluxon_store_errors_total",
                               "Captured messages that could not be stored (error PubAck)",
                               FX_METRIC_COUNTER, l);
+    m->duplicates = cmetric(d, "fluxon_duplicates_total",
+                            "Publishes not stored: their Nats-Msg-Id was in the duplicate window",
+                            FX_METRIC_COUNTER, l);
     m->full_dropped = cmetric(d, "fluxon_full_dropped_total",
                               "Publishes without a reply subject dropped because the channel was full",
                               FX_METRIC_COUNTER, l);

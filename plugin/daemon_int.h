@@ -68,6 +68,9 @@
 #define FX_DM_HDR_DELIVERED "Fluxon-Delivered"
 #define FX_DM_HDR_ID "Fluxon-Id"
 #define FX_DM_HDR_DEAD_REASON "Fluxon-Dead-Reason"
+#define FX_DM_HDR_MSG_ID "Nats-Msg-Id"               /* dedup (channel duplicate_window) */
+#define FX_DM_HDR_EXPECTED "Nats-Expected-"          /* only ...-Stream is supported */
+#define FX_DM_HDR_EXPECTED_STREAM "Nats-Expected-Stream"
 #define FX_DM_NR_PREFIX "_FLUXON.NR." /* ack none reply: _FLUXON.NR.<bridge>.<chan>.<claim>.<cseq> */
 /* Ack reply subjects. nats-server (2.9.10 verified) refuses a client PUB whose reply starts with
  * "$JS.ACK." ("Publish Violation": reserved reply); a LEAFNODE connection is not checked. So:
@@ -99,7 +102,7 @@ typedef struct dm_claim dm_claim;
 
 typedef struct dm_chan_metrics {
     fx_metric *captured, *stored, *delivered, *acked, *redelivered, *dead, *dropped,
-        *invalid_acks, *backlog, *claims, *store_errors, *full_dropped;
+        *invalid_acks, *backlog, *claims, *store_errors, *full_dropped, *duplicates;
 } dm_chan_metrics;
 
 /* ---- producer queue ----------------------------------------------------------------------------- */
@@ -109,6 +112,7 @@ typedef struct pq_item {
     struct pq_item *next;
     int kind;
     char *reply;         /* capture: reply subject or NULL (points into the allocation) */
+    char *msgid;         /* capture: Nats-Msg-Id when the channel dedups, else NULL (ditto) */
     uint8_t *rec;        /* encoded fx_mq_msg (points into the allocation) */
     size_t rec_len;
     /* dead letter: */
@@ -146,6 +150,7 @@ struct dm_chan {
     pthread_t prod_thr;
     bool prod_started;
     fx_mpmc_producer *prod; /* producer thread only */
+    struct fx_dedup *dedup;  /* producer thread only: Nats-Msg-Id window (bridge/dedup.h) */
 
     pthread_mutex_t mu; /* mpmc id cache */
     int64_t mpmc;
@@ -284,6 +289,7 @@ void dm_chan_forget_mpmc(dm_chan *ch);
 /* Queue a dead letter. false when the queue is full or closed (item not taken). */
 bool dm_pq_push(dm_pq *q, pq_item *it);
 pq_item *dm_pq_item_new(int kind, const char *reply, size_t rec_len);
+pq_item *dm_pq_item_new_id(int kind, const char *reply, const char *msgid, size_t rec_len);
 void dm_pq_item_free(pq_item *it);
 /* Header block helpers. */
 fx_err dm_hdr_from_msg(natsMsg *m, char **out, size_t *out_len); /* NULL/0 when none */
