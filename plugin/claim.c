@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attempts.h"
 #include "daemon_int.h"
 #include "flatdict.h"
 #include "fx_time.h"
@@ -47,7 +48,8 @@ typedef struct ent {
     uint64_t gen;
     fx_mq_delivery dv;
     fx_mq_msg msg;
-    uint64_t delivered; /* attempts published */
+    uint64_t delivered; /* attempts published (by earlier consumers too: bridge/attempts.h) */
+    bool planned;       /* persist_attempts: published in this round */
     uint64_t claim_seq, nonce;
     int64_t due_ms;
     int32_t heap_pos; /* -1: not in the heap */
@@ -60,6 +62,8 @@ typedef struct cst {
     dm_chan *ch;
     fx_daemon *d;
     fx_mpmc_consumer *cons;
+    fx_attempts *att; /* explicit ack: persisted attempts of the sub-MPSC of cons */
+    fx_attempt *attbuf;
     bool explicit_ack;
     bool use_leaf; /* explicit ack and d->leaf: deliveries over the leaf connection */
     uint32_t max_ents;
@@ -85,7 +89,7 @@ typedef struct cst {
     int64_t open_backoff_ms;
     uint64_t view_gen; /* last sub-MPSC view acted on (adopt_stranded) */
     bool lost; /* consumer closed under us */
-    fx_log_slot slot_get, slot_pub, slot_open, slot_ack;
+    fx_log_slot slot_get, slot_pub, slot_open, slot_ack, slot_att;
 } cst;
 
 /* ---- in-flight table ------------------------------------------------------------------------ */
@@ -217,6 +221,9 @@ static bool table_grow(cst *s)
     dm_ackreply **nr = realloc(s->replies, nn * sizeof *nr);
     if (!nr) return false;
     s->replies = nr;
+    fx_attempt *nab = realloc(s->attbuf, nn * sizeof *nab);
+    if (!nab) return false;
+    s->attbuf = nab;
     for (uint32_t i = nn; i > s->n_ents; i--) {
         memset(&s->ents[i - 1], 0, sizeof(ent));
         s->ents[i - 1].heap_pos = -1;
@@ -326,6 +333,8 @@ static void consumer_drop(cst *s)
     release_all(s);
     s->n_acks = 0;
     replies_done(s, false);
+    fx_attempts_free(s->att);
+    s->att = NULL;
     if (s->cons) {
         set_holding(s, false);
         fx_mpmc_consumer_close(s->cons);
@@ -358,6 +367,49 @@ static bool open_consumer(cst *s)
         wait_events(s, s->open_backoff_ms);
     }
     return false;
+}
+
+/* ---- persisted attempts (bridge/attempts.h) -------------------------------------------------- */
+
+/* Read the attempt record of the claimed sub-MPSC. With explicit acks nothing is fetched until
+ * it is read (a message's attempts must be known before it is delivered again). */
+static bool attempts_ready(cst *s)
+{
+    if (!s->explicit_ack || s->att) return true;
+    if (!s->cons) return false;
+    fx_err e = fx_attempts_open(s->d->mq, fx_mpmc_consumer_chan(s->cons), 5000, &s->att);
+    if (e) {
+        s->att = NULL;
+        fx_log_ratelimited(&s->slot_att, 5000, FX_LOG_WRN,
+                           "claim %s: cannot read the delivery attempts of sub-MPSC %" PRId64
+                           ": %s (%s): retrying",
+                           s->cl->subject, fx_mpmc_consumer_chan(s->cons), fx_strerror(e),
+                           fx_err_detail());
+        return false;
+    }
+    return true;
+}
+
+/* Before a round of deliveries: record every in-flight message with the attempt count it will
+ * have once the round is out (one put when that changes the record, none otherwise). */
+static void persist_attempts(cst *s)
+{
+    if (!s->att) return;
+    for (uint32_t i = 0; i < s->n_send; i++)
+        if (s->ents[s->sendq[i]].state == E_WAIT_SEND) s->ents[s->sendq[i]].planned = true;
+    size_t k = 0;
+    for (uint32_t i = 0; i < s->n_ents; i++) {
+        ent *e = &s->ents[i];
+        if (e->state == E_FREE) continue;
+        uint64_t n = e->delivered + (e->planned ? 1 : 0);
+        s->attbuf[k++] = (fx_attempt){e->dv.id.pidx, e->dv.id.msg, n > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)n};
+        e->planned = false;
+    }
+    fx_err e = fx_attempts_save(s->att, s->attbuf, k, 5000, NULL);
+    if (e)
+        fx_log_ratelimited(&s->slot_att, 5000, FX_LOG_WRN,
+                           "claim %s: delivery attempts not recorded: %s (%s)", s->cl->subject,
+                           fx_strerror(e), fx_err_detail());
 }
 
 static void flush_acks(cst *s)
@@ -483,6 +535,7 @@ static void do_sends(cst *s)
     if (!s->n_send) return;
     int64_t now = fx_now_ms();
     bool ok_to_send = can_publish(s);
+    if (ok_to_send) persist_attempts(s);
     uint32_t n_pub = 0;
     for (uint32_t i = 0; i < s->n_send; i++) {
         uint32_t idx = s->sendq[i];
@@ -820,6 +873,12 @@ static void accept_msgs(cst *s, size_t got)
             continue;
         }
         e->state = E_WAIT_SEND;
+        e->delivered = s->att ? fx_attempts_take(s->att, e->dv.id.pidx, e->dv.id.msg) : 0;
+        if (e->delivered && (int64_t)e->delivered >= s->ch->s.max_deliver && !s->ch->is_dlq) {
+            /* its attempts were used up under an earlier consumer (released, crashed, moved) */
+            dead_letter(s, idx, "max_deliver");
+            continue;
+        }
         sendq_push(s, idx);
     }
 }
@@ -878,6 +937,8 @@ static void adopt_stranded(cst *s)
     if (!target) return;
     fx_mpmc_consumer *old = s->cons;
     s->cons = target;
+    fx_attempts_free(s->att); /* the adopted sub-MPSC has its own record */
+    s->att = NULL;
     fx_mpmc_flush(old, 2000);
     fx_mpmc_consumer_close(old);
     fx_mpmc_consumer_free(old);
@@ -919,6 +980,10 @@ static void claim_loop(cst *s)
         bool can_fetch = s->n_used < s->max_ents && can_publish(s);
         if (!can_fetch) {
             wait_events(s, next < 50 ? next : 50);
+            continue;
+        }
+        if (!attempts_ready(s)) {
+            wait_events(s, 200);
             continue;
         }
         size_t want = s->max_ents - s->n_used;
@@ -1032,6 +1097,8 @@ static void *claim_main(void *arg)
     free(s.sendq);
     free(s.acks);
     free(s.replies);
+    free(s.attbuf);
+    fx_attempts_free(s.att);
     free(s.buckets);
     for (size_t i = 0; s.getbuf && i < FX_DM_FETCH_MAX; i++) fx_mq_delivery_free(&s.getbuf[i]);
     free(s.getbuf);
