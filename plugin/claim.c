@@ -88,6 +88,7 @@ typedef struct cst {
     size_t hcap;
     int64_t open_backoff_ms;
     uint64_t view_gen; /* last sub-MPSC view acted on (adopt_stranded) */
+    int64_t backlog;   /* stored messages of our sub-MPSC at the last view (-1: unknown) */
     bool lost; /* consumer closed under us */
     fx_log_slot slot_get, slot_pub, slot_open, slot_ack, slot_att;
 } cst;
@@ -457,7 +458,8 @@ static bool publish_ent(cst *s, uint32_t idx)
         meta.claim_seq = e->claim_seq;
         /* JetStream's metadata timestamp is the time the message was stored */
         meta.ts_ns = e->msg.publish_ns > 0 ? e->msg.publish_ns : fx_wall_ns();
-        meta.pending = s->n_used > 0 ? s->n_used - 1 : 0;
+        /* JetStream's pending: stored, not yet handed to this claim (house-keeping view) */
+        meta.pending = s->backlog > (int64_t)s->n_used ? (uint64_t)(s->backlog - (int64_t)s->n_used) : 0;
         meta.nonce = e->nonce;
         char js[FX_JSACK_SUBJECT_MAX];
         if (fx_ack_subject_build(&meta, js, sizeof js) < 0 ||
@@ -536,6 +538,14 @@ static void do_sends(cst *s)
     int64_t now = fx_now_ms();
     bool ok_to_send = can_publish(s);
     if (ok_to_send) persist_attempts(s);
+    if (ok_to_send && s->cons) { /* once per round: our sub-MPSC's backlog from the last view */
+        int64_t own = fx_mpmc_consumer_chan(s->cons);
+        s->backlog = -1;
+        pthread_mutex_lock(&s->ch->mu);
+        for (size_t i = 0; i < s->ch->n_held; i++)
+            if (s->ch->held[i] == own) s->backlog = s->ch->held_backlog[i];
+        pthread_mutex_unlock(&s->ch->mu);
+    }
     uint32_t n_pub = 0;
     for (uint32_t i = 0; i < s->n_send; i++) {
         uint32_t idx = s->sendq[i];

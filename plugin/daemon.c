@@ -429,7 +429,8 @@ static void hk_chan_view(fx_daemon *d, const fx_config *cfg, dm_chan *ch)
     cJSON *bl = cJSON_GetObjectItemCaseSensitive(o, "backlog");
     if (cJSON_IsNumber(bl)) fx_metric_set(ch->m.backlog, (int64_t)bl->valuedouble);
     int64_t unready[FX_DM_SWEEP_MAX], stranded[FX_DM_SWEEP_MAX];
-    size_t nu = 0, ns = 0;
+    int64_t held[FX_DM_HELD_MAX], held_bl[FX_DM_HELD_MAX];
+    size_t nu = 0, ns = 0, nh = 0;
     cJSON *subs = cJSON_GetObjectItemCaseSensitive(o, "sub_mpscs");
     cJSON *it;
     cJSON_ArrayForEach(it, subs)
@@ -437,6 +438,10 @@ static void hk_chan_view(fx_daemon *d, const fx_config *cfg, dm_chan *ch)
         cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "chan_id");
         cJSON *rd = cJSON_GetObjectItemCaseSensitive(it, "ready");
         cJSON *b = cJSON_GetObjectItemCaseSensitive(it, "backlog");
+        if (cJSON_IsNumber(id) && cJSON_IsTrue(rd) && cJSON_IsNumber(b) && nh < FX_DM_HELD_MAX) {
+            held[nh] = (int64_t)id->valuedouble;
+            held_bl[nh++] = (int64_t)b->valuedouble;
+        }
         if (!cJSON_IsNumber(id) || cJSON_IsTrue(rd)) continue;
         if (nu < FX_DM_SWEEP_MAX) unready[nu++] = (int64_t)id->valuedouble;
         if (cJSON_IsNumber(b) && b->valuedouble > 0 && ns < FX_DM_SWEEP_MAX)
@@ -451,6 +456,9 @@ static void hk_chan_view(fx_daemon *d, const fx_config *cfg, dm_chan *ch)
     ch->n_unready = nu;
     memcpy(ch->stranded, stranded, ns * sizeof *stranded);
     ch->n_stranded = ns;
+    memcpy(ch->held, held, nh * sizeof *held);
+    memcpy(ch->held_backlog, held_bl, nh * sizeof *held_bl);
+    ch->n_held = nh;
     if (changed || ns) ch->view_gen++;
     pthread_mutex_unlock(&ch->mu);
 }

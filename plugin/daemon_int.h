@@ -61,6 +61,7 @@
 #define FX_DM_DLQ_WAIT_MS 5000             /* release: wait for dead letters being stored */
 #define FX_DM_SWEEP_MAX 16                 /* sub-MPSCs an idle claim steps over to adopt backlog */
 #define FX_DM_VIEW_MS 2000                 /* house-keeping refresh of backlog and sub-MPSC view */
+#define FX_DM_HELD_MAX 256                 /* claimed sub-MPSCs whose backlog the view keeps */
 
 #define FX_DM_HDR_CHANNEL "Fluxon-Channel"
 #define FX_DM_HDR_SUBJECT "Fluxon-Subject"
@@ -164,6 +165,9 @@ struct dm_chan {
     int64_t stranded[FX_DM_SWEEP_MAX];
     size_t n_stranded;
     uint64_t view_gen;
+    /* Claimed (ready) sub-MPSCs and their backlog, same refresh: a claim's JetStream "pending" */
+    int64_t held[FX_DM_HELD_MAX], held_backlog[FX_DM_HELD_MAX];
+    size_t n_held;
 
     dm_claim *claims; /* under d->reg */
     atomic_bool draining;
