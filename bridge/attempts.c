@@ -14,7 +14,7 @@
 
 struct fx_attempts {
     fx_etcd *etcd;
-    char key[FX_MQ_KEY_CAP];
+    char key[FX_ATTEMPTS_KEY_CAP];
     size_t klen;
     int64_t lease;
     /* inherited record, exceptions sorted by (pidx, msg); taken ones have n = UINT32_MAX */
@@ -279,10 +279,9 @@ static bool exc_push(fx_attempts *a, size_t *ne, const fx_attempt *x)
     return true;
 }
 
-fx_err fx_attempts_save(fx_attempts *a, const fx_attempt *inflight, size_t n, int timeout_ms,
-                        bool *wrote)
+bool fx_attempts_build(fx_attempts *a, const fx_attempt *inflight, size_t n, const uint8_t **val,
+                       size_t *len)
 {
-    if (wrote) *wrote = false;
     /* raise hi over what has been published at least once */
     for (size_t i = 0; i < n; i++) {
         if (inflight[i].n == 0) continue;
@@ -307,23 +306,49 @@ fx_err fx_attempts_save(fx_attempts *a, const fx_attempt *inflight, size_t n, in
     size_t need = fx_attempts_encoded_size(&rec);
     if (need > a->buf_cap) {
         uint8_t *nb = realloc(a->buf, need);
-        if (!nb) return fx_seterr(FX_ENOMEM, "attempts: out of memory");
+        if (!nb) return false; /* out of memory: keep the last record */
         a->buf = nb;
         a->buf_cap = need;
     }
-    size_t len = fx_attempts_encode(&rec, a->buf, a->buf_cap);
-    if (len == a->last_len && a->last && memcmp(a->buf, a->last, len) == 0) return FX_OK;
-    fx_put_req p = {.key = {a->key, a->klen}, .value = {a->buf, len}, .lease = a->lease};
+    size_t l = fx_attempts_encode(&rec, a->buf, a->buf_cap);
+    if (l == a->last_len && a->last && memcmp(a->buf, a->last, l) == 0) return false;
+    uint8_t *nl = realloc(a->last, l);
+    if (!nl) return false;
+    memcpy(nl, a->buf, l);
+    a->last = nl;
+    a->last_len = l;
+    a->st.last_bytes = l;
+    *val = a->last;
+    *len = l;
+    return true;
+}
+
+fx_slice fx_attempts_key(const fx_attempts *a) { return (fx_slice){a->key, a->klen}; }
+int64_t fx_attempts_lease(const fx_attempts *a) { return a->lease; }
+
+fx_err fx_attempts_put(fx_mq_client *c, fx_slice key, int64_t lease, const uint8_t *val,
+                       size_t len, int timeout_ms)
+{
+    fx_put_req p = {.key = key, .value = {val, len}, .lease = lease};
+    return fx_etcd_put(fx_mq_client_etcd(c), &p, NULL, timeout_ms);
+}
+
+fx_err fx_attempts_save(fx_attempts *a, const fx_attempt *inflight, size_t n, int timeout_ms,
+                        bool *wrote)
+{
+    if (wrote) *wrote = false;
+    const uint8_t *val = NULL;
+    size_t len = 0;
+    if (!fx_attempts_build(a, inflight, n, &val, &len)) return FX_OK;
+    fx_put_req p = {.key = {a->key, a->klen}, .value = {val, len}, .lease = a->lease};
     fx_err e = fx_etcd_put(a->etcd, &p, NULL, timeout_ms);
-    if (e) return e;
-    a->st.writes++;
-    a->st.last_bytes = len;
-    uint8_t *nl = realloc(a->last, len);
-    if (nl) {
-        memcpy(nl, a->buf, len);
-        a->last = nl;
-        a->last_len = len;
+    if (e) {
+        free(a->last); /* not written: the next build must not look unchanged */
+        a->last = NULL;
+        a->last_len = 0;
+        return e;
     }
+    a->st.writes++;
     if (wrote) *wrote = true;
     return FX_OK;
 }

@@ -14,7 +14,8 @@
  * acked) is a few bytes whatever the window, and only redelivered messages take room.
  *
  * The consumer writes the record before it publishes a round of deliveries that changes it (new
- * messages, redeliveries): one put per round, never one per message, and none for acks (an acked
+ * messages, redeliveries): at most one put per round, never one per message (rounds that come
+ * while a put is in flight share the next one), and none for acks (an acked
  * message is committed and never read again; its stale exception is dropped at the next write).
  * A consumer that opens a sub-MPSC reads the record once (fx_attempts_open) and asks for the
  * attempts of each message it fetches (fx_attempts_take); inherited entries of a producer below
@@ -39,6 +40,7 @@
 
 #define FX_ATTEMPTS_MAX_EXC 32768
 #define FX_ATTEMPTS_MAX_PRODUCERS 4096
+#define FX_ATTEMPTS_KEY_CAP 512 /* a record's key fits (with its NUL) */
 
 typedef struct fx_attempts fx_attempts;
 
@@ -64,6 +66,18 @@ uint32_t fx_attempts_take(fx_attempts *a, int64_t pidx, int64_t msg);
  * one written. *wrote (may be NULL) says whether a put happened. */
 fx_err fx_attempts_save(fx_attempts *a, const fx_attempt *inflight, size_t n, int timeout_ms,
                         bool *wrote);
+
+/* The same in two steps, so the put can run on another thread (pipelined with deliveries):
+ * build (the owner thread) returns true when the record differs from the last one built, with
+ * *val / *len pointing into a buffer of a that stays valid until the next build; put writes a
+ * value to a key (any thread; key and lease from fx_attempts_key / fx_attempts_lease, copied by
+ * the caller, so it does not touch a). */
+bool fx_attempts_build(fx_attempts *a, const fx_attempt *inflight, size_t n, const uint8_t **val,
+                       size_t *len);
+fx_slice fx_attempts_key(const fx_attempts *a);
+int64_t fx_attempts_lease(const fx_attempts *a);
+fx_err fx_attempts_put(fx_mq_client *c, fx_slice key, int64_t lease, const uint8_t *val,
+                       size_t len, int timeout_ms);
 
 void fx_attempts_get_stats(const fx_attempts *a, fx_attempts_stats *out);
 

@@ -49,7 +49,9 @@ typedef struct ent {
     fx_mq_delivery dv;
     fx_mq_msg msg;
     uint64_t delivered; /* attempts published (by earlier consumers too: bridge/attempts.h) */
-    bool planned;       /* persist_attempts: published in this round */
+    bool planned;       /* persist_attempts: to be published in this round */
+    uint32_t rec_n;     /* attempt count the record of generation rec_gen holds for it */
+    uint64_t rec_gen;
     uint64_t claim_seq, nonce;
     int64_t due_ms;
     int32_t heap_pos; /* -1: not in the heap */
@@ -64,6 +66,8 @@ typedef struct cst {
     fx_mpmc_consumer *cons;
     fx_attempts *att; /* explicit ack: persisted attempts of the sub-MPSC of cons */
     fx_attempt *attbuf;
+    struct attw *w;   /* writes the records (pipelined with the deliveries) */
+    uint64_t att_gen; /* generation of the last record built */
     bool explicit_ack;
     bool use_leaf; /* explicit ack and d->leaf: deliveries over the leaf connection */
     uint32_t max_ents;
@@ -328,9 +332,11 @@ static void wait_events(cst *s, int64_t ms)
 }
 
 static void set_holding(cst *s, bool h);
+static void attw_sync(cst *s, int64_t ms);
 
 static void consumer_drop(cst *s)
 {
+    attw_sync(s, 2000);
     release_all(s);
     s->n_acks = 0;
     replies_done(s, false);
@@ -391,11 +397,159 @@ static bool attempts_ready(cst *s)
     return true;
 }
 
-/* Before a round of deliveries: record every in-flight message with the attempt count it will
- * have once the round is out (one put when that changes the record, none otherwise). */
+/* The record writer: one thread per claim puts the newest record built by the claim thread
+ * (rounds built while a put is in flight are coalesced into the next put). A delivery waits until
+ * the record that holds its attempt count is durable (`durable` >= the entry's rec_gen), so a
+ * crash can never forget an attempt that a subscriber may have seen; meanwhile the claim thread
+ * keeps fetching and handling acks. A failed put is retried (newest record) every 200 ms. */
+typedef struct attw {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;
+    uint8_t *val; /* pending record (gen > 0) */
+    size_t len, cap;
+    char key[FX_ATTEMPTS_KEY_CAP];
+    size_t klen;
+    int64_t lease;
+    uint64_t gen;
+    atomic_uint_fast64_t durable;
+    dm_claim *cl;
+    fx_mq_client *mq;
+    pthread_t thr;
+} attw;
+
+static void *attw_main(void *arg)
+{
+    attw *w = arg;
+    uint8_t *buf = NULL;
+    size_t bcap = 0;
+    fx_log_slot slot = {0};
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->stop && !w->gen) pthread_cond_wait(&w->cv, &w->mu);
+        if (w->stop) break;
+        uint64_t g = w->gen;
+        size_t len = w->len;
+        if (len > bcap) {
+            uint8_t *nb = realloc(buf, len);
+            if (!nb) {
+                struct timespec ts = fx_deadline_ts(fx_now_ms() + 200);
+                pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+                continue;
+            }
+            buf = nb;
+            bcap = len;
+        }
+        memcpy(buf, w->val, len);
+        char key[FX_ATTEMPTS_KEY_CAP];
+        memcpy(key, w->key, w->klen);
+        fx_slice k = {key, w->klen};
+        int64_t lease = w->lease;
+        w->gen = 0;
+        pthread_mutex_unlock(&w->mu);
+        fx_err e = fx_attempts_put(w->mq, k, lease, buf, len, 5000);
+        pthread_mutex_lock(&w->mu);
+        if (!e) {
+            atomic_store(&w->durable, g);
+            pthread_mutex_lock(&w->cl->mu); /* wake the claim thread: deliveries may go */
+            pthread_cond_broadcast(&w->cl->cv);
+            pthread_mutex_unlock(&w->cl->mu);
+        } else {
+            fx_log_ratelimited(&slot, 5000, FX_LOG_WRN,
+                               "claim %s: delivery attempts not recorded: %s (%s): retrying",
+                               w->cl->subject, fx_strerror(e), fx_err_detail());
+            if (!w->gen) w->gen = g; /* nothing newer: retry this one */
+            struct timespec ts = fx_deadline_ts(fx_now_ms() + 200);
+            if (!w->stop) pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    free(buf);
+    return NULL;
+}
+
+static attw *attw_start(dm_claim *cl, fx_mq_client *mq)
+{
+    attw *w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    atomic_init(&w->durable, 0);
+    w->cl = cl;
+    w->mq = mq;
+    if (pthread_create(&w->thr, NULL, attw_main, w) != 0) {
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+        free(w);
+        return NULL;
+    }
+    return w;
+}
+
+static void attw_stop(attw *w)
+{
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    w->stop = true;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thr, NULL);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w->val);
+    free(w);
+}
+
+/* Hand the record of generation gen to the writer (replacing one it has not started). */
+static bool attw_submit(attw *w, fx_attempts *att, const uint8_t *val, size_t len, uint64_t gen)
+{
+    fx_slice k = fx_attempts_key(att);
+    pthread_mutex_lock(&w->mu);
+    if (len > w->cap) {
+        uint8_t *nb = realloc(w->val, len);
+        if (!nb) {
+            pthread_mutex_unlock(&w->mu);
+            return false;
+        }
+        w->val = nb;
+        w->cap = len;
+    }
+    memcpy(w->val, val, len);
+    w->len = len;
+    memcpy(w->key, k.data, k.len);
+    w->klen = k.len;
+    w->lease = fx_attempts_lease(att);
+    w->gen = gen;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return true;
+}
+
+/* Wait (bounded) until the last record built is durable: before the sub-MPSC is let go, so the
+ * next consumer reads it. */
+static void attw_sync(cst *s, int64_t ms)
+{
+    if (!s->w || !s->att_gen) return;
+    int64_t deadline = fx_now_ms() + ms;
+    while (atomic_load(&s->w->durable) < s->att_gen && fx_ms_left(deadline) > 0) {
+        pthread_mutex_lock(&s->cl->mu);
+        if (atomic_load(&s->w->durable) < s->att_gen) {
+            struct timespec ts = fx_deadline_ts(fx_now_ms() + 20);
+            pthread_cond_timedwait(&s->cl->cv, &s->cl->mu, &ts);
+        }
+        pthread_mutex_unlock(&s->cl->mu);
+    }
+    if (atomic_load(&s->w->durable) < s->att_gen)
+        FX_WRN("claim %s: the last delivery attempts were not recorded within %" PRId64 " ms",
+               s->cl->subject, ms);
+}
+
+/* Before a round of deliveries: build the record of every in-flight message with the attempt
+ * count it will have once the round is out; hand it to the writer when it changed. Entries of
+ * the round remember the generation that holds their count (do_sends waits for it). */
 static void persist_attempts(cst *s)
 {
-    if (!s->att) return;
+    if (!s->att || !s->w) return;
     for (uint32_t i = 0; i < s->n_send; i++)
         if (s->ents[s->sendq[i]].state == E_WAIT_SEND) s->ents[s->sendq[i]].planned = true;
     size_t k = 0;
@@ -404,13 +558,29 @@ static void persist_attempts(cst *s)
         if (e->state == E_FREE) continue;
         uint64_t n = e->delivered + (e->planned ? 1 : 0);
         s->attbuf[k++] = (fx_attempt){e->dv.id.pidx, e->dv.id.msg, n > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)n};
-        e->planned = false;
     }
-    fx_err e = fx_attempts_save(s->att, s->attbuf, k, 5000, NULL);
-    if (e)
-        fx_log_ratelimited(&s->slot_att, 5000, FX_LOG_WRN,
-                           "claim %s: delivery attempts not recorded: %s (%s)", s->cl->subject,
-                           fx_strerror(e), fx_err_detail());
+    const uint8_t *val = NULL;
+    size_t len = 0;
+    if (fx_attempts_build(s->att, s->attbuf, k, &val, &len)) {
+        if (attw_submit(s->w, s->att, val, len, s->att_gen + 1)) s->att_gen++;
+    }
+    for (uint32_t i = 0; i < s->n_ents; i++) {
+        ent *e = &s->ents[i];
+        if (!e->planned) continue;
+        e->planned = false;
+        uint32_t n = (uint32_t)(e->delivered + 1);
+        if (e->rec_n != n || !e->rec_gen) {
+            e->rec_n = n;
+            e->rec_gen = s->att_gen;
+        }
+    }
+}
+
+/* May this entry be published now (its attempt count durable)? */
+static bool attempt_durable(cst *s, const ent *e)
+{
+    if (!s->att || !s->w) return true;
+    return e->rec_n == e->delivered + 1 && e->rec_gen <= atomic_load(&s->w->durable);
 }
 
 static void flush_acks(cst *s)
@@ -546,11 +716,20 @@ static void do_sends(cst *s)
             if (s->ch->held[i] == own) s->backlog = s->ch->held_backlog[i];
         pthread_mutex_unlock(&s->ch->mu);
     }
-    uint32_t n_pub = 0;
+    uint32_t n_pub = 0, keep = 0;
+    bool blocked = false; /* explicit ack only: waiting for the attempt record to be durable */
     for (uint32_t i = 0; i < s->n_send; i++) {
         uint32_t idx = s->sendq[i];
         ent *e = &s->ents[idx];
         if (e->state != E_WAIT_SEND) continue;
+        if (ok_to_send && (blocked || !attempt_durable(s, e))) {
+            /* this one and every later one wait, in order (per-producer FIFO), at the head of
+             * the send queue; the writer wakes the claim thread when the record is durable */
+            blocked = true;
+            heap_del(s, idx);
+            s->sendq[keep++] = idx;
+            continue;
+        }
         if (!ok_to_send || !publish_ent(s, idx)) {
             heap_set(s, idx, now + (ok_to_send ? 200 : 100));
             continue;
@@ -561,7 +740,7 @@ static void do_sends(cst *s)
         else
             s->sendq[n_pub++] = idx; /* reuse the array: published this round */
     }
-    s->n_send = 0;
+    s->n_send = keep;
     if (!s->explicit_ack && n_pub) {
         /* ack none: the server has processed the publishes once the PONG is back; any 503 for
          * them is then already in our ack-none subscription. Ack after a short grace. */
@@ -945,6 +1124,7 @@ static void adopt_stranded(cst *s)
         fx_mpmc_consumer_free(held[i]);
     }
     if (!target) return;
+    attw_sync(s, 2000);
     fx_mpmc_consumer *old = s->cons;
     s->cons = target;
     fx_attempts_free(s->att); /* the adopted sub-MPSC has its own record */
@@ -989,7 +1169,8 @@ static void claim_loop(cst *s)
         int64_t next = next_due_in(s);
         bool can_fetch = s->n_used < s->max_ents && can_publish(s);
         if (!can_fetch) {
-            wait_events(s, next < 50 ? next : 50);
+            int64_t cap = s->n_send ? 2 : 50; /* deliveries waiting for their record */
+            wait_events(s, next < cap ? next : cap);
             continue;
         }
         if (!attempts_ready(s)) {
@@ -999,6 +1180,7 @@ static void claim_loop(cst *s)
         size_t want = s->max_ents - s->n_used;
         if (want > FX_DM_FETCH_MAX) want = FX_DM_FETCH_MAX;
         int to = events_pending(cl) ? 0 : (int)(next < 20 ? next : 20);
+        if (s->n_send && to > 2) to = 2; /* deliveries wait for their attempt record */
         size_t got = 0;
         fx_err e = fx_mpmc_get(s->cons, s->getbuf, want, &got, to);
         if (e == FX_OK) {
@@ -1075,7 +1257,8 @@ static void *claim_main(void *arg)
     s.d = cl->ch->d;
     s.explicit_ack = cl->ch->s.ack == FX_ACK_EXPLICIT;
     s.use_leaf = s.explicit_ack && s.d->leaf != NULL;
-    if (table_init(&s)) {
+    if (s.explicit_ack) s.w = attw_start(cl, s.d->mq);
+    if (table_init(&s) && (!s.explicit_ack || s.w)) {
         claim_loop(&s);
         claim_release(&s);
     } else {
@@ -1109,6 +1292,7 @@ static void *claim_main(void *arg)
     free(s.replies);
     free(s.attbuf);
     fx_attempts_free(s.att);
+    attw_stop(s.w);
     free(s.buckets);
     for (size_t i = 0; s.getbuf && i < FX_DM_FETCH_MAX; i++) fx_mq_delivery_free(&s.getbuf[i]);
     free(s.getbuf);
