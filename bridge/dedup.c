@@ -16,7 +16,7 @@ struct fx_dedup {
     int64_t window_ms, bucket_ms;
     int64_t lease;        /* current bucket lease, 0: none */
     int64_t lease_until;  /* monotonic ms: record with a new lease from then on */
-    uint8_t *kbuf;        /* FX_DEDUP_TXN_OPS keys back to back */
+    uint8_t *kbuf;        /* 2 * FX_DEDUP_TXN_OPS keys back to back */
     fx_dedup_stats st;
 };
 
@@ -29,7 +29,7 @@ fx_err fx_dedup_new(fx_mq_client *c, const char *scope, int64_t window_ms, fx_de
     const char *root = fx_mq_client_root(c);
     size_t n = strlen(root) + strlen(scope) + sizeof "/dedup//";
     d->prefix = malloc(n);
-    d->kbuf = malloc((size_t)FX_DEDUP_TXN_OPS * (n + FX_DEDUP_ID_MAX));
+    d->kbuf = malloc((size_t)2 * FX_DEDUP_TXN_OPS * (n + FX_DEDUP_ID_MAX));
     if (!d->prefix || !d->kbuf) {
         fx_dedup_free(d);
         return fx_seterr(FX_ENOMEM, "dedup: out of memory");
@@ -71,39 +71,6 @@ static fx_err check_ids(const fx_slice *ids, size_t n)
     return FX_OK;
 }
 
-fx_err fx_dedup_lookup(fx_dedup *d, const fx_slice *ids, size_t n, fx_bytes *vals, int timeout_ms)
-{
-    for (size_t i = 0; i < n; i++) vals[i] = (fx_bytes){0};
-    fx_err e = check_ids(ids, n);
-    if (e) return e;
-    fx_op ops[FX_DEDUP_TXN_OPS];
-    for (size_t off = 0; off < n; off += FX_DEDUP_TXN_OPS) {
-        size_t k = n - off < FX_DEDUP_TXN_OPS ? n - off : FX_DEDUP_TXN_OPS;
-        for (size_t i = 0; i < k; i++) {
-            memset(&ops[i], 0, sizeof ops[i]);
-            ops[i].type = FX_OP_RANGE;
-            ops[i].u.range.key = key_of(d, i, ids[off + i]);
-        }
-        fx_txn_req t = {.success = ops, .n_success = k};
-        fx_txn_resp r = {0};
-        e = fx_etcd_txn(d->etcd, &t, &r, timeout_ms);
-        d->st.txns++;
-        if (!e && r.n_responses != k) e = fx_seterr(FX_EPROTO, "dedup: %zu responses to %zu ranges", r.n_responses, k);
-        for (size_t i = 0; !e && i < k; i++) {
-            fx_range_resp *rr = &r.responses[i].u.range;
-            if (rr->n_kvs == 1 && rr->kvs[0].value.len > 0) {
-                vals[off + i] = rr->kvs[0].value; /* take it */
-                rr->kvs[0].value = (fx_bytes){0};
-                d->st.hits++;
-            }
-        }
-        fx_txn_resp_free(&r);
-        if (e) return e;
-    }
-    d->st.lookups += n;
-    return FX_OK;
-}
-
 static fx_err bucket_lease(fx_dedup *d, int timeout_ms, bool force)
 {
     int64_t now = fx_now_ms();
@@ -118,32 +85,78 @@ static fx_err bucket_lease(fx_dedup *d, int timeout_ms, bool force)
     return FX_OK;
 }
 
-fx_err fx_dedup_record(fx_dedup *d, const fx_slice *ids, const fx_slice *vals, size_t n,
-                       int timeout_ms)
+fx_err fx_dedup_record_lookup(fx_dedup *d, const fx_slice *rec_ids, const fx_slice *rec_vals,
+                              size_t nrec, const fx_slice *ids, size_t n, fx_bytes *vals,
+                              int timeout_ms)
 {
+    for (size_t i = 0; i < n; i++) vals[i] = (fx_bytes){0};
     fx_err e = check_ids(ids, n);
+    if (!e) e = check_ids(rec_ids, nrec);
     if (e) return e;
-    fx_op ops[FX_DEDUP_TXN_OPS];
-    for (size_t off = 0; off < n; off += FX_DEDUP_TXN_OPS) {
-        size_t k = n - off < FX_DEDUP_TXN_OPS ? n - off : FX_DEDUP_TXN_OPS;
+    fx_op ops[2 * FX_DEDUP_TXN_OPS];
+    size_t ro = 0, lo = 0; /* records / lookups done */
+    while (ro < nrec || lo < n) {
+        size_t kr = 0, kl = n - lo < FX_DEDUP_TXN_OPS ? n - lo : FX_DEDUP_TXN_OPS;
+        size_t rtake = nrec - ro < FX_DEDUP_TXN_OPS ? nrec - ro : FX_DEDUP_TXN_OPS;
+        if (rtake && (e = bucket_lease(d, timeout_ms, false))) return e;
         for (int attempt = 0;; attempt++) {
-            if ((e = bucket_lease(d, timeout_ms, attempt > 0))) return e;
-            for (size_t i = 0; i < k; i++) {
-                memset(&ops[i], 0, sizeof ops[i]);
-                ops[i].type = FX_OP_PUT;
-                ops[i].u.put.key = key_of(d, i, ids[off + i]);
-                ops[i].u.put.value = vals[off + i];
-                ops[i].u.put.lease = d->lease;
+            kr = 0;
+            for (size_t i = 0; i < rtake; i++) {
+                fx_slice id = rec_ids[ro + i];
+                bool again = false; /* etcd refuses two puts of one key in a txn */
+                for (size_t j = 0; j < i && !again; j++)
+                    again = rec_ids[ro + j].len == id.len && memcmp(rec_ids[ro + j].data, id.data, id.len) == 0;
+                if (again) continue;
+                memset(&ops[kr], 0, sizeof ops[kr]);
+                ops[kr].type = FX_OP_PUT;
+                ops[kr].u.put.key = key_of(d, kr, id);
+                ops[kr].u.put.value = rec_vals[ro + i];
+                ops[kr].u.put.lease = d->lease;
+                kr++;
             }
-            fx_txn_req t = {.success = ops, .n_success = k};
-            e = fx_etcd_txn(d->etcd, &t, NULL, timeout_ms);
+            for (size_t i = 0; i < kl; i++) {
+                memset(&ops[kr + i], 0, sizeof ops[kr + i]);
+                ops[kr + i].type = FX_OP_RANGE;
+                ops[kr + i].u.range.key = key_of(d, kr + i, ids[lo + i]);
+            }
+            fx_txn_req t = {.success = ops, .n_success = kr + kl};
+            fx_txn_resp r = {0};
+            e = fx_etcd_txn(d->etcd, &t, &r, timeout_ms);
             d->st.txns++;
+            if (!e && r.n_responses != kr + kl)
+                e = fx_seterr(FX_EPROTO, "dedup: %zu responses to %zu ops", r.n_responses, kr + kl);
+            for (size_t i = 0; !e && i < kl; i++) {
+                fx_range_resp *rr = &r.responses[kr + i].u.range;
+                if (rr->n_kvs == 1 && rr->kvs[0].value.len > 0) {
+                    vals[lo + i] = rr->kvs[0].value; /* take it */
+                    rr->kvs[0].value = (fx_bytes){0};
+                    d->st.hits++;
+                }
+            }
+            fx_txn_resp_free(&r);
             /* the bucket lease is gone (etcd lost it, or a clock jump): one retry with a new one */
-            if ((e == FX_ELEASE_EXPIRED || e == FX_ENOTFOUND) && attempt == 0) continue;
+            if (kr && (e == FX_ELEASE_EXPIRED || e == FX_ENOTFOUND) && attempt == 0) {
+                if ((e = bucket_lease(d, timeout_ms, true))) return e;
+                continue;
+            }
             break;
         }
         if (e) return e;
-        d->st.records += k;
+        d->st.records += kr;
+        d->st.lookups += kl;
+        ro += rtake;
+        lo += kl;
     }
     return FX_OK;
+}
+
+fx_err fx_dedup_lookup(fx_dedup *d, const fx_slice *ids, size_t n, fx_bytes *vals, int timeout_ms)
+{
+    return fx_dedup_record_lookup(d, NULL, NULL, 0, ids, n, vals, timeout_ms);
+}
+
+fx_err fx_dedup_record(fx_dedup *d, const fx_slice *ids, const fx_slice *vals, size_t n,
+                       int timeout_ms)
+{
+    return fx_dedup_record_lookup(d, ids, vals, n, NULL, 0, NULL, timeout_ms);
 }

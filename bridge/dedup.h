@@ -10,7 +10,8 @@
  * deletes its keys at once when it expires. A key therefore lives between `window` and
  * `window + bucket` after it was recorded (etcd raises TTLs under its minimum, 2 s by default).
  * Cost: one lease grant per bucket, one txn per lookup and one per record, each covering a
- * whole batch of ids (FX_DEDUP_TXN_OPS per txn; larger batches take several).
+ * whole batch of ids (FX_DEDUP_TXN_OPS per txn; larger batches take several); a caller that
+ * records a batch together with the next batch's lookup (fx_dedup_record_lookup) pays one.
  *
  * Lookup-then-record is not atomic: two publishes of the same id racing through two bridges
  * within one batch time (milliseconds) can both be stored. A publisher retrying after a timeout
@@ -43,6 +44,13 @@ fx_err fx_dedup_lookup(fx_dedup *d, const fx_slice *ids, size_t n, fx_bytes *val
 /* Record ids[0..n) with vals (ids distinct within one call). */
 fx_err fx_dedup_record(fx_dedup *d, const fx_slice *ids, const fx_slice *vals, size_t n,
                        int timeout_ms);
+
+/* Both in the same txns: record rec_ids (with rec_vals) and look up ids, records first, so a
+ * lookup sees them. Up to FX_DEDUP_TXN_OPS of each per txn; a repeated id among the records of
+ * one txn is written once. vals as for fx_dedup_lookup (n may be 0, and so may nrec). */
+fx_err fx_dedup_record_lookup(fx_dedup *d, const fx_slice *rec_ids, const fx_slice *rec_vals,
+                              size_t nrec, const fx_slice *ids, size_t n, fx_bytes *vals,
+                              int timeout_ms);
 
 /* Counters (for metrics and benchmarks). */
 typedef struct fx_dedup_stats {

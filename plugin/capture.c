@@ -570,7 +570,54 @@ static bool prod_stopping(dm_chan *ch)
 
 /* ---- Nats-Msg-Id dedup (bridge/dedup.h) ---------------------------------------------------- */
 
+/* The channel's window and the captures stored but whose id is not recorded yet. Their PubAcks
+ * wait for the record (a PubAck means the id is in the window, on every bridge); the record of
+ * a stored batch goes in the same txn as the next batch's lookup, or alone as soon as the
+ * producer is idle, so under load dedup costs one txn per batch. */
+typedef struct dm_dedup {
+    fx_dedup *dd;
+    size_t n;
+    pq_item *items[FX_DM_BATCH_MSGS];
+    fx_mq_msg_id sids[FX_DM_BATCH_MSGS];
+    char vals[FX_DM_BATCH_MSGS][72];
+} dm_dedup;
+
 static fx_log_slot dedup_slot;
+
+/* The held captures are stored: answer them (their ids recorded or, after an error, not). */
+static void dedup_pending_clear(dm_chan *ch, dm_dedup *dd)
+{
+    for (size_t i = 0; i < dd->n; i++) complete(ch, dd->items[i], FX_OK, &dd->sids[i]);
+    dd->n = 0;
+}
+
+/* Record the pending ids, and look up ids[0..n) in the same txns. */
+static fx_err dedup_sync(dm_chan *ch, const fx_slice *ids, size_t n, fx_bytes *vals)
+{
+    dm_dedup *dd = ch->dedup;
+    fx_slice rids[FX_DM_BATCH_MSGS], rvals[FX_DM_BATCH_MSGS];
+    for (size_t i = 0; i < dd->n; i++) {
+        rids[i] = FX_SLICE_STR(dd->items[i]->msgid);
+        rvals[i] = FX_SLICE_STR(dd->vals[i]);
+    }
+    fx_err e = fx_dedup_record_lookup(dd->dd, rids, rvals, dd->n, ids, n, vals, FX_DM_PUT_TIMEOUT_MS);
+    if (e && dd->n)
+        fx_log_ratelimited(&dedup_slot, 5000, FX_LOG_WRN,
+                           "channel %s: dedup: %zu stored id(s) not recorded: %s (%s)", ch->name,
+                           dd->n, fx_strerror(e), fx_err_detail());
+    dedup_pending_clear(ch, dd); /* an unrecorded id loses its window entry, never the message */
+    return e;
+}
+
+static void dedup_free(dm_chan *ch)
+{
+    if (!ch->dedup) return;
+    if (ch->dedup->n) dedup_sync(ch, NULL, 0, NULL);
+    fx_dedup_free(ch->dedup->dd);
+    dedup_pending_clear(ch, ch->dedup);
+    free(ch->dedup);
+    ch->dedup = NULL;
+}
 
 /* Answer and drop the captures whose Nats-Msg-Id is in the window; a second capture of an id
  * already in this batch goes back to the head of the queue (the next batch finds the first one
@@ -582,12 +629,16 @@ static size_t dedup_filter(dm_chan *ch, pq_item **batch, size_t n)
         if (batch[i]->kind == PQ_CAPTURE && batch[i]->msgid) nid++;
     if (!nid) return n;
     if (!ch->dedup) {
-        fx_err e = fx_dedup_new(ch->d->mq, ch->name, ch->s.duplicate_window_ms, &ch->dedup);
+        dm_dedup *dd = calloc(1, sizeof *dd);
+        fx_err e = dd ? fx_dedup_new(ch->d->mq, ch->name, ch->s.duplicate_window_ms, &dd->dd)
+                      : FX_ENOMEM;
         if (e) {
+            free(dd);
             fx_log_ratelimited(&dedup_slot, 5000, FX_LOG_ERR, "channel %s: dedup: %s (%s)",
                                ch->name, fx_strerror(e), fx_err_detail());
             return n;
         }
+        ch->dedup = dd;
     }
     fx_slice ids[FX_DM_BATCH_MSGS];
     uint32_t at[FX_DM_BATCH_MSGS];
@@ -609,7 +660,7 @@ static size_t dedup_filter(dm_chan *ch, pq_item **batch, size_t n)
         at[k++] = (uint32_t)i;
     }
     fx_bytes vals[FX_DM_BATCH_MSGS];
-    fx_err e = fx_dedup_lookup(ch->dedup, ids, k, vals, FX_DM_PUT_TIMEOUT_MS);
+    fx_err e = dedup_sync(ch, ids, k, vals);
     if (e) {
         fx_log_ratelimited(&dedup_slot, 5000, FX_LOG_WRN,
                            "channel %s: dedup lookup failed: %s (%s): storing without the check",
@@ -637,27 +688,21 @@ static size_t dedup_filter(dm_chan *ch, pq_item **batch, size_t n)
     return m;
 }
 
-/* Record the Nats-Msg-Id of stored captures (before their PubAck goes out). */
-static void dedup_record(dm_chan *ch, pq_item **items, const fx_mq_msg_id *sids, size_t n)
+/* Hold the stored captures that carry a Nats-Msg-Id (taken: items[i] set to NULL) until their
+ * ids are recorded (with the next lookup or when idle). */
+static void dedup_hold(dm_chan *ch, pq_item **items, const fx_mq_msg_id *sids, size_t n)
 {
-    if (!ch->dedup) return;
-    fx_slice ids[FX_DM_BATCH_MSGS], vals[FX_DM_BATCH_MSGS];
-    char vbuf[FX_DM_BATCH_MSGS][72];
-    size_t k = 0;
+    dm_dedup *dd = ch->dedup;
     for (size_t i = 0; i < n; i++) {
         if (items[i]->kind != PQ_CAPTURE || !items[i]->msgid) continue;
-        int l = snprintf(vbuf[k], sizeof vbuf[k], "%" PRId64 ".%" PRId64 ".%" PRId64, sids[i].chan,
-                         sids[i].pidx, sids[i].msg);
-        ids[k] = FX_SLICE_STR(items[i]->msgid);
-        vals[k] = (fx_slice){vbuf[k], (size_t)l};
-        k++;
+        if (dd->n == FX_DM_BATCH_MSGS) dedup_sync(ch, NULL, 0, NULL);
+        dd->items[dd->n] = items[i];
+        dd->sids[dd->n] = sids[i];
+        snprintf(dd->vals[dd->n], sizeof dd->vals[dd->n], "%" PRId64 ".%" PRId64 ".%" PRId64,
+                 sids[i].chan, sids[i].pidx, sids[i].msg);
+        dd->n++;
+        items[i] = NULL;
     }
-    if (!k) return;
-    fx_err e = fx_dedup_record(ch->dedup, ids, vals, k, FX_DM_PUT_TIMEOUT_MS);
-    if (e)
-        fx_log_ratelimited(&dedup_slot, 5000, FX_LOG_WRN,
-                           "channel %s: dedup: %zu id(s) stored but not recorded: %s (%s)",
-                           ch->name, k, fx_strerror(e), fx_err_detail());
 }
 
 static void process_batch(dm_chan *ch, prod_state *ps, pq_item **batch, size_t n)
@@ -687,8 +732,9 @@ static void process_batch(dm_chan *ch, prod_state *ps, pq_item **batch, size_t n
         int wait = ch->s.full_wait_ms < left ? (int)ch->s.full_wait_ms : left;
         e = fx_mpmc_put(ch->prod, vals + done, n - done, wait, &np, ids + done);
         if (np > n - done) np = n - done;
-        if (ch->dedup) dedup_record(ch, batch + done, ids + done, np);
-        for (size_t i = done; i < done + np; i++) complete(ch, batch[i], FX_OK, &ids[i]);
+        if (ch->dedup) dedup_hold(ch, batch + done, ids + done, np);
+        for (size_t i = done; i < done + np; i++)
+            if (batch[i]) complete(ch, batch[i], FX_OK, &ids[i]);
         for (size_t i = done; i < done + np; i++) batch[i] = NULL;
         done += np;
         if (!e) break;
@@ -736,10 +782,15 @@ static void *producer_main(void *arg)
         }
         pthread_mutex_unlock(&q->mu);
         process_batch(ch, &ps, batch, n);
+        if (ch->dedup && ch->dedup->n) { /* idle: record the stored ids now */
+            pthread_mutex_lock(&q->mu);
+            bool idle = !q->head;
+            pthread_mutex_unlock(&q->mu);
+            if (idle) dedup_sync(ch, NULL, 0, NULL);
+        }
     }
     prod_close(ch);
-    fx_dedup_free(ch->dedup);
-    ch->dedup = NULL;
+    dedup_free(ch);
     nats_ReleaseThreadMemory();
     return NULL;
 }

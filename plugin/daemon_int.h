@@ -151,7 +151,7 @@ struct dm_chan {
     pthread_t prod_thr;
     bool prod_started;
     fx_mpmc_producer *prod; /* producer thread only */
-    struct fx_dedup *dedup;  /* producer thread only: Nats-Msg-Id window (bridge/dedup.h) */
+    struct dm_dedup *dedup;  /* producer thread only: Nats-Msg-Id window (capture.c) */
 
     pthread_mutex_t mu; /* mpmc id cache */
     int64_t mpmc;
