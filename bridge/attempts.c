@@ -205,7 +205,7 @@ fx_err fx_attempts_open(fx_mq_client *c, int64_t chan, int timeout_ms, fx_attemp
     if (!e && r.responses[1].u.range.n_kvs == 1) {
         const fx_kv *kv = &r.responses[1].u.range.kvs[0];
         if (fx_attempts_decode(kv->value.data, kv->value.len, &a->in) == FX_OK) {
-            qsort(a->in.exc, a->in.ne, sizeof *a->in.exc, cmp_att);
+            if (a->in.ne > 1) qsort(a->in.exc, a->in.ne, sizeof *a->in.exc, cmp_att);
             for (size_t i = 0; i < a->in.nh; i++) {
                 ssize_t s = prod_slot(a, a->in.hi_pidx[i]);
                 if (s >= 0 && a->in.hi[i] > a->p_hi[s]) a->p_hi[s] = a->in.hi[i];
@@ -301,7 +301,7 @@ bool fx_attempts_build(fx_attempts *a, const fx_attempt *inflight, size_t n, con
         if (s >= 0 && x->msg < a->p_floor[s]) continue;
         exc_push(a, &ne, x);
     }
-    qsort(a->exc, ne, sizeof *a->exc, cmp_att);
+    if (ne > 1) qsort(a->exc, ne, sizeof *a->exc, cmp_att);
     fx_attempts_rec rec = {.hi_pidx = a->p_pidx, .hi = a->p_hi, .nh = a->np, .exc = a->exc, .ne = ne};
     size_t need = fx_attempts_encoded_size(&rec);
     if (need > a->buf_cap) {
