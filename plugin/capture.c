@@ -8,6 +8,7 @@
 #include <strings.h>
 
 #include "daemon_int.h"
+#include "dedup.h"
 #include "flatdict.h"
 #include "fx_time.h"
 #include "jsack.h"
@@ -32,17 +33,18 @@ void dm_reply_error(fx_daemon *d, const char *reply, int code, const char *desc)
     if (n > 0) natsConnection_Publish(d->nc, reply, buf, n);
 }
 
-static void reply_ok(fx_daemon *d, dm_chan *ch, const char *reply, const fx_mq_msg_id *id)
+static void reply_ok(fx_daemon *d, dm_chan *ch, const char *reply, const fx_mq_msg_id *id,
+                     bool duplicate)
 {
     if (!reply || !*reply || !d->nc) return;
     char buf[768];
-    int n = fx_puback_ok(ch->name, DM_SEQ(id), buf, sizeof buf - 96);
+    int n = fx_puback_ok(ch->name, DM_SEQ(id), buf, sizeof buf - 128);
     if (n <= 0) return;
-    if (buf[n - 1] == '}') { /* extra field: the full identity of the stored message */
+    if (buf[n - 1] == '}') { /* extra fields: JetStream's duplicate flag, the full identity */
         n--;
         int k = snprintf(buf + n, sizeof buf - (size_t)n,
-                         ",\"fluxon_id\":\"%" PRId64 ".%" PRId64 ".%" PRId64 "\"}", id->chan,
-                         id->pidx, id->msg);
+                         "%s,\"fluxon_id\":\"%" PRId64 ".%" PRId64 ".%" PRId64 "\"}",
+                         duplicate ? ",\"duplicate\":true" : "", id->chan, id->pidx, id->msg);
         if (k <= 0 || (size_t)k >= sizeof buf - (size_t)n) return;
         n += k;
     }
@@ -317,8 +319,14 @@ natsStatus dm_hdr_apply(natsMsg *m, fx_slice block)
 
 pq_item *dm_pq_item_new(int kind, const char *reply, size_t rec_len)
 {
+    return dm_pq_item_new_id(kind, reply, NULL, rec_len);
+}
+
+pq_item *dm_pq_item_new_id(int kind, const char *reply, const char *msgid, size_t rec_len)
+{
     size_t rl = reply ? strlen(reply) + 1 : 0;
-    pq_item *it = malloc(sizeof *it + rl + rec_len + 1);
+    size_t il = msgid ? strlen(msgid) + 1 : 0;
+    pq_item *it = malloc(sizeof *it + rl + il + rec_len + 1);
     if (!it) return NULL;
     memset(it, 0, sizeof *it);
     it->kind = kind;
@@ -327,6 +335,11 @@ pq_item *dm_pq_item_new(int kind, const char *reply, size_t rec_len)
         memcpy(p, reply, rl);
         it->reply = p;
         p += rl;
+    }
+    if (msgid) {
+        memcpy(p, msgid, il);
+        it->msgid = p;
+        p += il;
     }
     it->rec = (uint8_t *)p;
     it->rec_len = rec_len;
@@ -357,6 +370,23 @@ static bool pq_push_kind(dm_pq *q, pq_item *it)
 }
 
 bool dm_pq_push(dm_pq *q, pq_item *it) { return pq_push_kind(q, it); }
+
+/* Put items taken from the queue back at its head, in order (they were counted before: no
+ * bound check). Producer thread only. */
+static void pq_requeue_front(dm_pq *q, pq_item **items, size_t n)
+{
+    if (!n) return;
+    pthread_mutex_lock(&q->mu);
+    for (size_t i = n; i > 0; i--) {
+        pq_item *it = items[i - 1];
+        it->next = q->head;
+        q->head = it;
+        if (!q->tail) q->tail = it;
+        q->n++;
+        q->bytes += it->rec_len;
+    }
+    pthread_mutex_unlock(&q->mu);
+}
 
 static pq_item *pq_take_locked(dm_pq *q)
 {
@@ -399,19 +429,52 @@ static void on_capture(natsConnection *nc, natsSubscription *sub, natsMsg *m, vo
         dm_reply_error(d, reply, 500, "bridge out of memory");
         goto out;
     }
-    if (hdr) { /* Fluxon-* headers this bridge did not prove its own: captured, counted */
+    char msgid[FX_DEDUP_ID_MAX + 1];
+    bool has_msgid = false, foreign = false;
+    if (hlen) { /* Fluxon-* headers not proven ours; JetStream's Nats-Expected-*, Nats-Msg-Id */
         hdr_iter hi;
-        fx_slice k, val;
+        fx_slice hk, hv;
         hdr_iter_init(&hi, hdr, hlen);
-        while (hdr_iter_next(&hi, &k, &val)) {
-            if (k.len > 7 && strncasecmp(k.data, "Fluxon-", 7) == 0) {
-                static fx_log_slot slot;
-                fx_log_ratelimited(&slot, 10000, FX_LOG_INF,
+        const size_t el = sizeof FX_DM_HDR_EXPECTED - 1;
+        while (hdr_iter_next(&hi, &hk, &hv)) {
+            if (!foreign && hk.len > 7 && strncasecmp(hk.data, "Fluxon-", 7) == 0) {
+                foreign = true; /* captured, counted */
+                static fx_log_slot fslot;
+                fx_log_ratelimited(&fslot, 10000, FX_LOG_INF,
                                    "channel %s: message on %s carries Fluxon-* headers of no "
                                    "delivery of this bridge: captured (fluxon_foreign_headers_total)",
                                    ch->name, subj);
                 fx_metric_inc(ch->m.foreign_headers, 1);
-                break;
+                continue;
+            }
+            if (hk.len > el && memcmp(hk.data, FX_DM_HDR_EXPECTED, el) == 0) {
+                char desc[160];
+                int code = 400, err_code = 0;
+                if (hk.len == sizeof FX_DM_HDR_EXPECTED_STREAM - 1 &&
+                    memcmp(hk.data, FX_DM_HDR_EXPECTED_STREAM, hk.len) == 0) {
+                    if (hv.len == strlen(ch->name) && memcmp(hv.data, ch->name, hv.len) == 0) continue;
+                    err_code = FX_JS_ERR_STREAM_MISMATCH;
+                    snprintf(desc, sizeof desc, "expected stream does not match");
+                } else {
+                    snprintf(desc, sizeof desc, "header %.*s is not supported by fluxon-bridge",
+                             (int)(hk.len < 64 ? hk.len : 64), (const char *)hk.data);
+                }
+                fx_metric_inc(ch->m.dropped, 1);
+                char buf[256];
+                int n = fx_puback_err_code(code, err_code, desc, buf, sizeof buf);
+                if (reply && n > 0) natsConnection_Publish(d->nc, reply, buf, n);
+                goto out;
+            }
+            if (ch->s.duplicate_window_ms > 0 && !has_msgid && hk.len == sizeof FX_DM_HDR_MSG_ID - 1 &&
+                memcmp(hk.data, FX_DM_HDR_MSG_ID, hk.len) == 0 && hv.len > 0) {
+                if (hv.len > FX_DEDUP_ID_MAX) {
+                    fx_metric_inc(ch->m.dropped, 1);
+                    dm_reply_error(d, reply, 400, "Nats-Msg-Id longer than 512 bytes");
+                    goto out;
+                }
+                memcpy(msgid, hv.data, hv.len);
+                msgid[hv.len] = '\0';
+                has_msgid = true;
             }
         }
     }
@@ -431,7 +494,8 @@ static void on_capture(natsConnection *nc, natsSubscription *sub, natsMsg *m, vo
                      .data = {data, (size_t)dlen}};
     size_t rl = 0;
     pq_item *it = NULL;
-    if (fx_mq_msg_encoded_size(&rec, &rl) != FX_OK || !(it = dm_pq_item_new(PQ_CAPTURE, reply, rl)) ||
+    if (fx_mq_msg_encoded_size(&rec, &rl) != FX_OK ||
+        !(it = dm_pq_item_new_id(PQ_CAPTURE, reply, has_msgid ? msgid : NULL, rl)) ||
         fx_mq_msg_encode_into(&rec, it->rec, rl, &rl) != FX_OK) {
         free(it);
         fx_metric_inc(ch->m.dropped, 1);
@@ -558,12 +622,24 @@ static void complete(dm_chan *ch, pq_item *it, fx_err e, const fx_mq_msg_id *id)
     }
     if (!e) {
         fx_metric_inc(ch->m.stored, 1);
-        reply_ok(d, ch, it->reply, id);
+        reply_ok(d, ch, it->reply, id, false);
     } else {
         fx_metric_inc(ch->m.store_errors, 1);
-        if (e == FX_EFULL)
-            dm_reply_error(d, it->reply, 503, "channel full");
-        else
+        if (e == FX_EFULL && it->reply) {
+            /* JetStream's answer for a full stream (DiscardNew), so clients fail fast with a
+             * code they know. */
+            char buf[256];
+            int n = fx_puback_err_code(503, FX_JS_ERR_MAX_MSGS, "maximum messages exceeded", buf,
+                                       sizeof buf);
+            if (n > 0 && d->nc) natsConnection_Publish(d->nc, it->reply, buf, n);
+        } else if (e == FX_EFULL) {
+            /* fire and forget: nobody hears about it but the operator */
+            fx_metric_inc(ch->m.full_dropped, 1);
+            static fx_log_slot slot;
+            fx_log_ratelimited(&slot, 5000, FX_LOG_WRN,
+                               "channel %s: full: publish without reply dropped "
+                               "(fluxon_full_dropped_total)", ch->name);
+        } else
             dm_reply_error(d, it->reply, 500, fx_strerror(e));
     }
     free(it);
@@ -577,17 +653,157 @@ static bool prod_stopping(dm_chan *ch)
     return st;
 }
 
+/* ---- Nats-Msg-Id dedup (bridge/dedup.h) ---------------------------------------------------- */
+
+/* The channel's window and the captures stored but whose id is not recorded yet. Their PubAcks
+ * wait for the record (a PubAck means the id is in the window, on every bridge); the record of
+ * a stored batch goes in the same txn as the next batch's lookup, or alone as soon as the
+ * producer is idle, so under load dedup costs one txn per batch. */
+typedef struct dm_dedup {
+    fx_dedup *dd;
+    size_t n;
+    pq_item *items[FX_DM_BATCH_MSGS];
+    fx_mq_msg_id sids[FX_DM_BATCH_MSGS];
+    char vals[FX_DM_BATCH_MSGS][72];
+} dm_dedup;
+
+static fx_log_slot dedup_slot;
+
+/* The held captures are stored: answer them (their ids recorded or, after an error, not). */
+static void dedup_pending_clear(dm_chan *ch, dm_dedup *dd)
+{
+    for (size_t i = 0; i < dd->n; i++) complete(ch, dd->items[i], FX_OK, &dd->sids[i]);
+    dd->n = 0;
+}
+
+/* Record the pending ids, and look up ids[0..n) in the same txns. */
+static fx_err dedup_sync(dm_chan *ch, const fx_slice *ids, size_t n, fx_bytes *vals)
+{
+    dm_dedup *dd = ch->dedup;
+    fx_slice rids[FX_DM_BATCH_MSGS], rvals[FX_DM_BATCH_MSGS];
+    for (size_t i = 0; i < dd->n; i++) {
+        rids[i] = FX_SLICE_STR(dd->items[i]->msgid);
+        rvals[i] = FX_SLICE_STR(dd->vals[i]);
+    }
+    fx_err e = fx_dedup_record_lookup(dd->dd, rids, rvals, dd->n, ids, n, vals, FX_DM_PUT_TIMEOUT_MS);
+    if (e && dd->n)
+        fx_log_ratelimited(&dedup_slot, 5000, FX_LOG_WRN,
+                           "channel %s: dedup: %zu stored id(s) not recorded: %s (%s)", ch->name,
+                           dd->n, fx_strerror(e), fx_err_detail());
+    dedup_pending_clear(ch, dd); /* an unrecorded id loses its window entry, never the message */
+    return e;
+}
+
+static void dedup_free(dm_chan *ch)
+{
+    if (!ch->dedup) return;
+    if (ch->dedup->n) dedup_sync(ch, NULL, 0, NULL);
+    fx_dedup_free(ch->dedup->dd);
+    dedup_pending_clear(ch, ch->dedup);
+    free(ch->dedup);
+    ch->dedup = NULL;
+}
+
+/* Answer and drop the captures whose Nats-Msg-Id is in the window; a second capture of an id
+ * already in this batch goes back to the head of the queue (the next batch finds the first one
+ * recorded). Returns the new count. Batches without any Nats-Msg-Id cost nothing. */
+static size_t dedup_filter(dm_chan *ch, pq_item **batch, size_t n)
+{
+    size_t nid = 0;
+    for (size_t i = 0; i < n; i++)
+        if (batch[i]->kind == PQ_CAPTURE && batch[i]->msgid) nid++;
+    if (!nid) return n;
+    if (!ch->dedup) {
+        dm_dedup *dd = calloc(1, sizeof *dd);
+        fx_err e = dd ? fx_dedup_new(ch->d->mq, ch->name, ch->s.duplicate_window_ms, &dd->dd)
+                      : FX_ENOMEM;
+        if (e) {
+            free(dd);
+            fx_log_ratelimited(&dedup_slot, 5000, FX_LOG_ERR, "channel %s: dedup: %s (%s)",
+                               ch->name, fx_strerror(e), fx_err_detail());
+            return n;
+        }
+        ch->dedup = dd;
+    }
+    fx_slice ids[FX_DM_BATCH_MSGS];
+    uint32_t at[FX_DM_BATCH_MSGS];
+    pq_item *later[FX_DM_BATCH_MSGS];
+    size_t k = 0, nl = 0;
+    for (size_t i = 0; i < n; i++) {
+        pq_item *it = batch[i];
+        if (it->kind != PQ_CAPTURE || !it->msgid) continue;
+        fx_slice id = FX_SLICE_STR(it->msgid);
+        bool again = false;
+        for (size_t j = 0; j < k && !again; j++)
+            again = ids[j].len == id.len && memcmp(ids[j].data, id.data, id.len) == 0;
+        if (again) {
+            later[nl++] = it;
+            batch[i] = NULL;
+            continue;
+        }
+        ids[k] = id;
+        at[k++] = (uint32_t)i;
+    }
+    fx_bytes vals[FX_DM_BATCH_MSGS];
+    fx_err e = dedup_sync(ch, ids, k, vals);
+    if (e) {
+        fx_log_ratelimited(&dedup_slot, 5000, FX_LOG_WRN,
+                           "channel %s: dedup lookup failed: %s (%s): storing without the check",
+                           ch->name, fx_strerror(e), fx_err_detail());
+    }
+    for (size_t j = 0; j < k; j++) {
+        fx_mq_msg_id id;
+        long long a, b, c;
+        char tail;
+        if (!e && vals[j].len &&
+            sscanf((const char *)vals[j].data, "%lld.%lld.%lld%c", &a, &b, &c, &tail) == 3) {
+            id = (fx_mq_msg_id){a, b, c};
+            pq_item *it = batch[at[j]];
+            fx_metric_inc(ch->m.duplicates, 1);
+            reply_ok(ch->d, ch, it->reply, &id, true);
+            free(it);
+            batch[at[j]] = NULL;
+        }
+        fx_bytes_free(&vals[j]);
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (batch[i]) batch[m++] = batch[i];
+    pq_requeue_front(&ch->q, later, nl);
+    return m;
+}
+
+/* Hold the stored captures that carry a Nats-Msg-Id (taken: items[i] set to NULL) until their
+ * ids are recorded (with the next lookup or when idle). */
+static void dedup_hold(dm_chan *ch, pq_item **items, const fx_mq_msg_id *sids, size_t n)
+{
+    dm_dedup *dd = ch->dedup;
+    for (size_t i = 0; i < n; i++) {
+        if (items[i]->kind != PQ_CAPTURE || !items[i]->msgid) continue;
+        if (dd->n == FX_DM_BATCH_MSGS) dedup_sync(ch, NULL, 0, NULL);
+        dd->items[dd->n] = items[i];
+        dd->sids[dd->n] = sids[i];
+        snprintf(dd->vals[dd->n], sizeof dd->vals[dd->n], "%" PRId64 ".%" PRId64 ".%" PRId64,
+                 sids[i].chan, sids[i].pidx, sids[i].msg);
+        dd->n++;
+        items[i] = NULL;
+    }
+}
+
 static void process_batch(dm_chan *ch, prod_state *ps, pq_item **batch, size_t n)
 {
     if (ps->give_up) {
         for (size_t i = 0; i < n; i++) complete(ch, batch[i], FX_ECANCELED, NULL);
         return;
     }
+    if (ch->s.duplicate_window_ms > 0 && !(n = dedup_filter(ch, batch, n))) return;
     fx_slice vals[FX_DM_BATCH_MSGS];
     fx_mq_msg_id ids[FX_DM_BATCH_MSGS];
     for (size_t i = 0; i < n; i++) vals[i] = (fx_slice){batch[i]->rec, batch[i]->rec_len};
     size_t done = 0;
-    int64_t deadline = fx_now_ms() + FX_DM_PUT_TIMEOUT_MS;
+    /* full_wait (default 0): how long a put may wait for room; 0 answers "full" at once. The
+     * etcd work itself has its own budget on top. */
+    int64_t deadline = fx_now_ms() + FX_DM_PUT_TIMEOUT_MS + ch->s.full_wait_ms;
     fx_err e = FX_OK;
     int reopen = 0;
     while (done < n) {
@@ -598,9 +814,12 @@ static void process_batch(dm_chan *ch, prod_state *ps, pq_item **batch, size_t n
             e = FX_ETIMEDOUT;
             break;
         }
-        e = fx_mpmc_put(ch->prod, vals + done, n - done, left, &np, ids + done);
+        int wait = ch->s.full_wait_ms < left ? (int)ch->s.full_wait_ms : left;
+        e = fx_mpmc_put(ch->prod, vals + done, n - done, wait, &np, ids + done);
         if (np > n - done) np = n - done;
-        for (size_t i = done; i < done + np; i++) complete(ch, batch[i], FX_OK, &ids[i]);
+        if (ch->dedup) dedup_hold(ch, batch + done, ids + done, np);
+        for (size_t i = done; i < done + np; i++)
+            if (batch[i]) complete(ch, batch[i], FX_OK, &ids[i]);
         for (size_t i = done; i < done + np; i++) batch[i] = NULL;
         done += np;
         if (!e) break;
@@ -674,9 +893,16 @@ static void *producer_main(void *arg)
         }
         pthread_mutex_unlock(&q->mu);
         process_batch(ch, &ps, batch, n);
+        if (ch->dedup && ch->dedup->n) { /* idle: record the stored ids now */
+            pthread_mutex_lock(&q->mu);
+            bool idle = !q->head;
+            pthread_mutex_unlock(&q->mu);
+            if (idle) dedup_sync(ch, NULL, 0, NULL);
+        }
     }
     prod_close(ch);
     atomic_store(&ch->attached, false);
+    dedup_free(ch);
     nats_ReleaseThreadMemory();
     return NULL;
 }
@@ -744,6 +970,12 @@ dm_chan *dm_chan_new(fx_daemon *d, const fx_chan_config *cc)
     m->store_errors = cmetric(d, "fluxon_store_errors_total",
                               "Captured messages that could not be stored (error PubAck)",
                               FX_METRIC_COUNTER, l);
+    m->duplicates = cmetric(d, "fluxon_duplicates_total",
+                            "Publishes not stored: their Nats-Msg-Id was in the duplicate window",
+                            FX_METRIC_COUNTER, l);
+    m->full_dropped = cmetric(d, "fluxon_full_dropped_total",
+                              "Publishes without a reply subject dropped because the channel was full",
+                              FX_METRIC_COUNTER, l);
     return ch;
 }
 
@@ -781,7 +1013,8 @@ static bool settings_same(const fx_chan_settings *a, const fx_chan_settings *b)
         a->ack_wait_ms != b->ack_wait_ms || a->max_deliver != b->max_deliver ||
         a->max_ack_pending != b->max_ack_pending || a->n_backoff != b->n_backoff ||
         a->release_after_ms != b->release_after_ms || a->interest_poll_ms != b->interest_poll_ms ||
-        a->retention_ms != b->retention_ms)
+        a->retention_ms != b->retention_ms || a->full_wait_ms != b->full_wait_ms ||
+        a->duplicate_window_ms != b->duplicate_window_ms)
         return false;
     for (size_t i = 0; i < a->n_backoff && i < FX_CFG_MAX_BACKOFF; i++)
         if (a->backoff_ms[i] != b->backoff_ms[i]) return false;

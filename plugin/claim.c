@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attempts.h"
 #include "daemon_int.h"
 #include "flatdict.h"
 #include "fx_time.h"
@@ -54,7 +55,10 @@ typedef struct ent {
     uint64_t gen;
     fx_mq_delivery dv;
     fx_mq_msg msg;
-    uint64_t delivered; /* attempts published */
+    uint64_t delivered; /* attempts published (by earlier consumers too: bridge/attempts.h) */
+    bool planned;       /* persist_attempts: to be published in this round */
+    uint32_t rec_n;     /* attempt count the record of generation rec_gen holds for it */
+    uint64_t rec_gen;
     uint64_t claim_seq, nonce;
     int64_t due_ms;
     int32_t heap_pos; /* -1: not in the heap */
@@ -62,21 +66,33 @@ typedef struct ent {
     const char *dead_reason;
 } ent;
 
+/* The persisted attempt record of one sub-MPSC the claim consumes (explicit ack): the record,
+ * its writer thread and the generation of the last record built. */
+typedef struct att_stream {
+    fx_attempts *att;
+    struct attw *w;
+    uint64_t att_gen;
+} att_stream;
+
 typedef struct cst {
     dm_claim *cl;
     dm_chan *ch;
     fx_daemon *d;
     fx_mpmc_consumer *cons;
     /* Drain consumers bound to stranded sub-MPSCs (left by a released claim or a dead bridge),
-     * drained next to `cons` until each stays empty, then closed (adopt_stranded). */
+     * drained next to `cons` until each stays empty, then closed (adopt_stranded). Each has its
+     * own attempt record (explicit ack). */
     struct adopted {
         fx_mpmc_consumer *c;
         int64_t chan;
         int64_t empty_since; /* 0: its last get returned messages */
         uint64_t got, gets;  /* messages and get calls (log) */
+        att_stream as;
     } adopt[FX_DM_ADOPT_MAX];
     size_t n_adopt;
     size_t adopt_rr; /* next slot fetch_adopted tries first */
+    att_stream own;   /* explicit ack: persisted attempts of the sub-MPSC of cons */
+    fx_attempt *attbuf;
     bool explicit_ack;
     bool use_leaf; /* explicit ack and d->leaf: deliveries over the leaf connection */
     uint32_t max_ents;
@@ -93,14 +109,17 @@ typedef struct cst {
     uint64_t next_cseq, gen_ctr;
     fx_mq_msg_id *acks;
     size_t n_acks;
+    dm_ackreply **replies; /* AckSync replies of the acks in `acks`, answered after flush_acks */
+    size_t n_replies;
     size_t dlq_pending;
     fx_mq_delivery *getbuf;
     char *hbuf; /* delivery header block (leaf path), reused */
     size_t hcap;
     int64_t open_backoff_ms;
     uint64_t view_gen; /* last sub-MPSC view acted on (adopt_stranded) */
+    int64_t backlog;   /* stored messages of our sub-MPSC at the last view (-1: unknown) */
     bool lost; /* consumer closed under us */
-    fx_log_slot slot_get, slot_pub, slot_open, slot_ack;
+    fx_log_slot slot_get, slot_pub, slot_open, slot_ack, slot_att;
 } cst;
 
 /* ---- in-flight table ------------------------------------------------------------------------ */
@@ -229,6 +248,12 @@ static bool table_grow(cst *s)
     fx_mq_msg_id *na = realloc(s->acks, nn * sizeof *na);
     if (!na) return false;
     s->acks = na;
+    dm_ackreply **nr = realloc(s->replies, nn * sizeof *nr);
+    if (!nr) return false;
+    s->replies = nr;
+    fx_attempt *nab = realloc(s->attbuf, nn * sizeof *nab);
+    if (!nab) return false;
+    s->attbuf = nab;
     for (uint32_t i = nn; i > s->n_ents; i--) {
         memset(&s->ents[i - 1], 0, sizeof(ent));
         s->ents[i - 1].heap_pos = -1;
@@ -272,6 +297,44 @@ static void release_all(cst *s)
 
 static void ack_add(cst *s, const fx_mq_msg_id *id) { s->acks[s->n_acks++] = *id; }
 
+/* ---- AckSync replies ------------------------------------------------------------------------- */
+
+static dm_ackreply *ackreply_new(const char *subject)
+{
+    size_t l = strlen(subject);
+    dm_ackreply *r = malloc(sizeof *r + l + 1);
+    if (!r) return NULL;
+    atomic_init(&r->refs, 1);
+    atomic_init(&r->answered, false);
+    memcpy(r->subject, subject, l + 1);
+    return r;
+}
+
+/* Drop one reference. ok: the ack was applied: answer with an empty message (the first answer
+ * wins). The last reference of an unanswered reply sends the error reply; d NULL: no publish
+ * (the daemon is being torn down). */
+static void ackreply_done(fx_daemon *d, dm_ackreply *r, bool ok)
+{
+    if (!r) return;
+    if (ok && d && d->nc && !atomic_exchange(&r->answered, true))
+        natsConnection_Publish(d->nc, r->subject, NULL, 0);
+    if (atomic_fetch_sub(&r->refs, 1) != 1) return;
+    if (!atomic_load(&r->answered) && d && d->nc) {
+        char buf[256];
+        int n = fx_puback_err(409, "ack not applied: the delivery is no longer pending "
+                                   "(already acknowledged, redelivered or released)",
+                              buf, sizeof buf);
+        if (n > 0) natsConnection_Publish(d->nc, r->subject, buf, n);
+    }
+    free(r);
+}
+
+static void replies_done(cst *s, bool ok)
+{
+    for (size_t i = 0; i < s->n_replies; i++) ackreply_done(s->d, s->replies[i], ok);
+    s->n_replies = 0;
+}
+
 /* ---- consumer ---------------------------------------------------------------------------------- */
 
 static bool stop_requested(cst *s)
@@ -295,12 +358,17 @@ static void wait_events(cst *s, int64_t ms)
 
 static void set_holding(cst *s, bool h);
 static void adopt_close(cst *s, size_t i, bool lost);
+static void attw_sync(cst *s, att_stream *st, int64_t ms);
 
 static void consumer_drop(cst *s)
 {
+    attw_sync(s, &s->own, 2000);
     while (s->n_adopt) adopt_close(s, s->n_adopt - 1, true);
     release_all(s);
     s->n_acks = 0;
+    replies_done(s, false);
+    fx_attempts_free(s->own.att);
+    s->own.att = NULL;
     if (s->cons) {
         set_holding(s, false);
         fx_mpmc_consumer_close(s->cons);
@@ -335,28 +403,256 @@ static bool open_consumer(cst *s)
     return false;
 }
 
-/* Ack ids [0, n) through consumer c; true when c turned out closed. */
-static bool ack_through(cst *s, fx_mpmc_consumer *c, const fx_mq_msg_id *ids, size_t n,
-                        const char *what)
+/* ---- persisted attempts (bridge/attempts.h) -------------------------------------------------- */
+
+/* Read the attempt record of the claimed sub-MPSC. With explicit acks nothing is fetched until
+ * it is read (a message's attempts must be known before it is delivered again). */
+static bool attempts_ready(cst *s)
+{
+    if (!s->explicit_ack || s->own.att) return true;
+    if (!s->cons) return false;
+    fx_err e = fx_attempts_open(s->d->mq, fx_mpmc_consumer_chan(s->cons), 5000, &s->own.att);
+    if (e) {
+        s->own.att = NULL;
+        fx_log_ratelimited(&s->slot_att, 5000, FX_LOG_WRN,
+                           "claim %s: cannot read the delivery attempts of sub-MPSC %" PRId64
+                           ": %s (%s): retrying",
+                           s->cl->subject, fx_mpmc_consumer_chan(s->cons), fx_strerror(e),
+                           fx_err_detail());
+        return false;
+    }
+    return true;
+}
+
+/* The record writer: one thread per claim puts the newest record built by the claim thread
+ * (rounds built while a put is in flight are coalesced into the next put). A delivery waits until
+ * the record that holds its attempt count is durable (`durable` >= the entry's rec_gen), so a
+ * crash can never forget an attempt that a subscriber may have seen; meanwhile the claim thread
+ * keeps fetching and handling acks. A failed put is retried (newest record) every 200 ms. */
+typedef struct attw {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;
+    uint8_t *val; /* pending record (gen > 0) */
+    size_t len, cap;
+    char key[FX_ATTEMPTS_KEY_CAP];
+    size_t klen;
+    int64_t lease;
+    uint64_t gen;
+    atomic_uint_fast64_t durable;
+    dm_claim *cl;
+    fx_mq_client *mq;
+    pthread_t thr;
+} attw;
+
+static void *attw_main(void *arg)
+{
+    attw *w = arg;
+    uint8_t *buf = NULL;
+    size_t bcap = 0;
+    fx_log_slot slot = {0};
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->stop && !w->gen) pthread_cond_wait(&w->cv, &w->mu);
+        if (w->stop) break;
+        uint64_t g = w->gen;
+        size_t len = w->len;
+        if (len > bcap) {
+            uint8_t *nb = realloc(buf, len);
+            if (!nb) {
+                struct timespec ts = fx_deadline_ts(fx_now_ms() + 200);
+                pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+                continue;
+            }
+            buf = nb;
+            bcap = len;
+        }
+        memcpy(buf, w->val, len);
+        char key[FX_ATTEMPTS_KEY_CAP];
+        memcpy(key, w->key, w->klen);
+        fx_slice k = {key, w->klen};
+        int64_t lease = w->lease;
+        w->gen = 0;
+        pthread_mutex_unlock(&w->mu);
+        fx_err e = fx_attempts_put(w->mq, k, lease, buf, len, 5000);
+        pthread_mutex_lock(&w->mu);
+        if (!e) {
+            atomic_store(&w->durable, g);
+            pthread_mutex_lock(&w->cl->mu); /* wake the claim thread: deliveries may go */
+            pthread_cond_broadcast(&w->cl->cv);
+            pthread_mutex_unlock(&w->cl->mu);
+        } else {
+            fx_log_ratelimited(&slot, 5000, FX_LOG_WRN,
+                               "claim %s: delivery attempts not recorded: %s (%s): retrying",
+                               w->cl->subject, fx_strerror(e), fx_err_detail());
+            if (!w->gen) w->gen = g; /* nothing newer: retry this one */
+            struct timespec ts = fx_deadline_ts(fx_now_ms() + 200);
+            if (!w->stop) pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    free(buf);
+    return NULL;
+}
+
+static attw *attw_start(dm_claim *cl, fx_mq_client *mq)
+{
+    attw *w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    atomic_init(&w->durable, 0);
+    w->cl = cl;
+    w->mq = mq;
+    if (pthread_create(&w->thr, NULL, attw_main, w) != 0) {
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+        free(w);
+        return NULL;
+    }
+    return w;
+}
+
+static void attw_stop(attw *w)
+{
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    w->stop = true;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thr, NULL);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w->val);
+    free(w);
+}
+
+/* Hand the record of generation gen to the writer (replacing one it has not started). */
+static bool attw_submit(attw *w, fx_attempts *att, const uint8_t *val, size_t len, uint64_t gen)
+{
+    fx_slice k = fx_attempts_key(att);
+    pthread_mutex_lock(&w->mu);
+    if (len > w->cap) {
+        uint8_t *nb = realloc(w->val, len);
+        if (!nb) {
+            pthread_mutex_unlock(&w->mu);
+            return false;
+        }
+        w->val = nb;
+        w->cap = len;
+    }
+    memcpy(w->val, val, len);
+    w->len = len;
+    memcpy(w->key, k.data, k.len);
+    w->klen = k.len;
+    w->lease = fx_attempts_lease(att);
+    w->gen = gen;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return true;
+}
+
+/* The attempt stream of sub-MPSC chan: the claim's own or an adopted one's (NULL: neither). */
+static att_stream *stream_of(cst *s, int64_t chan)
+{
+    if (s->cons && fx_mpmc_consumer_chan(s->cons) == chan) return &s->own;
+    for (size_t i = 0; i < s->n_adopt; i++)
+        if (s->adopt[i].chan == chan) return &s->adopt[i].as;
+    return NULL;
+}
+
+/* Wait (bounded) until the last record built is durable: before the sub-MPSC is let go, so the
+ * next consumer reads it. */
+static void attw_sync(cst *s, att_stream *st, int64_t ms)
+{
+    if (!st->w || !st->att_gen) return;
+    int64_t deadline = fx_now_ms() + ms;
+    while (atomic_load(&st->w->durable) < st->att_gen && fx_ms_left(deadline) > 0) {
+        pthread_mutex_lock(&s->cl->mu);
+        if (atomic_load(&st->w->durable) < st->att_gen) {
+            struct timespec ts = fx_deadline_ts(fx_now_ms() + 20);
+            pthread_cond_timedwait(&s->cl->cv, &s->cl->mu, &ts);
+        }
+        pthread_mutex_unlock(&s->cl->mu);
+    }
+    if (atomic_load(&st->w->durable) < st->att_gen)
+        FX_WRN("claim %s: the last delivery attempts were not recorded within %" PRId64 " ms",
+               s->cl->subject, ms);
+}
+
+/* The record of one sub-MPSC (chan): its in-flight messages with the attempt count each will have
+ * once the round is out; handed to its writer when it changed. Planned entries of that sub-MPSC
+ * remember the generation that holds their count (do_sends waits for it). */
+static void persist_one(cst *s, att_stream *st, int64_t chan)
+{
+    if (!st->att || !st->w) return;
+    size_t k = 0;
+    for (uint32_t i = 0; i < s->n_ents; i++) {
+        ent *e = &s->ents[i];
+        if (e->state == E_FREE || e->dv.id.chan != chan) continue;
+        uint64_t n = e->delivered + (e->planned ? 1 : 0);
+        s->attbuf[k++] = (fx_attempt){e->dv.id.pidx, e->dv.id.msg, n > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)n};
+    }
+    const uint8_t *val = NULL;
+    size_t len = 0;
+    if (fx_attempts_build(st->att, s->attbuf, k, &val, &len)) {
+        if (attw_submit(st->w, st->att, val, len, st->att_gen + 1)) st->att_gen++;
+    }
+    for (uint32_t i = 0; i < s->n_ents; i++) {
+        ent *e = &s->ents[i];
+        if (!e->planned || e->dv.id.chan != chan) continue;
+        e->planned = false;
+        uint32_t n = (uint32_t)(e->delivered + 1);
+        if (e->rec_n != n || !e->rec_gen) {
+            e->rec_n = n;
+            e->rec_gen = st->att_gen;
+        }
+    }
+}
+
+/* Before a round of deliveries: persist the attempt records of the claim's own sub-MPSC and of
+ * every adopted one. */
+static void persist_attempts(cst *s)
+{
+    if (!s->own.w) return;
+    for (uint32_t i = 0; i < s->n_send; i++)
+        if (s->ents[s->sendq[i]].state == E_WAIT_SEND) s->ents[s->sendq[i]].planned = true;
+    if (s->cons) persist_one(s, &s->own, fx_mpmc_consumer_chan(s->cons));
+    for (size_t a = 0; a < s->n_adopt; a++) persist_one(s, &s->adopt[a].as, s->adopt[a].chan);
+    for (uint32_t i = 0; i < s->n_ents; i++) s->ents[i].planned = false;
+}
+
+/* May this entry be published now (its attempt count durable)? */
+static bool attempt_durable(cst *s, const ent *e)
+{
+    att_stream *st = stream_of(s, e->dv.id.chan);
+    if (!st || !st->att || !st->w) return true;
+    return e->rec_n == e->delivered + 1 && e->rec_gen <= atomic_load(&st->w->durable);
+}
+
+/* Ack ids [0, n) through consumer c. *closed: c turned out closed. Returns FX_OK or the error. */
+static fx_err ack_through(cst *s, fx_mpmc_consumer *c, const fx_mq_msg_id *ids, size_t n,
+                         const char *what, bool *closed)
 {
     fx_err e = fx_mpmc_ack(c, ids, n);
-    if (e == FX_ECLOSED || e == FX_ELEASE_LOST) {
+    *closed = e == FX_ECLOSED || e == FX_ELEASE_LOST;
+    if (*closed)
         FX_WRN("claim %s: %s consumer closed (%s): %zu acks lost", s->cl->subject, what,
                fx_strerror(e), n);
-        return true;
-    }
-    if (e)
+    else if (e)
         fx_log_ratelimited(&s->slot_ack, 5000, FX_LOG_ERR, "claim %s: ack of %zu failed: %s (%s)",
                            s->cl->subject, n, fx_strerror(e), fx_err_detail());
-    return false;
+    return e;
 }
 
 /* Commit the acks gathered: those of each adopted sub-MPSC through its drain consumer, the rest
- * through the claim's own. */
+ * through the claim's own; then answer the acks that asked for a reply (AckSync): ok only when
+ * every ack was applied. */
 static void flush_acks(cst *s)
 {
     size_t n = s->n_acks;
     s->n_acks = 0;
+    bool ok = n > 0, closed = false;
     for (size_t a = s->n_adopt; a-- > 0 && n;) {
         size_t j = n; /* move this sub-MPSC's acks to [j, n) */
         for (size_t i = 0; i < j;) {
@@ -368,11 +664,21 @@ static void flush_acks(cst *s)
                 i++;
             }
         }
-        if (n > j && ack_through(s, s->adopt[a].c, s->acks + j, n - j, "adopted"))
-            adopt_close(s, a, true);
+        if (n > j) {
+            if (ack_through(s, s->adopt[a].c, s->acks + j, n - j, "adopted", &closed)) ok = false;
+            if (closed) adopt_close(s, a, true);
+        }
         n = j;
     }
-    if (n && s->cons && ack_through(s, s->cons, s->acks, n, "own")) s->lost = true;
+    if (n) {
+        if (!s->cons) {
+            ok = false;
+        } else {
+            if (ack_through(s, s->cons, s->acks, n, "own", &closed)) ok = false;
+            if (closed) s->lost = true;
+        }
+    }
+    replies_done(s, ok);
 }
 
 /* ---- delivery ----------------------------------------------------------------------------------- */
@@ -398,8 +704,10 @@ static bool publish_ent(cst *s, uint32_t idx)
         meta.delivered = attempt;
         meta.seq = DM_SEQ(&e->dv.id);
         meta.claim_seq = e->claim_seq;
-        meta.ts_ns = fx_wall_ns();
-        meta.pending = s->n_used > 0 ? s->n_used - 1 : 0;
+        /* JetStream's metadata timestamp is the time the message was stored */
+        meta.ts_ns = e->msg.publish_ns > 0 ? e->msg.publish_ns : fx_wall_ns();
+        /* JetStream's pending: stored, not yet handed to this claim (house-keeping view) */
+        meta.pending = s->backlog > (int64_t)s->n_used ? (uint64_t)(s->backlog - (int64_t)s->n_used) : 0;
         meta.nonce = e->nonce;
         char js[FX_JSACK_SUBJECT_MAX];
         if (fx_ack_subject_build(&meta, js, sizeof js) < 0 ||
@@ -480,11 +788,29 @@ static void do_sends(cst *s)
     if (!s->n_send) return;
     int64_t now = fx_now_ms();
     bool ok_to_send = can_publish(s);
-    uint32_t n_pub = 0;
+    if (ok_to_send) persist_attempts(s);
+    if (ok_to_send && s->cons) { /* once per round: our sub-MPSC's backlog from the last view */
+        int64_t own = fx_mpmc_consumer_chan(s->cons);
+        s->backlog = -1;
+        pthread_mutex_lock(&s->ch->mu);
+        for (size_t i = 0; i < s->ch->n_held; i++)
+            if (s->ch->held[i] == own) s->backlog = s->ch->held_backlog[i];
+        pthread_mutex_unlock(&s->ch->mu);
+    }
+    uint32_t n_pub = 0, keep = 0;
+    bool blocked = false; /* explicit ack only: waiting for the attempt record to be durable */
     for (uint32_t i = 0; i < s->n_send; i++) {
         uint32_t idx = s->sendq[i];
         ent *e = &s->ents[idx];
         if (e->state != E_WAIT_SEND) continue;
+        if (ok_to_send && (blocked || !attempt_durable(s, e))) {
+            /* this one and every later one wait, in order (per-producer FIFO), at the head of
+             * the send queue; the writer wakes the claim thread when the record is durable */
+            blocked = true;
+            heap_del(s, idx);
+            s->sendq[keep++] = idx;
+            continue;
+        }
         if (!ok_to_send || !publish_ent(s, idx)) {
             heap_set(s, idx, now + (ok_to_send ? 200 : 100));
             continue;
@@ -495,7 +821,7 @@ static void do_sends(cst *s)
         else
             s->sendq[n_pub++] = idx; /* reuse the array: published this round */
     }
-    s->n_send = 0;
+    s->n_send = keep;
     if (!s->explicit_ack && n_pub) {
         /* ack none: the server has processed the publishes once the PONG is back; any 503 for
          * them is then already in our ack-none subscription. Ack after a short grace. */
@@ -624,7 +950,8 @@ static void redeliver_or_dlq(cst *s, uint32_t idx, int64_t delay_ms)
 
 /* ---- events ------------------------------------------------------------------------------------ */
 
-static void handle_ev(cst *s, const dm_ev *ev)
+/* Apply one event; true when it changed the state of a pending delivery. */
+static bool apply_ev(cst *s, const dm_ev *ev)
 {
     fx_daemon *d = s->d;
     uint32_t idx = hash_find(s, ev->claim_seq);
@@ -634,29 +961,29 @@ static void handle_ev(cst *s, const dm_ev *ev)
     if (ev->kind == EV_NORESP) {
         if (!issued || !e || e->nonce != ev->nonce || s->use_leaf || e->state != E_WAIT_ACK) {
             dm_invalid_control(d, "no-responders status");
-            return;
+            return false;
         }
         if (!atomic_exchange(&s->cl->noresp, true))
             FX_INF("claim %s: no responders: releasing the claim", s->cl->subject);
-        return;
+        return false;
     }
     if (!issued || !s->explicit_ack || (e && e->nonce != ev->nonce)) {
         dm_invalid_control(d, "ack");
-        return;
+        return false;
     }
     if (!e) {
         fx_metric_inc(d->g_stale_acks, 1);
-        return;
+        return false;
     }
     switch (ev->kind) {
     case EV_ACK:
-        if (e->state != E_WAIT_ACK && e->state != E_WAIT_SEND) break;
+        if (e->state != E_WAIT_ACK && e->state != E_WAIT_SEND) return false;
         fx_metric_inc(s->ch->m.acked, 1);
         ack_add(s, &e->dv.id);
         ent_release(s, idx);
-        break;
+        return true;
     case EV_NAK:
-        if (e->state != E_WAIT_ACK) break;
+        if (e->state != E_WAIT_ACK) return false;
         {
             int64_t delay = ev->delay_ns > 0 ? ev->delay_ns / 1000000 : -1;
             if (delay < 0) {
@@ -671,18 +998,29 @@ static void handle_ev(cst *s, const dm_ev *ev)
             }
             redeliver_or_dlq(s, idx, delay);
         }
-        break;
+        return true;
     case EV_WPI:
-        if (e->state != E_WAIT_ACK) break;
+        if (e->state != E_WAIT_ACK) return false;
         heap_set(s, idx, fx_now_ms() + s->ch->s.ack_wait_ms);
-        break;
+        return true;
     case EV_TERM:
-        if (e->state != E_WAIT_ACK && e->state != E_WAIT_SEND) break;
+        if (e->state != E_WAIT_ACK && e->state != E_WAIT_SEND) return false;
         dead_letter(s, idx, "term");
-        break;
+        return true;
     default:
-        break;
+        return false;
     }
+}
+
+static void handle_ev(cst *s, dm_ev *ev)
+{
+    bool applied = apply_ev(s, ev);
+    if (!ev->reply) return;
+    if (applied && ev->kind == EV_ACK && s->n_replies < s->n_acks)
+        s->replies[s->n_replies++] = ev->reply; /* answered once flush_acks handed it to the MQ */
+    else
+        ackreply_done(s->d, ev->reply, applied);
+    ev->reply = NULL;
 }
 
 static void handle_dlq_done(cst *s, pq_item *it)
@@ -811,6 +1149,13 @@ static void accept_msgs(cst *s, size_t got)
             continue;
         }
         e->state = E_WAIT_SEND;
+        att_stream *st = stream_of(s, e->dv.id.chan);
+        e->delivered = st && st->att ? fx_attempts_take(st->att, e->dv.id.pidx, e->dv.id.msg) : 0;
+        if (e->delivered && (int64_t)e->delivered >= s->ch->s.max_deliver && !s->ch->is_dlq) {
+            /* its attempts were used up under an earlier consumer (released, crashed, moved) */
+            dead_letter(s, idx, "max_deliver");
+            continue;
+        }
         sendq_push(s, idx);
     }
 }
@@ -839,11 +1184,14 @@ static void adopt_close(cst *s, size_t i, bool lost)
                 s->ents[k].dv.id.chan == a.chan)
                 ent_release(s, k);
     } else {
+        attw_sync(s, &a.as, 2000); /* its next consumer reads the attempts */
         fx_err e = fx_mpmc_flush(a.c, 2000);
         if (e && e != FX_ECLOSED && e != FX_ELEASE_LOST)
             FX_WRN("claim %s: adopted sub-MPSC %" PRId64 ": ack flush: %s", s->cl->subject, a.chan,
                    fx_strerror(e));
     }
+    attw_stop(a.as.w);
+    fx_attempts_free(a.as.att);
     fx_mpmc_consumer_close(a.c);
     fx_mpmc_consumer_free(a.c);
     FX_INF("claim %s: %s adopted sub-MPSC %" PRId64 " (%" PRIu64 " message(s) in %" PRIu64
@@ -890,7 +1238,22 @@ static void adopt_stranded(cst *s)
                                s->cl->subject, stranded[i], fx_strerror(e), fx_err_detail());
             return;
         }
-        s->adopt[s->n_adopt++] = (struct adopted){.c = c, .chan = stranded[i]};
+        struct adopted ad = {.c = c, .chan = stranded[i]};
+        if (s->explicit_ack) { /* its messages keep their delivery counts (own record) */
+            e = fx_attempts_open(s->d->mq, stranded[i], 5000, &ad.as.att);
+            if (!e && !(ad.as.w = attw_start(s->cl, s->d->mq)))
+                e = fx_seterr(FX_ENOMEM, "cannot start an attempt writer");
+            if (e) {
+                fx_log_ratelimited(&s->slot_att, 5000, FX_LOG_WRN,
+                                   "claim %s: cannot adopt sub-MPSC %" PRId64 ": attempts: %s (%s)",
+                                   s->cl->subject, stranded[i], fx_strerror(e), fx_err_detail());
+                fx_attempts_free(ad.as.att);
+                fx_mpmc_consumer_close(c);
+                fx_mpmc_consumer_free(c);
+                return;
+            }
+        }
+        s->adopt[s->n_adopt++] = ad;
         FX_INF("claim %s: adopted sub-MPSC %" PRId64 " with stranded backlog (next to its own "
                "sub-MPSC %" PRId64 ")", s->cl->subject, stranded[i], own);
     }
@@ -973,7 +1336,12 @@ static void claim_loop(cst *s)
         int64_t next = next_due_in(s);
         bool can_fetch = s->n_used < s->max_ents && can_publish(s);
         if (!can_fetch) {
-            wait_events(s, next < 50 ? next : 50);
+            int64_t cap = s->n_send ? 2 : 50; /* deliveries waiting for their record */
+            wait_events(s, next < cap ? next : cap);
+            continue;
+        }
+        if (!attempts_ready(s)) {
+            wait_events(s, 200);
             continue;
         }
         size_t want = s->max_ents - s->n_used;
@@ -984,6 +1352,7 @@ static void claim_loop(cst *s)
         }
         if (s->lost) continue;
         int to = events_pending(cl) ? 0 : (int)(next < 20 ? next : 20);
+        if (s->n_send && to > 2) to = 2; /* deliveries wait for their attempt record */
         size_t got = 0;
         fx_err e = fx_mpmc_get(s->cons, s->getbuf, want, &got, to);
         if (e == FX_OK) {
@@ -1061,15 +1430,24 @@ static void *claim_main(void *arg)
     s.d = cl->ch->d;
     s.explicit_ack = cl->ch->s.ack == FX_ACK_EXPLICIT;
     s.use_leaf = s.explicit_ack && s.d->leaf != NULL;
-    if (table_init(&s)) {
+    if (s.explicit_ack) s.own.w = attw_start(cl, s.d->mq);
+    if (table_init(&s) && (!s.explicit_ack || s.own.w)) {
         claim_loop(&s);
         claim_release(&s);
         dm_view_kick(s.d, s.ch); /* its sub-MPSC may hold stranded backlog now: adopt it at once */
     } else {
         FX_ERR("claim %s: out of memory", cl->subject);
     }
-    /* completions of dead letters still in flight are freed by the producer side from now on */
+    /* completions of dead letters still in flight are freed by the producer side from now on;
+     * acks still queued are not applied: their requesters get the error reply now */
     pthread_mutex_lock(&cl->mu);
+    while (cl->ev_n) {
+        dm_ev *ev = &cl->evs[cl->ev_head];
+        ackreply_done(s.d, ev->reply, false);
+        ev->reply = NULL;
+        cl->ev_head = (cl->ev_head + 1) % cl->ev_cap;
+        cl->ev_n--;
+    }
     cl->dlq_closed = true;
     pq_item *done = cl->dlq_done;
     cl->dlq_done = NULL;
@@ -1085,6 +1463,10 @@ static void *claim_main(void *arg)
     free(s.heap);
     free(s.sendq);
     free(s.acks);
+    free(s.replies);
+    free(s.attbuf);
+    fx_attempts_free(s.own.att);
+    attw_stop(s.own.w);
     free(s.buckets);
     for (size_t i = 0; s.getbuf && i < FX_DM_FETCH_MAX; i++) fx_mq_delivery_free(&s.getbuf[i]);
     free(s.getbuf);
@@ -1106,6 +1488,8 @@ void dm_claim_unref(dm_claim *cl)
         free(it);
         it = nx;
     }
+    for (size_t i = 0; i < cl->ev_n; i++) /* acks that never reached the thread */
+        ackreply_done(NULL, cl->evs[(cl->ev_head + i) % cl->ev_cap].reply, false);
     free(cl->evs);
     pthread_mutex_destroy(&cl->mu);
     pthread_cond_destroy(&cl->cv);
@@ -1183,6 +1567,7 @@ static dm_claim *claim_new(dm_chan *ch, const char *token)
 
 /* ---- ack routing (NATS callbacks: parse, look up, enqueue; never block) ------------------------- */
 
+/* ev->reply (if any) keeps the caller's reference; each queued event takes one more. */
 static void route(fx_daemon *d, const char *chan, const char *claim, const dm_ev *ev, bool invalid)
 {
     pthread_rwlock_rdlock(&d->reg);
@@ -1201,7 +1586,9 @@ static void route(fx_daemon *d, const char *chan, const char *claim, const dm_ev
     for (dm_claim *cl = ch->claims; cl; cl = cl->next) {
         if (strcmp(cl->token, claim) != 0 || atomic_load(&cl->finished)) continue;
         routed = true;
+        if (ev->reply) atomic_fetch_add(&ev->reply->refs, 1);
         if (!ev_push(cl, ev)) {
+            if (ev->reply) atomic_fetch_sub(&ev->reply->refs, 1); /* ours is still held */
             static fx_log_slot slot;
             fx_log_ratelimited(&slot, 5000, FX_LOG_WRN, "claim %s: ack queue full: ack dropped",
                                cl->subject);
@@ -1258,7 +1645,11 @@ void dm_on_ack(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
                                meta.channel);
         }
     }
+    const char *rs = natsMsg_GetReply(m);
+    if (ev.kind != EV_NORESP && rs && *rs)
+        ev.reply = ackreply_new(rs); /* out of memory: the ack is still applied, unanswered */
     route(d, meta.channel, meta.claim, &ev, invalid);
+    ackreply_done(d, ev.reply, false); /* the router's reference: error reply if nobody applied it */
     natsMsg_Destroy(m);
 }
 

@@ -67,6 +67,8 @@ static const fx_chan_settings k_default_settings = {
     .release_after_ms = 5 * 1000,
     .interest_poll_ms = 1000,
     .retention_ms = 7 * MS_DAY,
+    .full_wait_ms = 0,
+    .duplicate_window_ms = 2 * 60 * 1000,
 };
 
 /* ---- Per-channel settings: one row per key ---------------------------------------------- */
@@ -92,6 +94,8 @@ static const setting_key k_settings[] = {
     {"release_after",   SK_DURATION, SOFF(release_after_ms), 0,   MS_DAY},
     {"interest_poll",   SK_DURATION, SOFF(interest_poll_ms), 50,  MS_HOUR},
     {"retention",       SK_DURATION, SOFF(retention_ms),     2000, 9000000000LL * 1000}, /* MaxLeaseTTL */
+    {"full_wait",       SK_DURATION, SOFF(full_wait_ms),     0,   60 * 1000},
+    {"duplicate_window", SK_DURATION, SOFF(duplicate_window_ms), 0, MS_DAY},
 };
 #define N_SETTINGS (sizeof k_settings / sizeof k_settings[0])
 

@@ -32,6 +32,9 @@ typedef struct fx_chan_settings {
     /* default 7 d, >= 2 s and >= ttl_seconds, <= etcd's MaxLeaseTTL; whole seconds (rounded up):
      * TTL of the channel's data leases: how long its messages outlive the last running bridge. */
     int64_t retention_ms;
+    int64_t full_wait_ms;     /* default 0: a publish to a full channel fails at once (503,
+                                 err_code 10077); > 0: wait up to this long for room (<= 60 s) */
+    int64_t duplicate_window_ms; /* default 2 min: Nats-Msg-Id dedup window; 0 disables dedup */
 } fx_chan_settings;
 
 typedef struct fx_chan_config {

@@ -488,7 +488,8 @@ static void hk_chan_view(fx_daemon *d, const fx_config *cfg, dm_chan *ch)
     cJSON *bl = cJSON_GetObjectItemCaseSensitive(o, "backlog");
     if (cJSON_IsNumber(bl)) fx_metric_set(ch->m.backlog, (int64_t)bl->valuedouble);
     int64_t stranded[FX_DM_SWEEP_MAX];
-    size_t ns = 0;
+    int64_t held[FX_DM_HELD_MAX], held_bl[FX_DM_HELD_MAX];
+    size_t ns = 0, nh = 0;
     cJSON *subs = cJSON_GetObjectItemCaseSensitive(o, "sub_mpscs");
     cJSON *it;
     cJSON_ArrayForEach(it, subs)
@@ -497,6 +498,10 @@ static void hk_chan_view(fx_daemon *d, const fx_config *cfg, dm_chan *ch)
         cJSON *rd = cJSON_GetObjectItemCaseSensitive(it, "ready");
         cJSON *b = cJSON_GetObjectItemCaseSensitive(it, "backlog");
         cJSON *nc = cJSON_GetObjectItemCaseSensitive(it, "consumers");
+        if (cJSON_IsNumber(id) && cJSON_IsTrue(rd) && cJSON_IsNumber(b) && nh < FX_DM_HELD_MAX) {
+            held[nh] = (int64_t)id->valuedouble;
+            held_bl[nh++] = (int64_t)b->valuedouble;
+        }
         /* Stranded: unready, no consumer bound, messages waiting. (An unready one with a consumer
          * is being drained by a claim that adopted it.) */
         if (!cJSON_IsNumber(id) || cJSON_IsTrue(rd) || (cJSON_IsNumber(nc) && nc->valuedouble > 0))
@@ -510,6 +515,9 @@ static void hk_chan_view(fx_daemon *d, const fx_config *cfg, dm_chan *ch)
                    memcmp(stranded, ch->stranded, ns * sizeof *stranded) != 0;
     memcpy(ch->stranded, stranded, ns * sizeof *stranded);
     ch->n_stranded = ns;
+    memcpy(ch->held, held, nh * sizeof *held);
+    memcpy(ch->held_backlog, held_bl, nh * sizeof *held_bl);
+    ch->n_held = nh;
     if (changed || ns) ch->view_gen++;
     pthread_mutex_unlock(&ch->mu);
 }

@@ -49,7 +49,7 @@
  * and bytes; the MQ writes it as one segment (<= 4096 msgs, 1 MiB) in one etcd txn. */
 #define FX_DM_BATCH_MSGS 1024
 #define FX_DM_BATCH_BYTES (1u << 20)
-#define FX_DM_PUT_TIMEOUT_MS 4000          /* under the 5 s default publish timeout of clients */
+#define FX_DM_PUT_TIMEOUT_MS 4000          /* etcd work of one batch (plus the channel's full_wait) */
 #define FX_DM_MAX_MSG_BYTES (1u << 20)     /* payload + header block, before the headroom */
 #define FX_DM_DELIVERY_HEADROOM 4096       /* room for the Fluxon-* delivery headers */
 #define FX_DM_FETCH_MAX 128                /* messages per fx_mpmc_get */
@@ -65,6 +65,7 @@
 #define FX_DM_VIEW_MS 2000                 /* house-keeping refresh of backlog and sub-MPSC views */
 #define FX_DM_KICK_MIN_MS 100             /* kicked view refreshes (released claims): at most 10/s */
 #define FX_DM_KEEPER_MS 1000               /* producer thread: re-check its producer when idle */
+#define FX_DM_HELD_MAX 256                 /* claimed sub-MPSCs whose backlog the view keeps */
 
 #define FX_DM_HDR_CHANNEL "Fluxon-Channel"
 #define FX_DM_HDR_SUBJECT "Fluxon-Subject"
@@ -72,6 +73,9 @@
 #define FX_DM_HDR_DELIVERED "Fluxon-Delivered"
 #define FX_DM_HDR_ID "Fluxon-Id"
 #define FX_DM_HDR_DEAD_REASON "Fluxon-Dead-Reason"
+#define FX_DM_HDR_MSG_ID "Nats-Msg-Id"               /* dedup (channel duplicate_window) */
+#define FX_DM_HDR_EXPECTED "Nats-Expected-"          /* only ...-Stream is supported */
+#define FX_DM_HDR_EXPECTED_STREAM "Nats-Expected-Stream"
 /* Loop prevention by proof (DESIGN.md §9): every delivery carries Fluxon-Origin, a keyed hash
  * (dm_origin_tag) of its subject and reply subject under a 128-bit key drawn from getrandom at
  * start. Capture skips a message only when its Fluxon-Origin verifies for the subject and reply it
@@ -114,7 +118,8 @@ typedef struct dm_claim dm_claim;
 
 typedef struct dm_chan_metrics {
     fx_metric *captured, *stored, *delivered, *acked, *redelivered, *dead, *dropped,
-        *invalid_acks, *backlog, *claims, *store_errors, *foreign_headers, *own_skipped;
+        *invalid_acks, *backlog, *claims, *store_errors, *foreign_headers, *own_skipped,
+        *full_dropped, *duplicates;
 } dm_chan_metrics;
 
 /* ---- producer queue ----------------------------------------------------------------------------- */
@@ -124,6 +129,7 @@ typedef struct pq_item {
     struct pq_item *next;
     int kind;
     char *reply;         /* capture: reply subject or NULL (points into the allocation) */
+    char *msgid;         /* capture: Nats-Msg-Id when the channel dedups, else NULL (ditto) */
     uint8_t *rec;        /* encoded fx_mq_msg (points into the allocation) */
     size_t rec_len;
     /* dead letter: */
@@ -161,6 +167,7 @@ struct dm_chan {
     pthread_t prod_thr;
     bool prod_started;
     fx_mpmc_producer *prod; /* producer thread only */
+    struct dm_dedup *dedup;  /* producer thread only: Nats-Msg-Id window (capture.c) */
 
     pthread_mutex_t mu; /* mpmc id cache, attach_err */
     int64_t mpmc;
@@ -177,6 +184,9 @@ struct dm_chan {
     size_t n_stranded;
     uint64_t view_gen;
     atomic_bool view_due; /* refresh this channel's view now (dm_view_kick) */
+    /* Claimed (ready) sub-MPSCs and their backlog, same refresh: a claim's JetStream "pending" */
+    int64_t held[FX_DM_HELD_MAX], held_backlog[FX_DM_HELD_MAX];
+    size_t n_held;
 
     dm_claim *claims; /* under d->reg */
     atomic_bool draining;
@@ -186,11 +196,22 @@ struct dm_chan {
 enum { EV_ACK = 0, EV_NAK, EV_WPI, EV_TERM, EV_NORESP };
 enum { STOP_NONE = 0, STOP_RELEASE, STOP_DRAIN };
 
+/* The reply subject of an ack sent as a request (nats.go AckSync, nats.js ackAck): shared by the
+ * router and every claim the ack was queued to (reference counted). The claim that applies the
+ * ack answers with an empty message (first answer wins); when the last reference goes without an
+ * answer, the ack was not applied and gets an error reply. */
+typedef struct dm_ackreply {
+    atomic_int refs;
+    atomic_bool answered;
+    char subject[];
+} dm_ackreply;
+
 typedef struct dm_ev {
     uint8_t kind;
     uint64_t claim_seq;
     uint64_t nonce; /* from the reply subject; never 0 for a delivery the bridge made */
     int64_t delay_ns;
+    dm_ackreply *reply; /* one reference, or NULL */
 } dm_ev;
 
 struct dm_claim {
@@ -293,6 +314,7 @@ void dm_chan_forget_mpmc(dm_chan *ch);
 /* Queue a dead letter. false when the queue is full or closed (item not taken). */
 bool dm_pq_push(dm_pq *q, pq_item *it);
 pq_item *dm_pq_item_new(int kind, const char *reply, size_t rec_len);
+pq_item *dm_pq_item_new_id(int kind, const char *reply, const char *msgid, size_t rec_len);
 void dm_pq_item_free(pq_item *it);
 /* Header block helpers. */
 fx_err dm_hdr_from_msg(natsMsg *m, char **out, size_t *out_len); /* NULL/0 when none */

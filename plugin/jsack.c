@@ -283,11 +283,20 @@ int fx_puback_ok(const char *stream, uint64_t seq, char *out, size_t cap)
 
 int fx_puback_err(int code, const char *description, char *out, size_t cap)
 {
+    return fx_puback_err_code(code, 0, description, out, cap);
+}
+
+int fx_puback_err_code(int code, int err_code, const char *description, char *out, size_t cap)
+{
     if (!out || cap == 0) return -1;
     if (!description) description = "";
     size_t pos = 0;
-    char head[64];
-    snprintf(head, sizeof head, "{\"error\":{\"code\":%d,\"description\":\"", code);
+    char head[96];
+    if (err_code > 0)
+        snprintf(head, sizeof head, "{\"error\":{\"code\":%d,\"err_code\":%d,\"description\":\"",
+                 code, err_code);
+    else
+        snprintf(head, sizeof head, "{\"error\":{\"code\":%d,\"description\":\"", code);
     if (!put_raw(out, cap, &pos, head) || !put_json_str(out, cap, &pos, description, DESC_MAX, true) ||
         !put_raw(out, cap, &pos, "\"}}")) {
         out[0] = '\0';

@@ -12,7 +12,8 @@
  * reason) dead-letter. Anything else is FX_ACK_INVALID (count it, ignore it).
  *
  * PubAck (reply to a publish on a capture subject): {"stream":"<channel>","seq":<n>} on success,
- * {"error":{"code":<n>,"description":"..."}} on failure (503 channel full, 413 too large, 500).
+ * {"error":{"code":<n>[,"err_code":<n>],"description":"..."}} on failure (503 + 10077 channel
+ * full, 413 too large, 500).
  */
 #ifndef FX_PLUGIN_JSACK_H
 #define FX_PLUGIN_JSACK_H
@@ -56,5 +57,11 @@ fx_ack_kind fx_ack_body_parse(const void *body, size_t len, int64_t *delay_ns);
 /* PubAck JSON into out; returns length or -1 if it does not fit. */
 int fx_puback_ok(const char *stream, uint64_t seq, char *out, size_t cap);
 int fx_puback_err(int code, const char *description, char *out, size_t cap);
+/* With JetStream's numeric error code too (nats.go APIError.ErrorCode, nats.js api_error.err_code):
+ * {"error":{"code":<code>,"err_code":<err_code>,"description":"..."}}; err_code <= 0: as above. */
+int fx_puback_err_code(int code, int err_code, const char *description, char *out, size_t cap);
+#define FX_JS_ERR_MAX_MSGS 10077        /* "maximum messages exceeded" (JSStreamStoreFailedF's
+                                           store error for a full stream, DiscardNew) */
+#define FX_JS_ERR_STREAM_MISMATCH 10060 /* Nats-Expected-Stream names another stream */
 
 #endif

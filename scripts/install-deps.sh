@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Installs what fluxon-nats needs from Debian packages, only what is missing.
+# The Go toolchain and nats.go (Debian's source package in /usr/share/gocode) build the Go
+# client of the end-to-end suite offline (GOPATH mode, tests/e2e/14_go_client_compat.test.mjs).
 # Idempotent; used by `make run`, `make test` and CI. Needs root (or sudo) when
 # something is missing; prints nothing and exits 0 when all is there.
 set -euo pipefail
@@ -10,6 +12,7 @@ PKGS=(
   etcd-server etcd-client nats-server
   curl valgrind
   clang libclang-rt-dev   # make fuzz: clang -fsanitize=fuzzer (libFuzzer runtime)
+  golang-go golang-github-nats-io-go-nats-dev
 )
 
 missing=()

@@ -1,7 +1,7 @@
 /* nats_bench.c -- fluxon-bridge vs JetStream WorkQueue vs NATS core, same machine, same run (issue 5).
  *
  *   nats_bench [-d seconds] [-w warmup_ms] [-b bridge_binary] [-D drain_ms] [-W window] [-P pubs]
- *              [-o scenarios] [-s sizes]
+ *              [-o scenarios] [-s sizes] [-M]
  *   nats_bench -S seconds [-s size] [-w warmup_ms] [-b bridge_binary] [-D drain_ms] [-W window]
  *
  * Starts its own etcd (tests/support/fxt), nats-server (monitoring, leafnodes listener, JetStream
@@ -41,6 +41,8 @@
  * etcd req/msg: delta of the bridge's fluxon_etcd_requests_total over the row / messages consumed
  * (the whole row, drain included: in 5n that is the consumer's catch-up after the window).
  *
+ * -M: every bridge publish carries a unique Nats-Msg-Id header (the bridge's dedup then looks up
+ * and records every id: one txn each per batch); the rows measure the cost of dedup.
  * FX_BENCH_ETCD_ARGS="--unsafe-no-fsync" (any extra etcd flags) runs the same rows against an etcd
  * with those flags, for what-if comparisons; the flags are printed above the table.
  * Output: one markdown table and ratio lines on stdout; progress on stderr. Exit 0 when every row
@@ -617,6 +619,28 @@ static double cpu_pct(sampler *s, int i)
 
 static int g_dur_s = 5, g_warm_ms = 1000, g_drain_ms = 15000, g_npubs = 4;
 static long long g_window = 10000;
+/* -M: every bridge publish (rows 4*, 5, 5n) carries a unique Nats-Msg-Id header, so the bridge's
+ * dedup (channel duplicate_window) looks up and records each one: the cost of dedup. */
+static bool g_msgid;
+static atomic_uint_fast64_t g_msgid_ctr;
+
+/* A bridge publish (rep NULL: with reply subject `reply`) or request (rep set); with -M a
+ * Nats-Msg-Id header. */
+static natsStatus bridge_send(natsConnection *nc, const char *reply, const char *payload, int len,
+                              natsMsg **rep)
+{
+    if (!g_msgid)
+        return rep ? natsConnection_Request(rep, nc, "bench.x", payload, len, 5000)
+                   : natsConnection_PublishRequest(nc, "bench.x", reply, payload, len);
+    natsMsg *m = NULL;
+    natsStatus s = natsMsg_Create(&m, "bench.x", rep ? NULL : reply, payload, len);
+    char id[32];
+    snprintf(id, sizeof id, "nb-%" PRIu64, (uint64_t)atomic_fetch_add(&g_msgid_ctr, 1));
+    if (s == NATS_OK) s = natsMsgHeader_Set(m, "Nats-Msg-Id", id);
+    if (s == NATS_OK) s = rep ? natsConnection_RequestMsg(rep, nc, m, 5000) : natsConnection_PublishMsg(nc, m);
+    natsMsg_Destroy(m);
+    return s;
+}
 
 /* ---- soak mode (-S): bridge memory under sustained load ------------------------------------- */
 
@@ -1089,7 +1113,7 @@ static void *bpub_main(void *arg)
         int64_t t;
         memcpy(&t, payload, 8);
         snprintf(reply, sizeof reply, "%s.%" PRId64, p->prefix, t);
-        natsStatus s = natsConnection_PublishRequest(p->nc, "bench.x", reply, payload, (int)p->size);
+        natsStatus s = bridge_send(p->nc, reply, payload, (int)p->size, NULL);
         if (s != NATS_OK) {
             row_err(p->r, "publish: %s", natsStatus_GetText(s));
             break;
@@ -1131,7 +1155,7 @@ static void run_bridge(row *r, int npubs, int nnames, bool serial, char *payload
             if (t >= r->t1) break;
             stamp(r, payload);
             natsMsg *rep = NULL;
-            natsStatus s = natsConnection_Request(&rep, nc, "bench.x", payload, (int)r->size, 5000);
+            natsStatus s = bridge_send(nc, NULL, payload, (int)r->size, &rep);
             int64_t e = rt_ns();
             if (s != NATS_OK) {
                 row_err(r, "request: %s", natsStatus_GetText(s));
@@ -1355,7 +1379,8 @@ static row *find_row(row **rows, int n, const char *scen, size_t size)
 static void usage(void)
 {
     fprintf(stderr, "usage: nats_bench [-d seconds] [-w warmup_ms] [-b bridge] [-D drain_ms] [-W window] "
-                    "[-P publishers] [-o 1,2,3,4a,4b,4c,5,5n] [-s 128,4096]\n"
+                    "[-P publishers] [-o 1,2,3,4a,4b,4c,5,5n] [-s 128,4096] [-M]\n"
+                    "  -M  bridge publishes carry a unique Nats-Msg-Id (cost of dedup)\n"
                     "       nats_bench -S seconds [-s size] [-w warmup_ms] [-b bridge] [-D drain_ms] [-W window]\n"
                     "  -S  soak (at least %d s): scenario 4a's traffic (default 128 B) for that long, a line of\n"
                     "      rate / bridge RSS / CPU / etcd db size every %d s, then the RSS verdict: PASS when\n"
@@ -1369,9 +1394,10 @@ int main(int argc, char **argv)
     const char *bridge = NULL, *only = NULL, *sizes_arg = NULL;
     bool dur_given = false;
     int c;
-    while ((c = getopt(argc, argv, "d:w:b:D:W:P:o:s:S:h")) != -1) {
+    while ((c = getopt(argc, argv, "d:w:b:D:W:P:o:s:S:Mh")) != -1) {
         switch (c) {
         case 'd': g_dur_s = atoi(optarg), dur_given = true; break;
+        case 'M': g_msgid = true; break;
         case 'S': g_soak_s = atoi(optarg); if (g_soak_s < SOAK_MIN_S) usage(); break;
         case 'w': g_warm_ms = atoi(optarg); break;
         case 'b': bridge = optarg; break;

@@ -45,6 +45,8 @@ static void assert_default_settings(const fx_chan_settings *s)
     assert_int_equal(s->backoff_ms[1], 5000);
     assert_int_equal(s->release_after_ms, 5000);
     assert_int_equal(s->interest_poll_ms, 1000);
+    assert_int_equal(s->full_wait_ms, 0);
+    assert_int_equal(s->duplicate_window_ms, 120000);
 }
 
 static void test_defaults(void **state)
@@ -248,8 +250,11 @@ static void test_duration_json_forms(void **state)
     (void)state;
     fx_config c;
     parse_ok("{\"defaults\":{\"ack_wait\":30,\"release_after\":0.25,\"interest_poll\":\"1.5\","
-             "\"backoff\":[0, 0.1, \"1h\"]}," CHANNELS "}",
+             "\"backoff\":[0, 0.1, \"1h\"],\"full_wait\":\"250ms\",\"duplicate_window\":\"0s\"},"
+             CHANNELS "}",
              &c);
+    assert_int_equal(c.defaults.full_wait_ms, 250);
+    assert_int_equal(c.defaults.duplicate_window_ms, 0);
     assert_int_equal(c.defaults.ack_wait_ms, 30000);
     assert_int_equal(c.defaults.release_after_ms, 250);
     assert_int_equal(c.defaults.interest_poll_ms, 1500);
@@ -429,6 +434,8 @@ static void test_err_ranges_and_durations(void **state)
         {"{\"defaults\":{\"ack_wait\":0.05}," CHANNELS "}", "defaults.ack_wait: 50ms out of range"},
         {"{\"defaults\":{\"interest_poll\":\"10ms\"}," CHANNELS "}",
          "defaults.interest_poll: 10ms out of range [50ms, 1h]"},
+        {"{\"defaults\":{\"full_wait\":\"2m\"}," CHANNELS "}",
+         "defaults.full_wait: 2m out of range [0ms, 1m]"},
         {"{\"defaults\":{\"release_after\":\"2w\"}," CHANNELS "}",
          "defaults.release_after: \"2w\" is not a duration"},
         {"{\"defaults\":{\"retention\":\"1s\"}," CHANNELS "}",

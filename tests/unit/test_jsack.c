@@ -306,6 +306,13 @@ static void pubacks(void **state)
     assert_int_equal(fx_puback_err(503, "channel full", out, sizeof out),
                      (int)strlen("{\"error\":{\"code\":503,\"description\":\"channel full\"}}"));
     assert_string_equal(out, "{\"error\":{\"code\":503,\"description\":\"channel full\"}}");
+    /* JetStream's shape for a full stream, with err_code. */
+    assert_true(fx_puback_err_code(503, FX_JS_ERR_MAX_MSGS, "maximum messages exceeded", out,
+                                   sizeof out) > 0);
+    assert_string_equal(out, "{\"error\":{\"code\":503,\"err_code\":10077,"
+                             "\"description\":\"maximum messages exceeded\"}}");
+    assert_true(fx_puback_err_code(400, 0, "x", out, sizeof out) > 0);
+    assert_string_equal(out, "{\"error\":{\"code\":400,\"description\":\"x\"}}");
     assert_true(fx_puback_ok("orders", UINT64_MAX, out, sizeof out) > 0);
     assert_string_equal(out, "{\"stream\":\"orders\",\"seq\":18446744073709551615}");
     /* Escaping. */

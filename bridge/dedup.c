@@ -1,0 +1,162 @@
+/* dedup.c -- publish-deduplication window in etcd (see dedup.h). */
+#include "dedup.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fx_time.h"
+
+struct fx_dedup {
+    fx_mq_client *c;
+    fx_etcd *etcd;
+    char *prefix; /* <root>/dedup/<scope>/ */
+    size_t plen;
+    int64_t window_ms, bucket_ms;
+    int64_t lease;        /* current bucket lease, 0: none */
+    int64_t lease_until;  /* monotonic ms: record with a new lease from then on */
+    uint8_t *kbuf;        /* 2 * FX_DEDUP_TXN_OPS keys back to back */
+    fx_dedup_stats st;
+};
+
+fx_err fx_dedup_new(fx_mq_client *c, const char *scope, int64_t window_ms, fx_dedup **out)
+{
+    *out = NULL;
+    if (!c || !scope || !*scope || window_ms < 1) return fx_seterr(FX_EINVAL, "dedup: bad arguments");
+    fx_dedup *d = calloc(1, sizeof *d);
+    if (!d) return fx_seterr(FX_ENOMEM, "dedup: out of memory");
+    const char *root = fx_mq_client_root(c);
+    size_t n = strlen(root) + strlen(scope) + sizeof "/dedup//";
+    d->prefix = malloc(n);
+    d->kbuf = malloc((size_t)2 * FX_DEDUP_TXN_OPS * (n + FX_DEDUP_ID_MAX));
+    if (!d->prefix || !d->kbuf) {
+        fx_dedup_free(d);
+        return fx_seterr(FX_ENOMEM, "dedup: out of memory");
+    }
+    d->plen = (size_t)snprintf(d->prefix, n, "%s/dedup/%s/", root, scope);
+    d->c = c;
+    d->etcd = fx_mq_client_etcd(c);
+    d->window_ms = window_ms;
+    int64_t b = window_ms / 8;
+    d->bucket_ms = b < 1000 ? 1000 : b > 60000 ? 60000 : b;
+    *out = d;
+    return FX_OK;
+}
+
+void fx_dedup_free(fx_dedup *d)
+{
+    if (!d) return;
+    free(d->prefix);
+    free(d->kbuf);
+    free(d);
+}
+
+void fx_dedup_get_stats(const fx_dedup *d, fx_dedup_stats *out) { *out = d->st; }
+
+/* Write the key of id into d->kbuf slot i; returns its slice. */
+static fx_slice key_of(fx_dedup *d, size_t i, fx_slice id)
+{
+    uint8_t *k = d->kbuf + i * (d->plen + FX_DEDUP_ID_MAX);
+    memcpy(k, d->prefix, d->plen);
+    memcpy(k + d->plen, id.data, id.len);
+    return (fx_slice){k, d->plen + id.len};
+}
+
+static fx_err check_ids(const fx_slice *ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i].len == 0 || ids[i].len > FX_DEDUP_ID_MAX)
+            return fx_seterr(FX_EINVAL, "dedup: id of %zu bytes (1..%d)", ids[i].len, FX_DEDUP_ID_MAX);
+    return FX_OK;
+}
+
+static fx_err bucket_lease(fx_dedup *d, int timeout_ms, bool force)
+{
+    int64_t now = fx_now_ms();
+    if (d->lease && !force && now < d->lease_until) return FX_OK;
+    int64_t ttl_s = (d->window_ms + d->bucket_ms + 999) / 1000;
+    int64_t id = 0;
+    fx_err e = fx_etcd_lease_grant(d->etcd, ttl_s, 0, &id, NULL, timeout_ms);
+    if (e) return e;
+    d->st.grants++;
+    d->lease = id;
+    d->lease_until = now + d->bucket_ms;
+    return FX_OK;
+}
+
+fx_err fx_dedup_record_lookup(fx_dedup *d, const fx_slice *rec_ids, const fx_slice *rec_vals,
+                              size_t nrec, const fx_slice *ids, size_t n, fx_bytes *vals,
+                              int timeout_ms)
+{
+    for (size_t i = 0; i < n; i++) vals[i] = (fx_bytes){0};
+    fx_err e = check_ids(ids, n);
+    if (!e) e = check_ids(rec_ids, nrec);
+    if (e) return e;
+    fx_op ops[2 * FX_DEDUP_TXN_OPS];
+    size_t ro = 0, lo = 0; /* records / lookups done */
+    while (ro < nrec || lo < n) {
+        size_t kr = 0, kl = n - lo < FX_DEDUP_TXN_OPS ? n - lo : FX_DEDUP_TXN_OPS;
+        size_t rtake = nrec - ro < FX_DEDUP_TXN_OPS ? nrec - ro : FX_DEDUP_TXN_OPS;
+        if (rtake && (e = bucket_lease(d, timeout_ms, false))) return e;
+        for (int attempt = 0;; attempt++) {
+            kr = 0;
+            for (size_t i = 0; i < rtake; i++) {
+                fx_slice id = rec_ids[ro + i];
+                bool again = false; /* etcd refuses two puts of one key in a txn */
+                for (size_t j = 0; j < i && !again; j++)
+                    again = rec_ids[ro + j].len == id.len && memcmp(rec_ids[ro + j].data, id.data, id.len) == 0;
+                if (again) continue;
+                memset(&ops[kr], 0, sizeof ops[kr]);
+                ops[kr].type = FX_OP_PUT;
+                ops[kr].u.put.key = key_of(d, kr, id);
+                ops[kr].u.put.value = rec_vals[ro + i];
+                ops[kr].u.put.lease = d->lease;
+                kr++;
+            }
+            for (size_t i = 0; i < kl; i++) {
+                memset(&ops[kr + i], 0, sizeof ops[kr + i]);
+                ops[kr + i].type = FX_OP_RANGE;
+                ops[kr + i].u.range.key = key_of(d, kr + i, ids[lo + i]);
+            }
+            fx_txn_req t = {.success = ops, .n_success = kr + kl};
+            fx_txn_resp r = {0};
+            e = fx_etcd_txn(d->etcd, &t, &r, timeout_ms);
+            d->st.txns++;
+            if (!e && r.n_responses != kr + kl)
+                e = fx_seterr(FX_EPROTO, "dedup: %zu responses to %zu ops", r.n_responses, kr + kl);
+            for (size_t i = 0; !e && i < kl; i++) {
+                fx_range_resp *rr = &r.responses[kr + i].u.range;
+                if (rr->n_kvs == 1 && rr->kvs[0].value.len > 0) {
+                    vals[lo + i] = rr->kvs[0].value; /* take it */
+                    rr->kvs[0].value = (fx_bytes){0};
+                    d->st.hits++;
+                }
+            }
+            fx_txn_resp_free(&r);
+            /* the bucket lease is gone (etcd lost it, or a clock jump): one retry with a new one */
+            if (kr && (e == FX_ELEASE_EXPIRED || e == FX_ENOTFOUND) && attempt == 0) {
+                if ((e = bucket_lease(d, timeout_ms, true))) return e;
+                continue;
+            }
+            break;
+        }
+        if (e) return e;
+        d->st.records += kr;
+        d->st.lookups += kl;
+        ro += rtake;
+        lo += kl;
+    }
+    return FX_OK;
+}
+
+fx_err fx_dedup_lookup(fx_dedup *d, const fx_slice *ids, size_t n, fx_bytes *vals, int timeout_ms)
+{
+    return fx_dedup_record_lookup(d, NULL, NULL, 0, ids, n, vals, timeout_ms);
+}
+
+fx_err fx_dedup_record(fx_dedup *d, const fx_slice *ids, const fx_slice *vals, size_t n,
+                       int timeout_ms)
+{
+    return fx_dedup_record_lookup(d, ids, vals, n, NULL, 0, NULL, timeout_ms);
+}
