@@ -322,6 +322,7 @@ pq_item *dm_pq_item_new(int kind, const char *reply, size_t rec_len)
     if (!it) return NULL;
     memset(it, 0, sizeof *it);
     it->kind = kind;
+    it->in_ms = fx_now_ms();
     char *p = (char *)(it + 1);
     if (reply) {
         memcpy(p, reply, rl);
@@ -563,6 +564,8 @@ static void complete(dm_chan *ch, pq_item *it, fx_err e, const fx_mq_msg_id *id)
         fx_metric_inc(ch->m.store_errors, 1);
         if (e == FX_EFULL)
             dm_reply_error(d, it->reply, 503, "channel full");
+        else if (e == FX_EUNAVAIL || e == FX_ETIMEDOUT)
+            dm_reply_error(d, it->reply, 503, "store unavailable (payload or control plane down)");
         else
             dm_reply_error(d, it->reply, 500, fx_strerror(e));
     }
@@ -587,7 +590,12 @@ static void process_batch(dm_chan *ch, prod_state *ps, pq_item **batch, size_t n
     fx_mq_msg_id ids[FX_DM_BATCH_MSGS];
     for (size_t i = 0; i < n; i++) vals[i] = (fx_slice){batch[i]->rec, batch[i]->rec_len};
     size_t done = 0;
-    int64_t deadline = fx_now_ms() + FX_DM_PUT_TIMEOUT_MS;
+    /* The put deadline runs from the oldest message's arrival, so a publish waiting behind a
+     * failing batch (store down) is answered within FX_DM_PUT_TIMEOUT_MS of its arrival too. */
+    int64_t oldest = fx_now_ms();
+    for (size_t i = 0; i < n; i++)
+        if (batch[i]->in_ms && batch[i]->in_ms < oldest) oldest = batch[i]->in_ms;
+    int64_t deadline = oldest + FX_DM_PUT_TIMEOUT_MS;
     fx_err e = FX_OK;
     int reopen = 0;
     while (done < n) {
