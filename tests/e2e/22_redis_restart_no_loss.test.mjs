@@ -16,7 +16,7 @@ test("e2e_redis_restart_no_loss", async (ctx) => {
   const refused = st.bridge({ name: "rf", config: redisPlane(lax, { require_fsync: true }) });
   const r = await refused.tryStart(20_000);
   assert.equal(r.healthy, false, "require_fsync must refuse appendfsync everysec");
-  assert.notEqual(r.exit.code, 0);
+  assert.equal(r.exit.code, 2, "a refused setting exits 2 (no systemd restart loop)");
   assert.match(r.output, /kv\.require_fsync: Redis has appendonly yes, appendfsync everysec/);
   await lax.stop();
 

@@ -891,6 +891,17 @@ static void test_deploy_examples(void **state)
     assert_string_equal(s.http.listen, "127.0.0.1:8080");
     assert_string_equal(s.nats.leaf_url, "nats://127.0.0.1:7422"); /* deploy/nats-server.conf */
 
+    fx_config r;
+    load_ok("deploy/bridge-redis.json", &r); /* the Redis payload plane */
+    assert_int_equal(r.n_channels, 2);
+    assert_string_equal(r.channels[0].name, "orders");
+    assert_string_equal(r.kv.backend, "redis");
+    assert_string_equal(r.kv.url, "redis://127.0.0.1:6379/0");
+    assert_true(r.kv.require_fsync);
+    assert_int_equal(r.kv.timeout_ms, 3000);
+    assert_int_equal(r.kv.n_endpoints, 0);
+    fx_config_free(&r);
+
     load_ok("deploy/bridge-a.json", &a);
     load_ok("deploy/bridge-b.json", &b);
     assert_orders_config(&a);
