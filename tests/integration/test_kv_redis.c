@@ -111,7 +111,7 @@ static void kv_redis_lease_semantics(void **state)
     assert_non_null(strstr(fx_kv_backend_uid(s), "redis("));
 
     int64_t l1 = 0, l2 = 0, ttl = 0;
-    assert_int_equal(fx_kv_allocate_lease(s, 1, &l1, 0), FX_OK);
+    assert_int_equal(fx_kv_allocate_lease(s, 2, &l1, 0), FX_OK);
     assert_int_equal(fx_kv_allocate_lease(s, 30, &l2, 0), FX_OK);
     assert_true(l1 > 0 && l2 > 0 && l1 != l2);
     assert_int_equal(fx_kv_keepalive_lease(s, l2, &ttl, 0), FX_OK);
@@ -123,24 +123,24 @@ static void kv_redis_lease_semantics(void **state)
     check_value(s, "plain", "p");
     check_value(s, "bound", "b");
 
-    /* The LeaseManager keeps l1 (ttl 1 s) alive well past its TTL. */
+    /* The LeaseManager keeps l1 (ttl 2 s) alive well past its TTL. */
     fx_lease_mgr *m = NULL;
     assert_int_equal(fx_lease_mgr_new(NULL, &m), FX_OK);
     fx_lease_backend b = fx_lease_backend_kv(s);
     fx_lease *h = NULL;
-    assert_int_equal(fx_lease_register(m, &b, 1, l1, NULL, &h), FX_OK);
-    int64_t until = fxt_now_ms() + 2500;
+    assert_int_equal(fx_lease_register(m, &b, 2, l1, NULL, &h), FX_OK);
+    int64_t until = fxt_now_ms() + 4000;
     while (fxt_now_ms() < until) {
-        check_value(s, "bound", "b"); /* polled for 2.5 s: the key must stay all along */
+        check_value(s, "bound", "b"); /* polled for 4 s (2 TTLs): the key must stay all along */
         assert_false(fx_lease_is_expired(h));
     }
-    assert_true(fx_lease_mgr_entry_keepalives(m, fx_kv_backend_uid(s), 1, l1) >= 3);
+    assert_true(fx_lease_mgr_entry_keepalives(m, fx_kv_backend_uid(s), 2, l1) >= 3);
     /* Release never revokes: the key is still there right after the release ... */
     fx_lease_release(h);
     check_value(s, "bound", "b");
     /* ... and goes with the TTL. */
     gone_arg g = {s, "bound"};
-    assert_true(fxt_wait_until(key_gone, &g, 5000));
+    assert_true(fxt_wait_until(key_gone, &g, 8000));
     assert_int_equal(fx_kv_keepalive_lease(s, l1, NULL, 0), FX_ELEASE_EXPIRED);
     fx_lease_mgr_free(m);
     check_value(s, "plain", "p"); /* plain put survives the lease */
