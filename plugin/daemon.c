@@ -905,7 +905,9 @@ static void reload(fx_daemon *d)
     if (!same_endpoints(oc->etcd.endpoints, oc->etcd.n_endpoints, nc->etcd.endpoints,
                         nc->etcd.n_endpoints) ||
         !SAME_STR(oc->etcd.prefix, nc->etcd.prefix) ||
-        !same_endpoints(oc->kv.endpoints, oc->kv.n_endpoints, nc->kv.endpoints, nc->kv.n_endpoints))
+        !same_endpoints(oc->kv.endpoints, oc->kv.n_endpoints, nc->kv.endpoints, nc->kv.n_endpoints) ||
+        !SAME_STR(oc->kv.backend, nc->kv.backend) || !SAME_STR(oc->kv.url, nc->kv.url) ||
+        oc->kv.require_fsync != nc->kv.require_fsync || oc->kv.timeout_ms != nc->kv.timeout_ms)
         FX_WRN("reload: etcd/kv settings changed: need a restart (ignored)");
     if (!SAME_STR(oc->http.listen, nc->http.listen))
         FX_WRN("reload: http.listen changed: needs a restart (ignored)");
