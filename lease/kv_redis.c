@@ -165,10 +165,16 @@ static struct timeval tv_of(int64_t ms)
 /* Map a hiredis context error to an fx_err (and record the detail). */
 static fx_err ctx_err(const kv_redis *k, const redisContext *c, const char *what)
 {
-    const char *where = k->host ? k->host : k->path;
-    if (c && c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ETIMEDOUT))
-        return fx_seterr(FX_ETIMEDOUT, "redis %s (%s:%d): timed out", what, where, k->port);
-    return fx_seterr(FX_EUNAVAIL, "redis %s (%s:%d): %s", what, where, k->port,
+    char where[300];
+    if (k->host) snprintf(where, sizeof where, "%s:%d", k->host, k->port);
+    else snprintf(where, sizeof where, "unix:%s", k->path);
+    /* A read/write past SO_RCVTIMEO/SO_SNDTIMEO: hiredis reports an I/O error with EAGAIN's
+     * text (errno may be gone by now, so look at both). */
+    bool timeout = c && (c->err == REDIS_ERR_IO || c->err == REDIS_ERR_OTHER) &&
+                   (errno == EAGAIN || errno == EWOULDBLOCK || errno == ETIMEDOUT ||
+                    strstr(c->errstr, "temporarily unavailable") || strstr(c->errstr, "timed out"));
+    if (timeout) return fx_seterr(FX_ETIMEDOUT, "redis %s (%s): timed out", what, where);
+    return fx_seterr(FX_EUNAVAIL, "redis %s (%s): %s", what, where,
                      c && c->errstr[0] ? c->errstr : "connection failed");
 }
 

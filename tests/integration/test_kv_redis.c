@@ -13,7 +13,8 @@
  * kv_redis_put_on_expired_lease_fails: a put on an expired lease and on a never-granted lease
  *   fails with FX_ELEASE_EXPIRED and writes nothing (also not the other items of the batch).
  * kv_redis_down_and_back: with Redis killed, calls fail within their deadline with FX_EUNAVAIL;
- *   after a restart the same store works again without being re-created.
+ *   after a restart the same store works again without being re-created; with Redis frozen
+ *   (SIGSTOP) a call fails with FX_ETIMEDOUT at its deadline, and works again after SIGCONT.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,6 +22,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -320,6 +322,19 @@ static void kv_redis_down_and_back(void **state)
     assert_true(l2 > l); /* ids never repeat, also after data loss */
     put(s, "db/4", "after", l2);
     check_value(s, "db/4", "after");
+
+    /* Redis frozen (SIGSTOP: connections stay open, nothing answers): the call times out at its
+     * deadline; after SIGCONT the store works again (the timed-out connection was dropped). */
+    assert_int_equal(kill(x->redis.pid, SIGSTOP), 0);
+    t0 = fxt_now_ms();
+    o.lease_id = l2;
+    e = fx_kv_put(s, FX_SLICE_STR("db/5"), FX_SLICE_STR("z"), &o, 500);
+    int64_t dt = fxt_now_ms() - t0;
+    assert_int_equal(kill(x->redis.pid, SIGCONT), 0);
+    assert_int_equal(e, FX_ETIMEDOUT);
+    assert_true(dt >= 400 && dt < 1500);
+    put(s, "db/6", "thawed", l2);
+    check_value(s, "db/6", "thawed");
 }
 
 int main(void)
