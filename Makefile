@@ -20,7 +20,7 @@ CSTD    := -std=c11 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Werror -Wstrict-prototypes -Wwrite-strings -Wshadow -Wno-missing-field-initializers
 OPT     ?= -O2 -g
 CFLAGS  += $(CSTD) $(WARN) $(OPT) -pthread -MMD -MP -I. -Ilease -Ibridge -Iplugin
-LDLIBS  += -lcurl -lcjson -lpthread -lm
+LDLIBS  += -lcurl -lcjson -lhiredis -lpthread -lm
 PLUGIN_LDLIBS := -lnats -lmicrohttpd -lcrypto
 
 ifeq ($(SAN),address)

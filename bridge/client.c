@@ -110,6 +110,8 @@ static fx_err check_opts(const fx_mq_client_opts *o)
                          (long long)o->min_ttl_s);
     if (o->op_timeout_ms < 0) return fx_seterr(FX_EINVAL, "mq client: op_timeout_ms < 0");
     if (o->close_timeout_ms < 0) return fx_seterr(FX_EINVAL, "mq client: close_timeout_ms < 0");
+    if (o->kv_redis_url && (!o->kv_redis_url[0] || o->n_kv_endpoints))
+        return fx_seterr(FX_EINVAL, "mq client: kv_redis_url: empty, or given with kv_endpoints");
     if (o->kv_prefix && !o->kv_prefix[0])
         return fx_seterr(FX_EINVAL, "mq client: kv_prefix: empty (use NULL for the default)");
     if (o->client_id) {
@@ -184,6 +186,7 @@ fx_err fx_mq_client_new(const fx_mq_client_opts *opts, fx_mq_client **out)
     c->long_ttl_s = opts->long_lease_ttl_s ? opts->long_lease_ttl_s : DEF_LONG_TTL_S;
     c->min_ttl_s = opts->min_ttl_s ? opts->min_ttl_s : DEF_MIN_TTL_S;
     c->op_timeout_ms = opts->op_timeout_ms ? opts->op_timeout_ms : DEF_OP_MS;
+    c->kv_timeout_ms = opts->kv_timeout_ms > 0 ? opts->kv_timeout_ms : c->op_timeout_ms;
     c->close_timeout_ms = opts->close_timeout_ms ? opts->close_timeout_ms : DEF_CLOSE_MS;
     if (opts->client_id)
         snprintf(c->client_id, sizeof c->client_id, "%s", opts->client_id);
@@ -201,6 +204,7 @@ fx_err fx_mq_client_new(const fx_mq_client_opts *opts, fx_mq_client **out)
     snprintf(defprefix, sizeof defprefix, "%s/kv/", c->keys.root);
     c->opts.kv_prefix = own_str(c, opts->kv_prefix ? opts->kv_prefix : defprefix);
     c->opts.etcd.username = c->opts.etcd.password = NULL;
+    c->opts.kv_redis_url = NULL; /* may hold a password: used once below, never kept */
     c->opts.etcd.ca_file = c->opts.etcd.cert_file = c->opts.etcd.key_file = NULL;
     c->opts.long_lease_ttl_s = c->long_ttl_s;
     c->opts.min_ttl_s = c->min_ttl_s;
@@ -215,8 +219,13 @@ fx_err fx_mq_client_new(const fx_mq_client_opts *opts, fx_mq_client **out)
     if (!eo.default_timeout_ms) eo.default_timeout_ms = c->op_timeout_ms;
     if ((e = fx_etcd_new(&eo, &c->etcd))) goto fail;
     c->segments = !opts->per_message_keys;
-    c->kv_shared = opts->n_kv_endpoints == 0;
-    if (c->kv_shared) {
+    c->kv_shared = opts->n_kv_endpoints == 0 && !opts->kv_redis_url;
+    if (opts->kv_redis_url) {
+        fx_kv_redis_opts ro = {.url = opts->kv_redis_url, .prefix = c->opts.kv_prefix,
+                               .default_timeout_ms = c->kv_timeout_ms,
+                               .pool_size = opts->kv_redis_pool};
+        e = fx_kv_new_redis(&ro, &c->kv);
+    } else if (c->kv_shared) {
         e = fx_kv_new_etcd_shared(c->etcd, c->opts.kv_prefix, c->op_timeout_ms, &c->kv);
     } else {
         fx_kv_etcd_opts ko = {.etcd = opts->etcd, .prefix = c->opts.kv_prefix,
@@ -472,6 +481,17 @@ void fx_mq_client_free(fx_mq_client *c)
 
 fx_etcd *fx_mq_client_etcd(fx_mq_client *c) { return c ? c->etcd : NULL; }
 fx_kv_store *fx_mq_client_kv(fx_mq_client *c) { return c ? c->kv : NULL; }
+
+const char *fx_mq_client_plane(const fx_mq_client *c)
+{
+    if (!c) return "";
+    return c->kv_shared ? "etcd-fused" : fx_kv_is_redis(c->kv) ? "redis" : "etcd-split";
+}
+
+uint64_t fx_mq_client_payload_missing(const fx_mq_client *c)
+{
+    return c ? atomic_load(&((fx_mq_client *)c)->payload_missing) : 0;
+}
 fx_lease_mgr *fx_mq_client_leases(fx_mq_client *c) { return c ? c->leases : NULL; }
 const char *fx_mq_client_root(const fx_mq_client *c) { return c ? c->keys.root : NULL; }
 const char *fx_mq_client_id(const fx_mq_client *c) { return c ? c->client_id : NULL; }

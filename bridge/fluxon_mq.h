@@ -64,7 +64,13 @@ typedef struct fx_mq_client_opts {
      * batch's payload write and offset advance go in one txn). */
     const char *const *kv_endpoints;
     size_t n_kv_endpoints;
-    const char *kv_prefix;       /* NULL -> root + "/kv/" */
+    const char *kv_prefix;       /* NULL -> root + "/kv/" (also the Redis key prefix) */
+    /* Redis payload plane (lease/kv.h fx_kv_new_redis): non-NULL -> payloads live in Redis
+     * (kv_endpoints must then be empty); the split write order holds: payload put, then the
+     * produce-offset txn. "redis://[user:pass@]host:port[/db]" or "unix:/path[?db=N]". */
+    const char *kv_redis_url;
+    int kv_redis_pool;           /* Redis data-path connections; 0 -> 4 */
+    int kv_timeout_ms;           /* deadline of each data-path KV call; 0 -> op_timeout_ms */
     int64_t long_lease_ttl_s;    /* id-allocator leases; 0 -> 1800 (tests shorten it) */
     int64_t min_ttl_s;           /* smallest accepted channel ttl; 0 -> 90. Tests use 2..3. */
     int op_timeout_ms;           /* deadline of each etcd/KV call; 0 -> 5000 */
@@ -101,6 +107,12 @@ void fx_mq_client_free(fx_mq_client *c);
 /* Borrowed accessors (valid until fx_mq_client_free). */
 fx_etcd *fx_mq_client_etcd(fx_mq_client *c);
 fx_kv_store *fx_mq_client_kv(fx_mq_client *c);
+/* The payload plane of a client: "etcd-fused" (payload and offset in one txn on the control-plane
+ * client), "etcd-split" (a separate KV etcd), "redis" (split, payloads in Redis). */
+const char *fx_mq_client_plane(const fx_mq_client *c);
+/* Payload ids found missing below a produce offset by this client's consumers (skipped, each
+ * logged once at ERR with the ids): a payload plane that lost data (e.g. Redis without fsync). */
+uint64_t fx_mq_client_payload_missing(const fx_mq_client *c);
 fx_lease_mgr *fx_mq_client_leases(fx_mq_client *c);
 const char *fx_mq_client_root(const fx_mq_client *c);
 /* The client identity written as external_client_id (opts.client_id or the generated one). */

@@ -24,7 +24,9 @@
  *   resume points = consume offsets read once at open; a watch on the produce-offset prefix
  *   (snapshot then events) raises produce[p] monotonically and wakes get(). get() picks producers
  *   round robin among those with produce >= next_fetch, reads a run with ONE range read, skips
- *   (WRN + counter, treated as acked) ids missing below the produce offset. ack() marks ids in a
+ *   (ERR with the ids + counters: the consumer's skipped_ids and the client's payload_missing,
+ *   treated as acked) ids missing below the produce offset: the payload plane lost them (e.g.
+ *   Redis without fsync); a consumer never waits for them. ack() marks ids in a
  *   per-producer window; the commit thread advances each consume offset over the contiguous
  *   acked prefix and deletes the payloads below it: one txn (offset puts + payload range deletes)
  *   when kv is shared, else offsets first, then payload delete_range. Failed commits retry with
@@ -753,7 +755,7 @@ static fx_err write_chunk(fx_mpsc_producer *p, const fx_slice *vals, size_t m, i
             }
         }
         if (!c->kv_shared) {
-            e = fx_kv_put_many(c->kv, items, nkeys, &po, c->op_timeout_ms);
+            e = fx_kv_put_many(c->kv, items, nkeys, &po, c->kv_timeout_ms);
             if (e == FX_ELEASE_EXPIRED) {
                 e = prod_fault_now(p, "payload lease expired");
                 goto out;
@@ -1620,7 +1622,8 @@ static void note_skipped(fx_mpsc_consumer *c, pstate *s, uint64_t skipped, int64
                          int64_t to, const char *why)
 {
     c->st.skipped_ids += skipped;
-    fx_log_ratelimited(&c->skip_log, SKIP_LOG_MS, FX_LOG_WRN,
+    atomic_fetch_add(&c->c->payload_missing, skipped);
+    fx_log_ratelimited(&c->skip_log, SKIP_LOG_MS, FX_LOG_ERR,
                        "mpsc consumer %lld/%lld: %llu message id(s) of producer %lld in "
                        "[%lld, %lld] %s; skipped",
                        (long long)c->m.chan, (long long)c->cidx, (unsigned long long)skipped,
@@ -1663,7 +1666,7 @@ static fx_err seg_fetch(fx_mpsc_consumer *c, int64_t pidx, int64_t from, int64_t
             return e;
         c->st.fetches++;
         if ((e = fx_kv_get_range(cl->kv, fx_mq_key_slice(&ks), fx_mq_key_slice(&ke), limit, segs,
-                                 cl->op_timeout_ms))) {
+                                 cl->kv_timeout_ms))) {
             fx_range_resp_free(segs);
             return e;
         }
@@ -1854,7 +1857,7 @@ fx_err fx_mpsc_get(fx_mpsc_consumer *c, fx_mq_delivery *out, size_t max, size_t 
         fx_range_resp rr = {0};
         c->st.fetches++;
         e = fx_kv_get_range(cl->kv, fx_mq_key_slice(&ks), fx_mq_key_slice(&ke), to - from + 1,
-                            &rr, cl->op_timeout_ms);
+                            &rr, cl->kv_timeout_ms);
         if (e) {
             fx_range_resp_free(&rr);
             break;

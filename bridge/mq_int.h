@@ -8,6 +8,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdatomic.h>
 
 #include "fluxon_mq.h"
 #include "keys.h"
@@ -34,11 +35,13 @@ struct fx_mq_client {
     fx_kv_store *kv;          /* payload plane (owned) */
     bool segments;            /* new channels store one segment per batch (opts) */
     bool kv_shared;           /* kv uses `etcd` itself: one txn for payload + offsets */
+    _Atomic uint64_t payload_missing; /* ids skipped by consumers: missing below the offset */
     fx_lease_mgr *leases;     /* owned */
     fx_lease_backend etcd_backend; /* lease backend descriptors (uid strings owned by etcd/kv) */
     fx_lease_backend kv_backend;
     int64_t long_ttl_s, min_ttl_s;
     int op_timeout_ms, close_timeout_ms;
+    int kv_timeout_ms;        /* deadline of each data-path KV call (opts; op_timeout_ms) */
     char client_id[FX_MQ_STR_MAX + 1]; /* external_client_id of our memberships (opts) */
 
     pthread_mutex_t mu;       /* guards the registry and `state` */

@@ -191,6 +191,18 @@ void fx_kv_store_free(fx_kv_store *s)
     free(s);
 }
 
+fx_err fx_kv__wrap(const fx_kv_ops *ops, void *self, const char *uid, const char *prefix,
+                   int default_timeout_ms, fx_kv_store **out)
+{
+    if (!ops || !uid || !prefix || !out) return fx_seterr(FX_EINVAL, "kv: NULL argument");
+    return kv_store_new(ops, self, uid, prefix, NULL, default_timeout_ms, out);
+}
+
+void *fx_kv__self(const fx_kv_store *s, const fx_kv_ops *ops)
+{
+    return s && s->ops == ops ? s->self : NULL;
+}
+
 const char *fx_kv_backend_uid(const fx_kv_store *s) { return s ? s->uid : ""; }
 const char *fx_kv_prefix(const fx_kv_store *s) { return s ? s->prefix : ""; }
 fx_etcd *fx_kv_etcd(const fx_kv_store *s) { return s ? s->etcd : NULL; }

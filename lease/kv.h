@@ -1,8 +1,13 @@
 /* kv.h -- the KV payload store the MQ uses for message payloads (DESIGN.md §3.2).
  *
- * The seed's payload plane is Fluxon KV. This is its interface, with one shipped backend: etcd
- * (fx_kv_new_etcd), keeping payloads under the store's own key prefix, on its own endpoint list
- * (may be a different etcd cluster than the control plane), with etcd leases as KV payload leases.
+ * The seed's payload plane is Fluxon KV. This is its interface, with two shipped backends:
+ *  - etcd (fx_kv_new_etcd), keeping payloads under the store's own key prefix, on its own
+ *    endpoint list (may be a different etcd cluster than the control plane), with etcd leases as
+ *    KV payload leases;
+ *  - Redis (fx_kv_new_redis, lease/kv_redis.c, hiredis): one Redis sorted set per lease holds
+ *    every key bound to it (member = key NUL value, all scores 0, so ranges are lexicographic);
+ *    the set's TTL is the lease, so expiry deletes every key of the lease at once. Keys must not
+ *    contain NUL bytes there (FX_EINVAL). See kv_redis.c for the mapping and its costs.
  *
  * Semantics (from the KV seed):
  *  - Keys given to the store are relative to its prefix; keys returned are relative too.
@@ -102,5 +107,42 @@ fx_err fx_kv_delete(fx_kv_store *s, fx_slice key, int timeout_ms);
 fx_err fx_kv_delete_range(fx_kv_store *s, fx_slice start, fx_slice end, int64_t *out_deleted,
                           int timeout_ms);
 fx_err fx_kv_count_prefix(fx_kv_store *s, fx_slice prefix, int64_t *out_count, int timeout_ms);
+
+/* ---- Redis backend (lease/kv_redis.c) -------------------------------------------------------- */
+
+typedef struct fx_kv_redis_opts {
+    /* "redis://[user:pass@]host:port[/db]" or "unix:/path/to.sock[?db=N]" (no TLS: Debian 12's
+     * hiredis 0.14 has no TLS support). Credentials are never logged nor part of the uid. */
+    const char *url;
+    const char *prefix;      /* Redis key prefix of the store, e.g. "fluxon/kv/"; required */
+    int default_timeout_ms;  /* per-call deadline; 0 -> 5000 */
+    int connect_timeout_ms;  /* 0 -> min(2000, the call's deadline) */
+    int pool_size;           /* data-path connections, 0 -> 4 (max 32); keepalives have their own */
+} fx_kv_redis_opts;
+
+/* Create the Redis-backed store. Connects lazily (the first call connects; a broken connection
+ * is dropped and re-dialled by the next call), so it succeeds while Redis is down; FX_EINVAL on
+ * a malformed url. Errors of calls: FX_EUNAVAIL (cannot connect / connection lost),
+ * FX_ETIMEDOUT (deadline), FX_EAUTH, FX_ENOSPACE (Redis OOM), FX_ESERVER (other Redis errors),
+ * FX_ELEASE_EXPIRED (put or keepalive on a gone lease). */
+fx_err fx_kv_new_redis(const fx_kv_redis_opts *opts, fx_kv_store **out);
+/* True for a Redis-backed store. */
+bool fx_kv_is_redis(const fx_kv_store *s);
+
+/* Redis persistence as read from INFO persistence and CONFIG GET appendfsync. */
+typedef struct fx_kv_redis_persistence {
+    bool aof_enabled;      /* aof_enabled:1 */
+    char appendfsync[16];  /* "always", "everysec", "no" ("" when CONFIG GET is refused) */
+    bool rdb_enabled;      /* CONFIG GET save is non-empty */
+} fx_kv_redis_persistence;
+fx_err fx_kv_redis_read_persistence(fx_kv_store *s, fx_kv_redis_persistence *out, int timeout_ms);
+
+/* ---- for backends (kv.c, kv_redis.c) --------------------------------------------------------- */
+/* Wrap backend state in a store (the store owns `self`: ops->destroy on free; on failure the
+ * caller still owns it). */
+fx_err fx_kv__wrap(const fx_kv_ops *ops, void *self, const char *uid, const char *prefix,
+                   int default_timeout_ms, fx_kv_store **out);
+/* The backend state of s if its ops are `ops`, else NULL. */
+void *fx_kv__self(const fx_kv_store *s, const fx_kv_ops *ops);
 
 #endif

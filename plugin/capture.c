@@ -330,6 +330,7 @@ pq_item *dm_pq_item_new_id(int kind, const char *reply, const char *msgid, size_
     if (!it) return NULL;
     memset(it, 0, sizeof *it);
     it->kind = kind;
+    it->in_ms = fx_now_ms();
     char *p = (char *)(it + 1);
     if (reply) {
         memcpy(p, reply, rl);
@@ -639,7 +640,9 @@ static void complete(dm_chan *ch, pq_item *it, fx_err e, const fx_mq_msg_id *id)
             fx_log_ratelimited(&slot, 5000, FX_LOG_WRN,
                                "channel %s: full: publish without reply dropped "
                                "(fluxon_full_dropped_total)", ch->name);
-        } else
+        } else if (e == FX_EUNAVAIL || e == FX_ETIMEDOUT)
+            dm_reply_error(d, it->reply, 503, "store unavailable (payload or control plane down)");
+        else
             dm_reply_error(d, it->reply, 500, fx_strerror(e));
     }
     free(it);
@@ -801,9 +804,13 @@ static void process_batch(dm_chan *ch, prod_state *ps, pq_item **batch, size_t n
     fx_mq_msg_id ids[FX_DM_BATCH_MSGS];
     for (size_t i = 0; i < n; i++) vals[i] = (fx_slice){batch[i]->rec, batch[i]->rec_len};
     size_t done = 0;
-    /* full_wait (default 0): how long a put may wait for room; 0 answers "full" at once. The
-     * etcd work itself has its own budget on top. */
-    int64_t deadline = fx_now_ms() + FX_DM_PUT_TIMEOUT_MS + ch->s.full_wait_ms;
+    /* The put deadline runs from the oldest message's arrival, so a publish waiting behind a
+     * failing batch (store down) is answered within FX_DM_PUT_TIMEOUT_MS of its arrival too;
+     * full_wait (default 0): how long a put may wait for room on top (0 answers "full" at once). */
+    int64_t oldest = fx_now_ms();
+    for (size_t i = 0; i < n; i++)
+        if (batch[i]->in_ms && batch[i]->in_ms < oldest) oldest = batch[i]->in_ms;
+    int64_t deadline = oldest + FX_DM_PUT_TIMEOUT_MS + ch->s.full_wait_ms;
     fx_err e = FX_OK;
     int reopen = 0;
     while (done < n) {

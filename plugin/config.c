@@ -223,6 +223,8 @@ void fx_config_free(fx_config *c)
     free_str(c->etcd.key_file);
     free_str(c->kv.backend);
     free_strv(c->kv.endpoints, c->kv.n_endpoints);
+    if (c->kv.url) explicit_bzero(c->kv.url, strlen(c->kv.url)); /* may hold a password */
+    free_str(c->kv.url);
     free_str(c->http.listen);
     for (size_t i = 0; i < c->n_channels; i++) free_channel(&c->channels[i]);
     free(c->channels);
@@ -642,14 +644,19 @@ static int read_etcd(pctx *p, const cJSON *node, fx_config *c)
 
 static int read_kv(pctx *p, const cJSON *node, fx_config *c)
 {
-    enum { BACKEND, ENDPOINTS, NK };
-    static const char *const keys[NK] = {[BACKEND] = "backend", [ENDPOINTS] = "endpoints"};
+    enum { BACKEND, ENDPOINTS, URL, FSYNC, TIMEOUT, NK };
+    static const char *const keys[NK] = {[BACKEND] = "backend", [ENDPOINTS] = "endpoints",
+                                         [URL] = "url", [FSYNC] = "require_fsync",
+                                         [TIMEOUT] = "timeout_ms"};
     const cJSON *v[NK];
     if (!node) return 0;
     if (walk_object(p, node, "kv", keys, NK, v) != 0) return -1;
     if (read_nonempty_string(p, v[BACKEND], "kv.backend", &c->kv.backend) != 0 ||
         read_string_array(p, v[ENDPOINTS], "kv.endpoints", CFG_ENDPOINTS_MAX, &c->kv.endpoints,
-                          &c->kv.n_endpoints) != 0)
+                          &c->kv.n_endpoints) != 0 ||
+        read_nonempty_string(p, v[URL], "kv.url", &c->kv.url) != 0 ||
+        read_bool(p, v[FSYNC], "kv.require_fsync", &c->kv.require_fsync) != 0 ||
+        read_int(p, v[TIMEOUT], "kv.timeout_ms", 100, 60000, &c->kv.timeout_ms) != 0)
         return -1;
     return 0;
 }
@@ -921,7 +928,8 @@ static int apply_defaults(pctx *p, fx_config *c)
         if (!(c->etcd.endpoints = strv_dup(def_ep, 1))) return fail(p, "", "out of memory");
         c->etcd.n_endpoints = 1;
     }
-    if (!c->kv.endpoints) {
+    if (!c->kv.timeout_ms) c->kv.timeout_ms = 5000;
+    if (!c->kv.endpoints && strcmp(c->kv.backend, "redis") != 0) {
         if (!(c->kv.endpoints = strv_dup((const char *const *)c->etcd.endpoints, c->etcd.n_endpoints)))
             return fail(p, "", "out of memory");
         c->kv.n_endpoints = c->etcd.n_endpoints;
@@ -965,8 +973,17 @@ static int check_sections(pctx *p, fx_config *c)
     if (!!c->etcd.cert_file != !!c->etcd.key_file)
         return fail(p, c->etcd.cert_file ? "etcd.key_file" : "etcd.cert_file",
                     "cert_file and key_file go together");
-    if (strcmp(c->kv.backend, "etcd") != 0)
-        return fail(p, "kv.backend", "\"%s\" is not supported (only \"etcd\")", SHOW(c->kv.backend));
+    bool redis = strcmp(c->kv.backend, "redis") == 0;
+    if (!redis && strcmp(c->kv.backend, "etcd") != 0)
+        return fail(p, "kv.backend", "\"%s\" is not supported (\"etcd\" or \"redis\")",
+                    SHOW(c->kv.backend));
+    if (redis && !c->kv.url) return fail(p, "kv.url", "required with kv.backend \"redis\"");
+    if (redis && c->kv.endpoints) return fail(p, "kv.endpoints", "only with kv.backend \"etcd\"");
+    if (!redis && (c->kv.url || c->kv.require_fsync))
+        return fail(p, c->kv.url ? "kv.url" : "kv.require_fsync", "only with kv.backend \"redis\"");
+    if (c->kv.url && strncmp(c->kv.url, "redis://", 8) != 0 && strncmp(c->kv.url, "unix:", 5) != 0)
+        return fail(p, "kv.url", "must start with redis:// or unix: (rediss:// is not supported: "
+                                 "Debian 12's hiredis has no TLS)");
     for (size_t i = 0; i < c->kv.n_endpoints; i++) {
         char ip[CFG_PATH_CAP];
         path_idx(ip, "kv.endpoints", i);

@@ -69,9 +69,13 @@ typedef struct fx_config {
         bool tls_insecure;
     } etcd;
     struct {
-        char *backend;     /* "etcd" (only one) */
-        char **endpoints;  /* default: the etcd endpoints */
+        char *backend;     /* "etcd" (default) or "redis" */
+        char **endpoints;  /* etcd backend; default: the etcd endpoints */
         size_t n_endpoints;
+        char *url;         /* redis backend (required there): redis://[user:pass@]host:port[/db]
+                            * or unix:/path[?db=N]; may hold a password: never printed */
+        bool require_fsync; /* redis: refuse to start unless appendfsync always (with AOF on) */
+        int64_t timeout_ms; /* redis: deadline of each KV call (a publish's put), default 5000 */
     } kv;
     struct {
         char *listen;      /* "127.0.0.1:8080"; NULL/"" disables HTTP */

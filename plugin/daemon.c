@@ -292,7 +292,10 @@ static void mq_options(const fx_config *c, fx_mq_client_opts *out)
     o.etcd.key_file = c->etcd.key_file;
     o.etcd.insecure_skip_verify = c->etcd.tls_insecure;
     o.root = c->etcd.prefix;
-    if (c->kv.n_endpoints &&
+    if (c->kv.url) { /* kv.backend "redis" */
+        o.kv_redis_url = c->kv.url;
+        o.kv_timeout_ms = (int)c->kv.timeout_ms;
+    } else if (c->kv.n_endpoints &&
         !same_endpoints(c->kv.endpoints, c->kv.n_endpoints, c->etcd.endpoints, c->etcd.n_endpoints)) {
         o.kv_endpoints = (const char *const *)c->kv.endpoints;
         o.n_kv_endpoints = c->kv.n_endpoints;
@@ -308,6 +311,46 @@ static void mq_options(const fx_config *c, fx_mq_client_opts *out)
     *out = o;
 }
 
+/* Redis plane: read its persistence once at start and say what a PubAck means; with
+ * kv.require_fsync refuse to start unless every write is fsynced (appendonly + appendfsync
+ * always). Redis unreachable at start: with require_fsync a refusal (cannot verify), else a
+ * warning (the plane recovers by itself when Redis comes). */
+static fx_err redis_persistence_check(fx_daemon *d)
+{
+    const fx_config *c = d->cfg;
+    fx_kv_redis_persistence p;
+    fx_err e = fx_kv_redis_read_persistence(fx_mq_client_kv(d->mq), &p, 3000);
+    if (e) {
+        if (c->kv.require_fsync)
+            return fx_seterr(e, "kv.require_fsync: cannot read Redis persistence: %s",
+                             fx_err_detail());
+        FX_WRN("kv redis: cannot read persistence yet (%s): publishes fail with 503 until Redis "
+               "answers", fx_err_detail());
+        return FX_OK;
+    }
+    const char *meaning;
+    bool always = p.aof_enabled && !strcmp(p.appendfsync, "always");
+    if (always)
+        meaning = "durable on disk (AOF, appendfsync always)";
+    else if (p.aof_enabled && !strcmp(p.appendfsync, "everysec"))
+        meaning = "in Redis memory; up to 1 s of acked messages may be lost if Redis itself "
+                  "crashes (AOF, appendfsync everysec)";
+    else if (p.aof_enabled)
+        meaning = "in Redis memory; the OS decides when the AOF reaches disk (appendfsync no)";
+    else if (p.rdb_enabled)
+        meaning = "in Redis memory only; RDB snapshots lose everything since the last save";
+    else
+        meaning = "in Redis memory only (no AOF, no RDB): a Redis restart loses every stored message";
+    FX_INF("kv redis: appendonly %s, appendfsync %s, rdb %s: a PubAck means the message is %s",
+           p.aof_enabled ? "yes" : "no", p.appendfsync[0] ? p.appendfsync : "(unknown)",
+           p.rdb_enabled ? "on" : "off", meaning);
+    if (c->kv.require_fsync && !always)
+        return fx_seterr(FX_EINVAL, "kv.require_fsync: Redis has appendonly %s, appendfsync %s; "
+                                    "need appendonly yes and appendfsync always",
+                         p.aof_enabled ? "yes" : "no", p.appendfsync[0] ? p.appendfsync : "(unknown)");
+    return FX_OK;
+}
+
 static fx_err mq_setup(fx_daemon *d)
 {
     const fx_config *c = d->cfg;
@@ -315,10 +358,13 @@ static fx_err mq_setup(fx_daemon *d)
     mq_options(c, &o);
     fx_err e = fx_mq_client_new(&o, &d->mq);
     if (e) return e;
-    FX_INF("etcd: %zu endpoint(s), prefix %s%s", c->etcd.n_endpoints,
-           c->etcd.prefix ? c->etcd.prefix : "/fluxon",
-           o.kv_endpoints ? ", separate KV payload endpoints" : "");
-    return FX_OK;
+    FX_INF("etcd: %zu endpoint(s), prefix %s; payload plane: %s", c->etcd.n_endpoints,
+           c->etcd.prefix ? c->etcd.prefix : "/fluxon", fx_mq_client_plane(d->mq));
+    if (c->kv.url && (e = redis_persistence_check(d))) {
+        fx_mq_client_free(d->mq);
+        d->mq = NULL;
+    }
+    return e;
 }
 
 /* ---- health and metrics ----------------------------------------------------------------------- */
@@ -410,6 +456,10 @@ static void metrics_setup(fx_daemon *d)
                                    FX_METRIC_GAUGE, "");
     d->g_reconnects = fx_metrics_add(m, "fluxon_nats_reconnects_total", "NATS reconnections",
                                      FX_METRIC_COUNTER, "");
+    d->g_payload_missing = fx_metrics_add(m, "fluxon_payload_missing_total",
+                                          "Message ids whose payload was missing below the produce "
+                                          "offset (lost by the payload store), skipped",
+                                          FX_METRIC_COUNTER, "");
     d->g_slow = fx_metrics_add(m, "fluxon_slow_consumer_events_total",
                                "NATS slow-consumer episodes (messages dropped by the client library)",
                                FX_METRIC_COUNTER, "");
@@ -450,6 +500,7 @@ static void hk_stats(fx_daemon *d)
     fx_lease_mgr_stats ls;
     fx_lease_mgr_get_stats(fx_mq_client_leases(d->mq), &ls);
     fx_metric_set(d->g_lease_ka_fail, (int64_t)ls.keepalive_failures);
+    fx_metric_set(d->g_payload_missing, (int64_t)fx_mq_client_payload_missing(d->mq));
     if (d->leaf) {
         fx_leaf_stats st;
         fx_leaf_get_stats(d->leaf, &st);
@@ -862,7 +913,9 @@ static void reload(fx_daemon *d)
     if (!same_endpoints(oc->etcd.endpoints, oc->etcd.n_endpoints, nc->etcd.endpoints,
                         nc->etcd.n_endpoints) ||
         !SAME_STR(oc->etcd.prefix, nc->etcd.prefix) ||
-        !same_endpoints(oc->kv.endpoints, oc->kv.n_endpoints, nc->kv.endpoints, nc->kv.n_endpoints))
+        !same_endpoints(oc->kv.endpoints, oc->kv.n_endpoints, nc->kv.endpoints, nc->kv.n_endpoints) ||
+        !SAME_STR(oc->kv.backend, nc->kv.backend) || !SAME_STR(oc->kv.url, nc->kv.url) ||
+        oc->kv.require_fsync != nc->kv.require_fsync || oc->kv.timeout_ms != nc->kv.timeout_ms)
         FX_WRN("reload: etcd/kv settings changed: need a restart (ignored)");
     if (!SAME_STR(oc->http.listen, nc->http.listen))
         FX_WRN("reload: http.listen changed: needs a restart (ignored)");

@@ -132,6 +132,7 @@ typedef struct pq_item {
     char *msgid;         /* capture: Nats-Msg-Id when the channel dedups, else NULL (ditto) */
     uint8_t *rec;        /* encoded fx_mq_msg (points into the allocation) */
     size_t rec_len;
+    int64_t in_ms;       /* fx_now_ms() when queued: its put deadline is in_ms + FX_DM_PUT_TIMEOUT_MS */
     /* dead letter: */
     dm_claim *claim;     /* reference held while the item lives */
     uint32_t ent_idx;
@@ -262,7 +263,7 @@ struct fx_daemon {
     fx_metrics *metrics;
     fx_http *http;
     fx_metric *g_invalid_acks, *g_stale_acks, *g_invalid_control, *g_acks_dropped, *g_lease_ka_fail,
-        *g_etcd_req, *g_etcd_lat, *g_reconnects, *g_slow, *g_claims_total, *g_leaf_up, *g_leaf_connects;
+        *g_etcd_req, *g_etcd_lat, *g_reconnects, *g_slow, *g_payload_missing, *g_claims_total, *g_leaf_up, *g_leaf_connects;
 
     pthread_rwlock_t reg;
     dm_chan **chans; /* active */

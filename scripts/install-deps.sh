@@ -9,7 +9,8 @@ set -euo pipefail
 PKGS=(
   build-essential pkg-config
   libcurl4-openssl-dev libcjson-dev libcmocka-dev libnats-dev libmicrohttpd-dev libssl-dev
-  etcd-server etcd-client nats-server
+  libhiredis-dev
+  etcd-server etcd-client nats-server redis-server
   curl valgrind
   clang libclang-rt-dev   # make fuzz: clang -fsanitize=fuzzer (libFuzzer runtime)
   golang-go golang-github-nats-io-go-nats-dev
@@ -46,7 +47,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
   fi
   # Debian's etcd-server and nats-server packages start system services;
   # the project runs its own instances on free ports, so stop the packaged ones.
-  for svc in etcd nats-server; do
+  for svc in etcd nats-server redis-server; do
     if command -v systemctl >/dev/null 2>&1; then $SUDO systemctl stop "$svc" >/dev/null 2>&1 || true; fi
   done
 fi

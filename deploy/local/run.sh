@@ -7,6 +7,7 @@ NATS_PORT=${FX_NATS_PORT:-24222}
 ETCD_PORT=${FX_ETCD_PORT:-23790}
 MON_PORT=${FX_NATS_MONITOR_PORT:-28222}
 LEAF_PORT=${FX_NATS_LEAF_PORT:-24223}
+REDIS_PORT=${FX_REDIS_PORT:-26379}
 CFG=deploy/local/bridge.json
 HTTP=http://127.0.0.1:28080 # http.listen of $CFG
 
@@ -18,8 +19,8 @@ deploy/local/stack.sh start
 
 if [ -x build/fluxon-bridge ]; then
   if [ "$NATS_PORT" != 24222 ] || [ "$ETCD_PORT" != 23790 ] || [ "$MON_PORT" != 28222 ] ||
-     [ "$LEAF_PORT" != 24223 ]; then
-    echo "note: $CFG expects the default ports (NATS 24222, monitor 28222, leafnode 24223, etcd 23790)" >&2
+     [ "$LEAF_PORT" != 24223 ] || [ "$REDIS_PORT" != 26379 ]; then
+    echo "note: $CFG expects the default ports (NATS 24222, monitor 28222, leafnode 24223, etcd 23790, redis 26379)" >&2
   fi
   S="--server nats://127.0.0.1:$NATS_PORT"
   cat <<TXT
@@ -46,7 +47,7 @@ TXT
 else
   cat <<TXT
 
-The local stack is up (etcd and nats-server above), but build/fluxon-bridge is not built
+The local stack is up (etcd, nats-server and redis-server above), but build/fluxon-bridge is not built
 (run make first). Meanwhile, try the stack:
   etcdctl --endpoints=http://127.0.0.1:$ETCD_PORT put hello world
   curl -s http://127.0.0.1:$MON_PORT/varz | head

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Local stack for development and `make run`: one etcd and one nats-server (monitoring on, and a
-# leafnode listener for the bridge's deliveries), on loopback, data under $FX_STACK_DIR (default
-# .stack/ in the project).
+# Local stack for development and `make run`: one etcd, one nats-server (monitoring on, and a
+# leafnode listener for the bridge's deliveries) and one redis-server (the payload plane:
+# appendonly yes, appendfsync always), on loopback, data under $FX_STACK_DIR (default .stack/ in
+# the project).
 #   deploy/local/stack.sh start | stop | status | env
 # `start` prints shell assignments (FX_ETCD_ENDPOINT, FX_NATS_URL, FX_NATS_MONITOR,
-# FX_NATS_LEAF_URL) also written to $FX_STACK_DIR/env. Ports: FX_ETCD_PORT (default 23790),
-# FX_NATS_PORT (24222), FX_NATS_MONITOR_PORT (28222), FX_NATS_LEAF_PORT (24223); the etcd peer
+# FX_NATS_LEAF_URL, FX_REDIS_URL) also written to $FX_STACK_DIR/env. Ports: FX_ETCD_PORT (default
+# 23790), FX_NATS_PORT (24222), FX_NATS_MONITOR_PORT (28222), FX_NATS_LEAF_PORT (24223),
+# FX_REDIS_PORT (26379); the etcd peer
 # port is FX_ETCD_PORT+1. The nats-server config is generated as $FX_STACK_DIR/nats-server.conf.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,6 +16,7 @@ ETCD_PORT=${FX_ETCD_PORT:-23790}
 NATS_PORT=${FX_NATS_PORT:-24222}
 MON_PORT=${FX_NATS_MONITOR_PORT:-28222}
 LEAF_PORT=${FX_NATS_LEAF_PORT:-24223}
+REDIS_PORT=${FX_REDIS_PORT:-26379}
 
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
@@ -52,6 +55,18 @@ CONF
     nats-server -c "$DIR/nats-server.conf" &
     echo $! >"$DIR/nats.pid"
   fi
+  if ! pid_alive "$DIR/redis.pid"; then
+    mkdir -p "$DIR/redis"
+    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$DIR/redis" --save "" \
+      --appendonly yes --appendfsync always --maxmemory-policy noeviction \
+      --daemonize no >"$DIR/redis.log" 2>&1 &
+    echo $! >"$DIR/redis.pid"
+  fi
+  local deadline=$((SECONDS + 20))
+  until [ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" PING 2>/dev/null)" = PONG ]; do
+    [ $SECONDS -ge $deadline ] && { echo "redis-server did not start; see $DIR/redis.log" >&2; stop; exit 1; }
+    sleep 0.1   # polling interval of a bounded wait
+  done
   wait_http "http://127.0.0.1:$ETCD_PORT/health" 20 || { echo "etcd did not start; see $DIR/etcd.log" >&2; stop; exit 1; }
   wait_http "http://127.0.0.1:$MON_PORT/healthz" 20 || { echo "nats-server did not start; see $DIR/nats.log" >&2; stop; exit 1; }
   env_out | tee "$DIR/env"
@@ -62,10 +77,11 @@ env_out() {
   echo "FX_NATS_URL=nats://127.0.0.1:$NATS_PORT"
   echo "FX_NATS_MONITOR=http://127.0.0.1:$MON_PORT"
   echo "FX_NATS_LEAF_URL=nats://127.0.0.1:$LEAF_PORT"
+  echo "FX_REDIS_URL=redis://127.0.0.1:$REDIS_PORT"
 }
 
 stop() {
-  for s in nats etcd; do
+  for s in nats redis etcd; do
     if pid_alive "$DIR/$s.pid"; then
       pid=$(cat "$DIR/$s.pid"); kill "$pid" 2>/dev/null || true
       for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
@@ -76,7 +92,7 @@ stop() {
 }
 
 status() {
-  for s in etcd nats; do
+  for s in etcd nats redis; do
     if pid_alive "$DIR/$s.pid"; then echo "$s: running (pid $(cat "$DIR/$s.pid"))"; else echo "$s: stopped"; fi
   done
 }

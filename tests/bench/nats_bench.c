@@ -43,6 +43,10 @@
  *
  * -M: every bridge publish carries a unique Nats-Msg-Id header (the bridge's dedup then looks up
  * and records every id: one txn each per batch); the rows measure the cost of dedup.
+ * -K plane: the bridge's payload plane: "etcd" (default: kv.backend etcd on the control-plane
+ * etcd, the fused txn), "redis-everysec" or "redis-always" (kv.backend redis on a redis-server
+ * started here with appendonly yes and that appendfsync; the split plane). Printed in the header.
+ *
  * FX_BENCH_ETCD_ARGS="--unsafe-no-fsync" (any extra etcd flags) runs the same rows against an etcd
  * with those flags, for what-if comparisons; the flags are printed above the table.
  * Output: one markdown table and ratio lines on stdout; progress on stderr. Exit 0 when every row
@@ -164,6 +168,8 @@ static double hist_pct_ms(hist *h, double p)
 static char g_tmp[512];      /* our temp dir */
 static pid_t g_nats_pid, g_bridge_pid;
 static fxt_etcd g_etcd;
+static fxt_redis g_redis;        /* -K redis-*: the payload plane */
+static const char *g_plane = "etcd";
 static int g_nats_port, g_mon_port, g_leaf_port, g_http_port;
 static char g_nats_url[64];
 
@@ -248,6 +254,7 @@ static void cleanup_all(void)
     stop_child("bridge", &g_bridge_pid);
     stop_child("nats", &g_nats_pid);
     fxt_etcd_destroy(&g_etcd);
+    fxt_redis_destroy(&g_redis);
     if (g_tmp[0]) {
         nftw(g_tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
         g_tmp[0] = 0;
@@ -440,6 +447,18 @@ static int start_stack(const char *bridge_bin)
     }
     snprintf(g_nats_url, sizeof g_nats_url, "nats://127.0.0.1:%d", g_nats_port);
 
+    char kvj[256];
+    if (!strncmp(g_plane, "redis-", 6)) {
+        memset(&g_redis, 0, sizeof g_redis);
+        snprintf(g_redis.appendfsync, sizeof g_redis.appendfsync, "%s", g_plane + 6);
+        if (fxt_redis_start(&g_redis) != 0) {
+            logf_("redis-server did not start");
+            return -1;
+        }
+        snprintf(kvj, sizeof kvj, "{\"backend\":\"redis\",\"url\":\"%s\"}", g_redis.url);
+    } else {
+        snprintf(kvj, sizeof kvj, "{\"backend\":\"etcd\",\"endpoints\":[\"%s\"]}", g_etcd.endpoint);
+    }
     char bconf[600], blog[600];
     snprintf(bconf, sizeof bconf, "%s/bridge.json", g_tmp);
     snprintf(blog, sizeof blog, "%s/bridge.log", g_tmp);
@@ -450,12 +469,12 @@ static int start_stack(const char *bridge_bin)
             " \"nats\":{\"url\":\"%s\",\"monitor_url\":\"http://127.0.0.1:%d\","
             "\"leaf_url\":\"nats://127.0.0.1:%d\",\"account\":\"$G\"},\n"
             " \"etcd\":{\"endpoints\":[\"%s\"],\"prefix\":\"/fxbench\"},\n"
-            " \"kv\":{\"backend\":\"etcd\",\"endpoints\":[\"%s\"]},\n"
+            " \"kv\":%s,\n"
             " \"http\":{\"listen\":\"127.0.0.1:%d\"},\n"
             " \"channels\":[{\"name\":\"bench\",\"subjects\":[\"bench.>\"],\"deliver_prefix\":\"q.bench\","
             "\"ttl_seconds\":30,\"capacity\":1000000,\"ack\":\"explicit\",\"max_ack_pending\":5000,"
             "\"interest_poll\":\"200ms\",\"release_after\":\"%dms\"}]}\n",
-            g_nats_url, g_mon_port, g_leaf_port, g_etcd.endpoint, g_etcd.endpoint, g_http_port, BENCH_RELEASE_MS);
+            g_nats_url, g_mon_port, g_leaf_port, g_etcd.endpoint, kvj, g_http_port, BENCH_RELEASE_MS);
     fclose(f);
     if (access(bridge_bin, X_OK) != 0) {
         logf_("bridge binary %s is not executable (-b)", bridge_bin);
@@ -1379,7 +1398,7 @@ static row *find_row(row **rows, int n, const char *scen, size_t size)
 static void usage(void)
 {
     fprintf(stderr, "usage: nats_bench [-d seconds] [-w warmup_ms] [-b bridge] [-D drain_ms] [-W window] "
-                    "[-P publishers] [-o 1,2,3,4a,4b,4c,5,5n] [-s 128,4096] [-M]\n"
+                    "[-P publishers] [-o 1,2,3,4a,4b,4c,5,5n] [-s 128,4096] [-M] [-K etcd|redis-everysec|redis-always]\n"
                     "  -M  bridge publishes carry a unique Nats-Msg-Id (cost of dedup)\n"
                     "       nats_bench -S seconds [-s size] [-w warmup_ms] [-b bridge] [-D drain_ms] [-W window]\n"
                     "  -S  soak (at least %d s): scenario 4a's traffic (default 128 B) for that long, a line of\n"
@@ -1394,7 +1413,7 @@ int main(int argc, char **argv)
     const char *bridge = NULL, *only = NULL, *sizes_arg = NULL;
     bool dur_given = false;
     int c;
-    while ((c = getopt(argc, argv, "d:w:b:D:W:P:o:s:S:Mh")) != -1) {
+    while ((c = getopt(argc, argv, "d:w:b:D:W:P:o:s:S:MK:h")) != -1) {
         switch (c) {
         case 'd': g_dur_s = atoi(optarg), dur_given = true; break;
         case 'M': g_msgid = true; break;
@@ -1405,6 +1424,11 @@ int main(int argc, char **argv)
         case 'W': g_window = atoll(optarg); break;
         case 'P': g_npubs = atoi(optarg); break;
         case 'o': only = optarg; break;
+        case 'K':
+            if (strcmp(optarg, "etcd") && strcmp(optarg, "redis-everysec") && strcmp(optarg, "redis-always"))
+                usage();
+            g_plane = optarg;
+            break;
         case 's': sizes_arg = optarg; break;
         default: usage();
         }
@@ -1508,6 +1532,9 @@ int main(int argc, char **argv)
         }
     }
 
+    printf("payload plane: %s\n", !strcmp(g_plane, "etcd") ? "etcd (fused: payload + offset in one txn)"
+                                   : !strcmp(g_plane, "redis-everysec") ? "Redis, appendfsync everysec (split)"
+                                                                          : "Redis, appendfsync always (split)");
     printf("window %d s after %d ms warm-up per row; closed loop (max %lld published-not-consumed, max %d "
            "publishes awaiting their ack); CPU%% = one core (the machine has %ld); client = this "
            "program's NATS clients; latencies in ms\n\n",

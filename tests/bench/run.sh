@@ -79,6 +79,17 @@ run_all() {
   echo "row 6 (raw etcd rate at the bridge's concurrency): the txn rows of the etcd_bench table and the payload_bench table above"
   echo
   "$NB" -d 5 -b "$BUILD/fluxon-bridge" || exit 1
+
+  # The same bridge rows on the Redis payload plane (kv.backend "redis", split: payload put then
+  # the offset txn), with the JetStream rows again so each table's ratios are from one run.
+  for plane in redis-everysec redis-always; do
+    echo
+    echo "## Bridge on the Redis payload plane ($plane) vs JetStream (issue 12)"
+    echo
+    echo "command: $NB -d 5 -K $plane -o 2,3,4,5 -b $BUILD/fluxon-bridge"
+    echo
+    "$NB" -d 5 -K "$plane" -o 2,3,4,5 -b "$BUILD/fluxon-bridge" || exit 1
+  done
 }
 
 # The output also goes into BENCHMARKS.md, between the markers of its "latest run" section

@@ -37,6 +37,12 @@
  * mq_client_close_closes_endpoints: closing the client with open endpoints closes them (later
  *   calls FX_ECLOSED) and leaves the same etcd key set as closing them one by one.
  *
+ * Every test runs twice: on the etcd payload plane (fused; mq_mpsc_exact_once_graceful also on a
+ * separate KV etcd), then, named with the suffix _redis, on the Redis plane (payloads in a
+ * redis-server started by the harness; the split write order: payload put, then offset txn).
+ * There the payload inspections/injections go to Redis: payload counts, the payload lease's
+ * Redis key (DEL = the lease revoked, PTTL = alive), the hole made by hand.
+ *
  * Usage: test_mq_accept [cmocka filter, e.g. mq_handoff_order]. Waits poll with deadlines; the only
  * fixed pauses are fault injection (etcd stopped) and settles that no result depends on.
  */
@@ -66,6 +72,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <hiredis/hiredis.h>
+
 #include "etcd.h"
 #include "flatdict.h"
 #include "fluxon_mq.h"
@@ -91,6 +99,8 @@ static struct {
     pid_t child;
     int64_t t_start; /* of the running test */
     fxt_etcd kv_etcd; /* the separate payload etcd of one variant (pid 0 when not running) */
+    bool redis_mode;  /* the _redis group: payloads in G.redis */
+    fxt_redis redis;
 } G;
 
 #define CHECK(call)                                                                              \
@@ -238,6 +248,44 @@ static void payload_abs(const char *root, const fx_mq_key *rel, char *out, size_
 
 static void kv_prefix(const char *root, char *out, size_t cap) { snprintf(out, cap, "%s/kv/", root); }
 
+/* ---- Redis plane inspection (the _redis group) ---------------------------------------------- */
+
+/* A store on the Redis payload prefix of `root` (the clients' default kv prefix). */
+static fx_kv_store *redis_store(const char *root)
+{
+    char kvp[256];
+    kv_prefix(root, kvp, sizeof kvp);
+    fx_kv_redis_opts o = {.url = G.redis.url, .prefix = kvp, .default_timeout_ms = OP_MS};
+    fx_kv_store *s = NULL;
+    CHECK(fx_kv_new_redis(&o, &s));
+    return s;
+}
+
+/* Payload keys under root's kv prefix + rel_prefix, in Redis. */
+static int64_t redis_count(const char *root, const char *rel_prefix)
+{
+    fx_kv_store *s = redis_store(root);
+    int64_t n = -1;
+    CHECK(fx_kv_count_prefix(s, FX_SLICE_STR(rel_prefix), &n, OP_MS));
+    fx_kv_store_free(s);
+    return n;
+}
+
+/* One raw Redis command on the payload lease's key: "DEL" (= the lease revoked) or "PTTL". */
+static long long redis_lease_cmd(const char *root, const char *cmd, int64_t lease)
+{
+    redisContext *rc = redisConnect("127.0.0.1", G.redis.port);
+    if (!rc || rc->err) fail_msg("redis connect: %s", rc ? rc->errstr : "oom");
+    char key[300];
+    snprintf(key, sizeof key, "%s/kv/l:%" PRId64, root, lease);
+    redisReply *r = redisCommand(rc, "%s %s", cmd, key);
+    if (!r || r->type != REDIS_REPLY_INTEGER) fail_msg("redis %s %s failed", cmd, key);
+    long long v = r->integer;
+    freeReplyObject(r);
+    redisFree(rc);
+    return v;
+}
+
 /* ---- clients ------------------------------------------------------------------------------------ */
 
 typedef struct copts {
@@ -263,6 +311,8 @@ static fx_err client_try_new(const char *root, const copts *o, fx_mq_client **ou
     if (o && o->separate_kv) {
         opts.kv_endpoints = G.kv_eps;
         opts.n_kv_endpoints = 1;
+    } else if (G.redis_mode) {
+        opts.kv_redis_url = G.redis.url;
     }
     return fx_mq_client_new(&opts, out);
 }
@@ -873,7 +923,8 @@ static void exact_once_run(const char *root, bool separate_kv, fx_etcd *kv_raw)
         nap_ms(10);
     }
     int64_t stored_cp = raw_count(payload_pfx);
-    int64_t stored_kv = kv_raw ? raw_count_on(kv_raw, payload_pfx) : -1;
+    int64_t stored_kv = kv_raw ? raw_count_on(kv_raw, payload_pfx)
+                               : G.redis_mode ? redis_count(root, rel.s) : -1;
 
     rx *r = rx_new();
     ep q = open_sc(cc, chan);
@@ -890,7 +941,8 @@ static void exact_once_run(const char *root, bool separate_kv, fx_etcd *kv_raw)
     fx_err close_p[EO_PRODUCERS], close_c = ep_close(q);
     for (int i = 0; i < EO_PRODUCERS; i++) close_p[i] = ep_close(prods[i]);
     int64_t left_cp = raw_count(payload_pfx);
-    int64_t left_kv = kv_raw ? raw_count_on(kv_raw, payload_pfx) : -1;
+    int64_t left_kv = kv_raw ? raw_count_on(kv_raw, payload_pfx)
+                             : G.redis_mode ? redis_count(root, rel.s) : -1;
     for (int i = 0; i < EO_PRODUCERS; i++) ep_free(prods[i]);
     ep_free(q);
     fx_mq_client_free(cp);
@@ -915,7 +967,7 @@ static void exact_once_run(const char *root, bool separate_kv, fx_etcd *kv_raw)
     rx_free(r);
 
     /* Payloads went to the payload plane, and acknowledged ones were deleted (after flush). */
-    if (separate_kv) {
+    if (separate_kv || G.redis_mode) {
         assert_int_equal(stored_cp, 0);
         assert_true(stored_kv > 0);
         assert_int_equal(left_kv, 0);
@@ -929,6 +981,7 @@ static void mq_mpsc_exact_once_graceful(void **state)
 {
     (void)state;
     exact_once_run("/t_exact", false, NULL);
+    if (G.redis_mode) return; /* the Redis plane was the run above */
 
     /* Variant: the payload plane on a separate etcd. */
     memset(&G.kv_etcd, 0, sizeof G.kv_etcd);
@@ -1012,7 +1065,10 @@ static void mq_no_keys_after_ttl(void **state)
      * configured long TTL. */
     char kvp[256];
     kv_prefix(root, kvp, sizeof kvp);
-    assert_true(raw_count(kvp) >= 2); /* a segment of 10 (5 unacked) in each channel */
+    if (G.redis_mode) /* a segment of 10 (5 unacked) in each channel */
+        assert_true(redis_count(root, "") >= 2);
+    else
+        assert_true(raw_count(kvp) >= 2);
     fx_mq_key key;
     CHECK(fx_mq_key_chan_meta(&k, chan, &key));
     assert_true(raw_exists(key.s));
@@ -1063,6 +1119,11 @@ static void mq_no_keys_after_ttl(void **state)
         fail_msg("%zu key(s) left under %s after TTL (+ long TTL) + margin", bad, rootp);
     }
     if (getenv("MQ_TEST_VERBOSE")) dump_prefix(rootp);
+    if (G.redis_mode) { /* the payloads left in Redis go with their payload leases */
+        int64_t left = -1;
+        while ((left = redis_count(root, "")) != 0 && now_ms() < dl) nap_ms(200);
+        if (left != 0) fail_msg("%" PRId64 " payload keys left in Redis after the TTL", left);
+    }
     /* The unleased counters and the mapping are still there. */
     assert_true(raw_get_int(chan_ctr.s) > chan); /* the MPMC consumer's sub-MPSC came after */
     assert_true(raw_get_int(mpmc_ctr.s) >= m);
@@ -1212,6 +1273,11 @@ static int crash_child(int argc, char **argv)
     if (!getenv("FX_LOG_LEVEL")) fx_log_set_level(FX_LOG_ERR);
     int fd = CHILD_FD;
     G.eps[0] = argv[2];
+    const char *rurl = getenv("FXT_MQ_REDIS_URL"); /* set by the parent in the _redis group */
+    if (rurl && *rurl) {
+        G.redis_mode = true;
+        snprintf(G.redis.url, sizeof G.redis.url, "%s", rurl);
+    }
     int64_t m = strtoll(argv[4], NULL, 10);
     fx_mq_client *c = NULL;
     fx_err e = client_try_new(argv[3], NULL, &c);
@@ -1510,6 +1576,16 @@ static int64_t meta_field(const char *key, const char *field)
     return v;
 }
 
+/* Revoke a payload lease on the plane in use. */
+static void revoke_payload_lease(const char *root, int64_t pl)
+{
+    if (G.redis_mode) {
+        if (redis_lease_cmd(root, "DEL", pl) != 1) fail_msg("payload lease %" PRId64 " not in Redis", pl);
+    } else {
+        CHECK(fx_etcd_lease_revoke(G.raw, pl, OP_MS));
+    }
+}
+
 static void mq_payload_lease_lost_closes(void **state)
 {
     (void)state;
@@ -1534,7 +1610,7 @@ static void mq_payload_lease_lost_closes(void **state)
     CHECK(fx_mq_key_chan_meta(&k, chan, &meta));
     int64_t pl = meta_field(meta.s, "payload_lease_id");
     uint64_t before = lease_expired_count(c);
-    CHECK(fx_etcd_lease_revoke(G.raw, pl, OP_MS));
+    revoke_payload_lease(root, pl);
     wait_lease_expiry_seen(c, before);
     size_t np = 99;
     CHECK_ERR(FX_ELEASE_LOST, put_seq(p, 0, 2, 1, 1000, &np, NULL));
@@ -1559,7 +1635,7 @@ static void mq_payload_lease_lost_closes(void **state)
     CHECK(fx_mq_key_mpmc_meta(&k, m, &meta));
     pl = meta_field(meta.s, "payload_lease_id");
     before = lease_expired_count(c);
-    CHECK(fx_etcd_lease_revoke(G.raw, pl, OP_MS));
+    revoke_payload_lease(root, pl);
     wait_lease_expiry_seen(c, before);
     CHECK_ERR(FX_ELEASE_LOST, put_seq(mp, 0, 1, 1, 1000, &np, NULL));
     assert_int_equal(np, 0);
@@ -2054,7 +2130,8 @@ static void mq_attach_keeps_channel_alive(void **state)
     while (now_ms() < t_end) {
         if (!raw_exists(meta.s)) fail_msg("MPMC meta expired while an attached member lives");
         if (lease_ttl(lm, NULL) <= 0) fail_msg("metadata lease expired");
-        if (lease_ttl(lp, NULL) <= 0) fail_msg("payload lease expired");
+        if (G.redis_mode ? redis_lease_cmd(root, "PTTL", lp) <= 0 : lease_ttl(lp, NULL) <= 0)
+            fail_msg("payload lease expired");
         if (lease_ttl(li, NULL) <= 0) fail_msg("id-allocator cluster lease expired");
         nap_ms(250);
     }
@@ -2224,6 +2301,9 @@ static void mq_no_id_gap(void **state)
     const char *root = "/t_gap";
     fx_mq_client *c = client_new(root, NULL);
     fx_mq_chan_cfg cfg = cfg_of(1000);
+    /* On Redis the payload store goes down for a few seconds below: its payload lease (the
+     * channel TTL) must outlive that, as a production retention (days) does. */
+    if (G.redis_mode) cfg.ttl_s = 10;
     int64_t chan = -1;
     CHECK(fx_mpsc_create(c, &cfg, &chan));
     ep p = open_sp(c, chan);
@@ -2260,12 +2340,32 @@ static void mq_no_id_gap(void **state)
     assert_int_equal(np, 5);
     for (int i = 1; i < 5; i++) assert_int_equal(ids[i].msg, ids[0].msg + i);
     int64_t pidx2 = ids[0].pidx;
+    int total = 10;
+
+    if (G.redis_mode) { /* Batch 3 fails: the payload store (Redis, AOF always) killed. */
+        next = ids[4].msg + 1;
+        if (fxt_redis_kill(&G.redis) != 0) fail_msg("redis kill");
+        t0 = now_ms();
+        fe = put_seq(p, 0, 10, 5, 2000, &np, ids);
+        dt = now_ms() - t0;
+        if (fxt_redis_restart(&G.redis) != 0) fail_msg("redis restart");
+        fprintf(stderr, "put with redis down: %s (n_put %zu) in %" PRId64 " ms\n", fx_errname(fe), np, dt);
+        assert_true(fe != FX_OK);
+        assert_int_equal(np, 0);
+        assert_true(dt < 8000);
+        CHECK(put_seq(p, 0, 10, 5, 5000, &np, ids));
+        assert_int_equal(np, 5);
+        assert_int_equal(ids[0].pidx, pidx2);
+        assert_int_equal(ids[0].msg, next); /* no id consumed by the failed batch */
+        for (int i = 1; i < 5; i++) assert_int_equal(ids[i].msg, ids[0].msg + i);
+        total = 15;
+    }
 
     /* The consumer sees every message, ids contiguous per producer. */
     ep q = open_sc(c, chan);
     rx *r = rx_new();
-    drain(q, r, 10, 10000, true);
-    int sent[1] = {10};
+    drain(q, r, total, 10000, true);
+    int sent[1] = {total};
     rx_assert_exact(r, sent, 1); /* includes: no gap in the msg ids of any producer */
     CHECK(ep_flush(q, 5000));
     CHECK(ep_close(q));
@@ -2274,7 +2374,8 @@ static void mq_no_id_gap(void **state)
 
     /* A hole below the produce offset: three messages, the middle payload deleted by hand. */
     fx_mq_msg_id h[3];
-    for (int i = 0; i < 3; i++) put_ok(p, 0, 10 + i, 1, &h[i]);
+    for (int i = 0; i < 3; i++) put_ok(p, 0, total + i, 1, &h[i]);
+    uint64_t missing0 = fx_mq_client_payload_missing(c);
     assert_int_equal(h[0].pidx, pidx2);
     assert_int_equal(h[1].msg, h[0].msg + 1);
     assert_int_equal(h[2].msg, h[1].msg + 1);
@@ -2282,11 +2383,22 @@ static void mq_no_id_gap(void **state)
     CHECK(fx_mq_mpsc_payload_key(chan, pidx2, h[1].msg, &rel));
     char abs[FX_MQ_KEY_CAP + 128];
     payload_abs(root, &rel, abs, sizeof abs);
-    fx_del_req del = {.key = FX_SLICE_STR(abs)};
-    fx_del_resp dr = {0};
-    CHECK(fx_etcd_delete(G.raw, &del, &dr, OP_MS));
-    int64_t deleted = dr.deleted;
-    fx_del_resp_free(&dr);
+    int64_t deleted = 0;
+    if (G.redis_mode) {
+        fx_kv_store *rs = redis_store(root);
+        uint8_t endk[FX_MQ_KEY_CAP + 1];
+        size_t rl = strlen(rel.s);
+        memcpy(endk, rel.s, rl);
+        endk[rl] = 0;
+        CHECK(fx_kv_delete_range(rs, FX_SLICE_STR(rel.s), (fx_slice){endk, rl + 1}, &deleted, OP_MS));
+        fx_kv_store_free(rs);
+    } else {
+        fx_del_req del = {.key = FX_SLICE_STR(abs)};
+        fx_del_resp dr = {0};
+        CHECK(fx_etcd_delete(G.raw, &del, &dr, OP_MS));
+        deleted = dr.deleted;
+        fx_del_resp_free(&dr);
+    }
     if (deleted != 1) {
         dump_prefix(root);
         fail_msg("payload key %s not found (deleted %" PRId64 ")", abs, deleted);
@@ -2294,7 +2406,7 @@ static void mq_no_id_gap(void **state)
     q = open_sc(c, chan);
     r = rx_new();
     drain(q, r, 2, 10000, false);
-    put_ok(p, 0, 13, 1, NULL); /* and it keeps going */
+    put_ok(p, 0, total + 3, 1, NULL); /* and it keeps going */
     drain(q, r, 3, 10000, false);
     {
         fx_mq_delivery d[4];
@@ -2307,10 +2419,12 @@ static void mq_no_id_gap(void **state)
         assert_int_equal(e, FX_ETIMEDOUT);
     }
     assert_int_equal(r->total, 3);
-    assert_int_equal(r->cnt[0][10], 1);
-    assert_int_equal(r->cnt[0][11], 0);
-    assert_int_equal(r->cnt[0][12], 1);
-    assert_int_equal(r->cnt[0][13], 1);
+    assert_int_equal(r->cnt[0][total], 1);
+    assert_int_equal(r->cnt[0][total + 1], 0);
+    assert_int_equal(r->cnt[0][total + 2], 1);
+    assert_int_equal(r->cnt[0][total + 3], 1);
+    /* The skipped id is counted once as a missing payload (fluxon_payload_missing_total). */
+    assert_int_equal(fx_mq_client_payload_missing(c), missing0 + 1);
     assert_int_equal(r->order, 0);
     rx_free(r);
     CHECK(ep_close(q));
@@ -2465,5 +2579,26 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(mq_no_id_gap, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(mq_client_close_closes_endpoints, test_setup, test_teardown),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);
+
+    /* The same 14 tests on the Redis payload plane (a fresh etcd, plus a redis-server). */
+    struct CMUnitTest rtests[sizeof tests / sizeof tests[0]];
+    static char names[sizeof tests / sizeof tests[0]][64];
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        rtests[i] = tests[i];
+        snprintf(names[i], sizeof names[i], "%s_redis", tests[i].name);
+        rtests[i].name = names[i];
+    }
+    memset(&G.redis, 0, sizeof G.redis);
+    snprintf(G.redis.appendfsync, sizeof G.redis.appendfsync, "always"); /* kill + restart keeps data */
+    if (fxt_redis_start(&G.redis) != 0) {
+        fprintf(stderr, "redis-server did not start: the _redis tests fail\n");
+        return failed + (int)(sizeof rtests / sizeof rtests[0]);
+    }
+    G.redis_mode = true;
+    setenv("FXT_MQ_REDIS_URL", G.redis.url, 1); /* for the crash child (a re-exec) */
+    failed += _cmocka_run_group_tests("mq_accept_redis", rtests, sizeof rtests / sizeof rtests[0],
+                                      group_setup, group_teardown);
+    fxt_redis_destroy(&G.redis);
+    return failed;
 }

@@ -12,6 +12,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -453,5 +454,134 @@ void fxt_nats_destroy(fxt_nats *n)
         unlink(n->conf);
         unlink(n->log_path);
         n->conf[0] = '\0';
+    }
+}
+
+/* ---- redis-server --------------------------------------------------------------------------- */
+
+/* PING over a raw socket on 127.0.0.1:port: true when the answer is +PONG. */
+static bool redis_pong(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return false;
+    struct timeval tv = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool ok = false;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && write(fd, "PING\r\n", 6) == 6) {
+        char buf[16] = {0};
+        ssize_t n = read(fd, buf, sizeof buf - 1);
+        ok = n >= 5 && strncmp(buf, "+PONG", 5) == 0;
+    }
+    close(fd);
+    return ok;
+}
+
+static int redis_spawn(fxt_redis *r)
+{
+    const char *bin = getenv("FXT_REDIS_BIN");
+    if (!bin || !*bin) bin = "redis-server";
+    char port[16];
+    snprintf(port, sizeof port, "%d", r->port);
+    bool aof = r->appendfsync[0] != 0;
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("fxt: fork");
+        return -1;
+    }
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(127);
+        setpgid(0, 0);
+        int fd = open(r->log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        int dn = open("/dev/null", O_RDONLY);
+        if (dn >= 0) {
+            dup2(dn, 0);
+            close(dn);
+        }
+        execlp(bin, bin, "--port", port, "--bind", "127.0.0.1", "--dir", r->dir, "--save", "",
+               "--appendonly", aof ? "yes" : "no", "--appendfsync",
+               aof ? r->appendfsync : "everysec", "--daemonize", "no", "--protected-mode", "no",
+               (char *)NULL);
+        _exit(127);
+    }
+    r->pid = pid;
+    FILE *f = fopen(r->pidfile, "w");
+    if (f) {
+        fprintf(f, "%d\n", (int)pid);
+        fclose(f);
+    }
+    int64_t deadline = fxt_now_ms() + 20000;
+    while (fxt_now_ms() < deadline) {
+        if (!child_alive(pid)) {
+            fprintf(stderr, "fxt: redis-server exited during start-up; log: %s\n", r->log_path);
+            r->pid = 0;
+            unlink(r->pidfile);
+            return -1;
+        }
+        if (redis_pong(r->port)) return 0;
+        pause_ms(20);
+    }
+    fprintf(stderr, "fxt: redis-server not answering within 20 s; log: %s\n", r->log_path);
+    fxt_redis_kill(r);
+    return -1;
+}
+
+int fxt_redis_start(fxt_redis *r)
+{
+    char fs[sizeof r->appendfsync];
+    snprintf(fs, sizeof fs, "%s", r->appendfsync);
+    memset(r, 0, sizeof *r);
+    snprintf(r->appendfsync, sizeof r->appendfsync, "%s", fs);
+    static int seq;
+    snprintf(r->dir, sizeof r->dir, "%s/fxt-redis-%d-%d", tmp_root(), (int)getpid(), ++seq);
+    if (mkdir(r->dir, 0700) != 0) {
+        perror("fxt: mkdir redis dir");
+        return -1;
+    }
+    snprintf(r->log_path, sizeof r->log_path, "%s.log", r->dir);
+    snprintf(r->pidfile, sizeof r->pidfile, "%s.pid", r->dir);
+    for (int attempt = 0; attempt < 3; attempt++) {
+        r->port = free_port();
+        if (r->port < 0) return -1;
+        snprintf(r->url, sizeof r->url, "redis://127.0.0.1:%d", r->port);
+        if (redis_spawn(r) == 0) return 0;
+    }
+    return -1;
+}
+
+int fxt_redis_kill(fxt_redis *r)
+{
+    if (r->pid <= 0) return 0;
+    kill(r->pid, SIGCONT);
+    kill(r->pid, SIGKILL);
+    int st;
+    waitpid(r->pid, &st, 0);
+    r->pid = 0;
+    unlink(r->pidfile);
+    return 0;
+}
+
+int fxt_redis_restart(fxt_redis *r)
+{
+    if (r->pid > 0) fxt_redis_kill(r);
+    return redis_spawn(r);
+}
+
+void fxt_redis_destroy(fxt_redis *r)
+{
+    fxt_redis_kill(r);
+    if (r->dir[0]) {
+        rm_rf(r->dir);
+        unlink(r->log_path);
+        r->dir[0] = '\0';
     }
 }

@@ -62,6 +62,26 @@ int fxt_nats_resume(fxt_nats *n);
 /* Stop if running and remove config, log and pidfile. Safe to call twice. */
 void fxt_nats_destroy(fxt_nats *n);
 
+/* A redis-server on a free loopback port with a temp dir (AOF file and log live there). Set
+ * `appendfsync` ("always", "everysec", "no"; "" = no AOF) before start. */
+typedef struct fxt_redis {
+    pid_t pid;          /* 0 when not running */
+    int port;
+    char dir[512];      /* working dir (AOF), kept across stop/restart */
+    char url[64];       /* "redis://127.0.0.1:<port>" */
+    char log_path[600], pidfile[600];
+    char appendfsync[16]; /* set before start */
+} fxt_redis;
+
+/* Start on a free port and wait until PING answers PONG (deadline 20 s). */
+int fxt_redis_start(fxt_redis *r);
+/* SIGKILL (no shutdown save): what a crash looks like. Keeps dir and port. */
+int fxt_redis_kill(fxt_redis *r);
+/* Start again with the same dir and port (reloads its AOF); wait for PONG. */
+int fxt_redis_restart(fxt_redis *r);
+/* Kill if running and remove the dir. Safe to call twice. */
+void fxt_redis_destroy(fxt_redis *r);
+
 /* A TCP port on 127.0.0.1 with nothing listening (connections are refused). */
 int fxt_dead_port(void);
 /* A listening socket that never accepts and never answers: connects succeed (kernel backlog),

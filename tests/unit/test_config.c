@@ -491,7 +491,13 @@ static void test_err_connection_values(void **state)
         {"{\"etcd\":{\"username\":\"root\"}," CHANNELS "}", "etcd.password: username and password go together"},
         {"{\"etcd\":{\"password\":\"pw\"}," CHANNELS "}", "etcd.username: username and password go together"},
         {"{\"etcd\":{\"cert_file\":\"/c\"}," CHANNELS "}", "etcd.key_file: cert_file and key_file go together"},
-        {"{\"kv\":{\"backend\":\"redis\"}," CHANNELS "}", "kv.backend: \"redis\" is not supported (only \"etcd\")"},
+        {"{\"kv\":{\"backend\":\"mem\"}," CHANNELS "}", "kv.backend: \"mem\" is not supported (\"etcd\" or \"redis\")"},
+        {"{\"kv\":{\"backend\":\"redis\"}," CHANNELS "}", "kv.url: required with kv.backend \"redis\""},
+        {"{\"kv\":{\"backend\":\"redis\",\"url\":\"rediss://h:1\"}," CHANNELS "}", "kv.url: must start with redis:// or unix:"},
+        {"{\"kv\":{\"backend\":\"redis\",\"url\":\"redis://h:1\",\"endpoints\":[\"http://x:1\"]}," CHANNELS "}", "kv.endpoints: only with kv.backend \"etcd\""},
+        {"{\"kv\":{\"url\":\"redis://h:1\"}," CHANNELS "}", "kv.url: only with kv.backend \"redis\""},
+        {"{\"kv\":{\"require_fsync\":true}," CHANNELS "}", "kv.require_fsync: only with kv.backend \"redis\""},
+        {"{\"kv\":{\"backend\":\"redis\",\"url\":\"redis://h:1\",\"timeout_ms\":5}," CHANNELS "}", "kv.timeout_ms: 5 out of range"},
         {"{\"kv\":{\"backend\":\"\"}," CHANNELS "}", "kv.backend: must not be empty"},
         {"{\"kv\":{\"endpoints\":[\"ftp://x\"]}," CHANNELS "}", "kv.endpoints[0]: must be an http"},
         {"{\"http\":{\"listen\":\"8080\"}," CHANNELS "}", "http.listen: must be host:port"},
@@ -892,6 +898,17 @@ static void test_deploy_examples(void **state)
     assert_string_equal(s.http.listen, "127.0.0.1:8080");
     assert_string_equal(s.nats.leaf_url, "nats://127.0.0.1:7422"); /* deploy/nats-server.conf */
 
+    fx_config r;
+    load_ok("deploy/bridge-redis.json", &r); /* the Redis payload plane */
+    assert_int_equal(r.n_channels, 2);
+    assert_string_equal(r.channels[0].name, "orders");
+    assert_string_equal(r.kv.backend, "redis");
+    assert_string_equal(r.kv.url, "redis://127.0.0.1:6379/0");
+    assert_true(r.kv.require_fsync);
+    assert_int_equal(r.kv.timeout_ms, 3000);
+    assert_int_equal(r.kv.n_endpoints, 0);
+    fx_config_free(&r);
+
     load_ok("deploy/bridge-a.json", &a);
     load_ok("deploy/bridge-b.json", &b);
     assert_orders_config(&a);
@@ -911,11 +928,13 @@ static void test_deploy_examples(void **state)
     }
 
     load_ok("deploy/local/bridge.json", &l);
-    assert_orders_config(&l);
+    assert_int_equal(l.n_channels, 2);
+    assert_string_equal(l.channels[0].name, "orders");
     assert_string_equal(l.nats.url, "nats://127.0.0.1:24222");
     assert_string_equal(l.nats.monitor_url, "http://127.0.0.1:28222");
     assert_string_equal(l.etcd.endpoints[0], "http://127.0.0.1:23790");
-    assert_string_equal(l.kv.endpoints[0], "http://127.0.0.1:23790");
+    assert_string_equal(l.kv.backend, "redis"); /* make run: the Redis plane (BENCHMARKS.md) */
+    assert_string_equal(l.kv.url, "redis://127.0.0.1:26379"); /* deploy/local/stack.sh */
     assert_string_equal(l.http.listen, "127.0.0.1:28080");
     assert_string_equal(l.nats.leaf_url, "nats://127.0.0.1:24223"); /* deploy/local/stack.sh */
     fx_config_free(&s);

@@ -457,6 +457,62 @@ export class NatsServer {
 }
 
 // ---------------------------------------------------------------------------------------------
+// redis-server (the Redis payload plane)
+
+export class Redis {
+  /** opts.appendfsync: "always" | "everysec" | "no" (AOF on); null/undefined: no AOF, no RDB. */
+  constructor(ctx, name = "redis", opts = {}) {
+    this.ctx = ctx;
+    this.name = name;
+    this.opts = opts;
+    this.dir = path.join(ctx.dir, name);
+    this.proc = null;
+  }
+  get url() {
+    return `redis://127.0.0.1:${this.port}`;
+  }
+  /** Start (again: same port and dir, so it reloads its AOF) and wait for PONG. */
+  async start() {
+    if (!this.port) this.port = await freePort();
+    fs.mkdirSync(this.dir, { recursive: true });
+    const fsync = this.opts.appendfsync;
+    this.proc = new Proc(`${this.ctx.name}-${this.name}`, "redis-server", [
+      "--port", String(this.port), "--bind", "127.0.0.1", "--dir", this.dir, "--save", "",
+      "--appendonly", fsync ? "yes" : "no", "--appendfsync", fsync || "everysec",
+      "--daemonize", "no", "--protected-mode", "no",
+    ], { logPath: path.join(this.ctx.dir, `${this.name}.log`) });
+    if (!this._registered) {
+      this._registered = true;
+      this.ctx.defer(() => this.stop());
+    }
+    await waitFor(async () => {
+      if (!this.proc.running) throw new Error(`redis-server exited: ${JSON.stringify(this.proc.exit)}\n${this.proc.logTail(10)}`);
+      const r = await this.cli(["PING"]).catch(() => null);
+      return r && r.stdout.trim() === "PONG";
+    }, { timeout: 20_000, what: "redis-server PONG" });
+    return this;
+  }
+  async stop() {
+    if (this.proc) await this.proc.stop({ timeout: 5000 });
+  }
+  /** SIGKILL: a crash (no shutdown save). */
+  async kill9() {
+    return this.proc.kill9();
+  }
+  /** redis-cli against this server; {code, stdout, stderr}. */
+  cli(args, timeout = 5000) {
+    return runCmd("redis-cli", ["-h", "127.0.0.1", "-p", String(this.port), ...args], { timeout });
+  }
+}
+
+/** Bridge config edit for the Redis plane (kv.backend "redis"). */
+export function redisPlane(redis, extra = {}) {
+  return (cfg) => {
+    cfg.kv = { backend: "redis", url: redis.url, ...extra };
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
 // fluxon-bridge
 
 export const DEFAULTS = {

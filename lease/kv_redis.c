@@ -1,0 +1,868 @@
+/* kv_redis.c -- the Redis backend of the KV payload store (kv.h), over hiredis.
+ * Contract: kv.h; design: DESIGN.md §3.2; seed 004 (lease_id semantics).
+ *
+ * Mapping (one Redis key per lease, so a lease's keys live and die together)
+ *  - Lease L is the sorted set <prefix>l:<L>. Every key bound to L is one member "key NUL value",
+ *    all scores 0, so ZRANGEBYLEX orders members by key (keys hold no NUL: see the bounds below).
+ *    A marker member "NUL <ttl_ms>" sorts before every key and keeps the set alive while empty;
+ *    the set's PEXPIRE is the lease, so Redis expiry deletes every key of the lease at once.
+ *  - Plain puts (lease_id 0) go to <prefix>l:0, without TTL.
+ *  - <prefix>leases: sorted set of live lease ids, score = the lease's deadline (ms, Redis TIME),
+ *    refreshed by keepalives; entries past their deadline are pruned at each allocation. Reads,
+ *    deletes and counts visit every live lease plus l:0 (one Lua script = one round trip, atomic);
+ *    the cost is O(live leases) per call: one lease per MQ channel keeps it small, and a
+ *    deployment with thousands of channels would want a routing index (not built).
+ *  - Lease ids: Redis-time-ms * 1000 + a sequence (mod 1000), so ids never repeat, also after
+ *    Redis lost its data (an old id in the control plane can never alias a new lease).
+ *  - Every write is one Lua script: a lease put first checks the lease set exists (refused with
+ *    "FXLEASE": FX_ELEASE_EXPIRED) and removes the key from any other live lease (re-binding, as
+ *    etcd does), so a put is atomic and idempotent (a retried put rewrites the same member).
+ *  - Range bounds: member "k NUL v" compares against a bound B like key k against B when B holds
+ *    no NUL; a bound "X NUL ..." (e.g. fx_kv_delete's [key, key NUL)) is mapped to X\1 (keys have
+ *    no NUL, so k < X NUL.. <=> k <= X <=> k < X\1).
+ *
+ * Connections: a pool of pool_size data-path connections (a call waits for a free one until its
+ * deadline: FX_ETIMEDOUT) and one keepalive connection (keepalives never wait behind data-path
+ * calls). Connections are dialled lazily with a connect timeout; any transport error or timeout
+ * drops the connection (its reply stream is unusable) and the next call dials again, so the store
+ * recovers by itself when Redis returns. No TLS: hiredis 0.14 (Debian 12) has none.
+ */
+#include "kv.h"
+
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fx_log.h"
+#include "fx_time.h"
+
+#define KR_DEFAULT_TIMEOUT_MS 5000
+#define KR_CONNECT_TIMEOUT_MS 2000
+#define KR_DEFAULT_POOL 4
+#define KR_MAX_POOL 32
+
+/* Shared head of every script: prefix, Redis time, the live leases. */
+#define LUA_HEAD                                                                                   \
+    "local p = ARGV[1]\n"                                                                          \
+    "local t = redis.call('TIME')\n"                                                               \
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"                      \
+    "local function live()\n"                                                                      \
+    "  local r = redis.call('ZRANGEBYSCORE', p .. 'leases', string.format('%d', now), '+inf')\n"   \
+    "  r[#r + 1] = '0'\n"                                                                          \
+    "  return r\n"                                                                                 \
+    "end\n"
+
+static const char LUA_ALLOC[] = LUA_HEAD
+    "local ttl = tonumber(ARGV[2])\n"
+    "redis.call('ZREMRANGEBYSCORE', p .. 'leases', '-inf', string.format('(%d', now))\n"
+    "for i = 1, 1000 do\n"
+    "  local seq = redis.call('INCR', p .. 'seq') % 1000\n"
+    "  local id = string.format('%d', now * 1000 + seq)\n"
+    "  local k = p .. 'l:' .. id\n"
+    "  if redis.call('EXISTS', k) == 0 then\n"
+    "    redis.call('ZADD', k, 0, '\\0' .. ARGV[2])\n"
+    "    redis.call('PEXPIRE', k, ttl)\n"
+    "    redis.call('ZADD', p .. 'leases', string.format('%d', now + ttl), id)\n"
+    "    return id\n"
+    "  end\n"
+    "end\n"
+    "return redis.error_reply('FXFULL no free lease id in this millisecond')\n";
+
+static const char LUA_KEEPALIVE[] = LUA_HEAD
+    "local k = p .. 'l:' .. ARGV[2]\n"
+    "local m = redis.call('ZRANGEBYLEX', k, '-', '(\\1', 'LIMIT', 0, 1)\n"
+    "if #m == 0 then\n"
+    "  redis.call('ZREM', p .. 'leases', ARGV[2])\n"
+    "  return -1\n"
+    "end\n"
+    "local ttl = tonumber(string.sub(m[1], 2))\n"
+    "redis.call('PEXPIRE', k, ttl)\n"
+    "redis.call('ZADD', p .. 'leases', string.format('%d', now + ttl), ARGV[2])\n"
+    "return ttl\n";
+
+static const char LUA_PUT[] = LUA_HEAD
+    "local id = ARGV[2]\n"
+    "local k = p .. 'l:' .. id\n"
+    "if id ~= '0' and redis.call('EXISTS', k) == 0 then\n"
+    "  return redis.error_reply('FXLEASE lease ' .. id .. ' not found (expired or never granted)')\n"
+    "end\n"
+    "local ls = live()\n"
+    "for i = 3, #ARGV, 2 do\n"
+    "  local key = ARGV[i]\n"
+    "  local lo, hi = '[' .. key .. '\\0', '(' .. key .. '\\1'\n"
+    "  for _, o in ipairs(ls) do\n"
+    "    if o ~= id then redis.call('ZREMRANGEBYLEX', p .. 'l:' .. o, lo, hi) end\n"
+    "  end\n"
+    "  redis.call('ZREMRANGEBYLEX', k, lo, hi)\n"
+    "  redis.call('ZADD', k, 0, key .. '\\0' .. ARGV[i + 1])\n"
+    "end\n"
+    "return (#ARGV - 2) / 2\n";
+
+static const char LUA_RANGE[] = LUA_HEAD
+    "local lim = tonumber(ARGV[4])\n"
+    "local out = {}\n"
+    "for _, o in ipairs(live()) do\n"
+    "  local r\n"
+    "  if lim > 0 then\n"
+    "    r = redis.call('ZRANGEBYLEX', p .. 'l:' .. o, ARGV[2], ARGV[3], 'LIMIT', 0, lim)\n"
+    "  else\n"
+    "    r = redis.call('ZRANGEBYLEX', p .. 'l:' .. o, ARGV[2], ARGV[3])\n"
+    "  end\n"
+    "  for _, m in ipairs(r) do out[#out + 1] = m end\n"
+    "end\n"
+    "return out\n";
+
+static const char LUA_DELETE[] = LUA_HEAD
+    "local n = 0\n"
+    "for _, o in ipairs(live()) do\n"
+    "  n = n + redis.call('ZREMRANGEBYLEX', p .. 'l:' .. o, ARGV[2], ARGV[3])\n"
+    "end\n"
+    "return n\n";
+
+static const char LUA_COUNT[] = LUA_HEAD
+    "local n = 0\n"
+    "for _, o in ipairs(live()) do\n"
+    "  n = n + redis.call('ZLEXCOUNT', p .. 'l:' .. o, ARGV[2], ARGV[3])\n"
+    "end\n"
+    "return n\n";
+
+typedef struct kr_conn {
+    redisContext *ctx;
+    bool busy;
+} kr_conn;
+
+typedef struct kv_redis {
+    char *prefix;
+    size_t plen;
+    char *host;     /* TCP host, or NULL for a unix socket */
+    int port;
+    char *path;     /* unix socket path */
+    char *user, *pass;
+    int db;
+    int connect_timeout_ms;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n_conns;
+    kr_conn conns[KR_MAX_POOL];
+    pthread_mutex_t ka_mu;
+    kr_conn ka;
+} kv_redis;
+
+static const fx_kv_ops kv_redis_ops;
+
+/* ---- connections ----------------------------------------------------------------------------- */
+
+static struct timeval tv_of(int64_t ms)
+{
+    if (ms < 1) ms = 1;
+    return (struct timeval){.tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000};
+}
+
+/* Map a hiredis context error to an fx_err (and record the detail). */
+static fx_err ctx_err(const kv_redis *k, const redisContext *c, const char *what)
+{
+    char where[300];
+    if (k->host) snprintf(where, sizeof where, "%s:%d", k->host, k->port);
+    else snprintf(where, sizeof where, "unix:%s", k->path);
+    /* A read/write past SO_RCVTIMEO/SO_SNDTIMEO: hiredis reports an I/O error with EAGAIN's
+     * text (errno may be gone by now, so look at both). */
+    bool timeout = c && (c->err == REDIS_ERR_IO || c->err == REDIS_ERR_OTHER) &&
+                   (errno == EAGAIN || errno == EWOULDBLOCK || errno == ETIMEDOUT ||
+                    strstr(c->errstr, "temporarily unavailable") || strstr(c->errstr, "timed out"));
+    if (timeout) return fx_seterr(FX_ETIMEDOUT, "redis %s (%s): timed out", what, where);
+    return fx_seterr(FX_EUNAVAIL, "redis %s (%s): %s", what, where,
+                     c && c->errstr[0] ? c->errstr : "connection failed");
+}
+
+/* Map an error reply to an fx_err. */
+static fx_err reply_err(const redisReply *r, const char *what)
+{
+    const char *s = r->str ? r->str : "";
+    int n = (int)(r->len > 300 ? 300 : r->len);
+    fx_err e = FX_ESERVER;
+    if (strstr(s, "FXLEASE")) e = FX_ELEASE_EXPIRED;
+    else if (strstr(s, "FXFULL")) e = FX_EFULL;
+    else if (!strncmp(s, "NOAUTH", 6) || !strncmp(s, "WRONGPASS", 9)) e = FX_EAUTH;
+    else if (!strncmp(s, "NOPERM", 6)) e = FX_EPERM;
+    else if (!strncmp(s, "OOM", 3)) e = FX_ENOSPACE;
+    else if (!strncmp(s, "LOADING", 7) || !strncmp(s, "BUSY", 4) || !strncmp(s, "MASTERDOWN", 10))
+        e = FX_EUNAVAIL;
+    return fx_seterr(e, "redis %s: %.*s", what, n, s);
+}
+
+/* Run one command on a connected context with the given timeout; the reply or NULL (then the
+ * context is broken). */
+static redisReply *kr_cmd(redisContext *c, int64_t timeout_ms, int argc, const char **argv,
+                          const size_t *lens)
+{
+    redisSetTimeout(c, tv_of(timeout_ms));
+    return redisCommandArgv(c, argc, argv, lens);
+}
+
+static fx_err kr_dial(kv_redis *k, kr_conn *cn, int64_t deadline)
+{
+    int64_t left = deadline - fx_now_ms();
+    if (left <= 0) return fx_seterr(FX_ETIMEDOUT, "redis: deadline passed before connecting");
+    int ct = k->connect_timeout_ms ? k->connect_timeout_ms : KR_CONNECT_TIMEOUT_MS;
+    if (ct > left) ct = (int)left;
+    redisContext *c = k->host ? redisConnectWithTimeout(k->host, k->port, tv_of(ct))
+                              : redisConnectUnixWithTimeout(k->path, tv_of(ct));
+    if (!c) return fx_seterr(FX_ENOMEM, "redis: out of memory");
+    if (c->err) {
+        fx_err e = ctx_err(k, c, "connect");
+        redisFree(c);
+        return e;
+    }
+    fx_err e = FX_OK;
+    if (k->pass) {
+        const char *av[3] = {"AUTH", k->user ? k->user : k->pass, k->pass};
+        size_t al[3] = {4, strlen(av[1]), strlen(k->pass)};
+        int ac = k->user ? 3 : 2;
+        redisReply *r = kr_cmd(c, deadline - fx_now_ms(), ac, av, al);
+        if (!r) e = ctx_err(k, c, "AUTH");
+        else if (r->type == REDIS_REPLY_ERROR)
+            e = fx_seterr(FX_EAUTH, "redis AUTH refused (credentials not shown)");
+        if (r) freeReplyObject(r);
+    }
+    if (!e && k->db) {
+        char db[16];
+        snprintf(db, sizeof db, "%d", k->db);
+        const char *av[2] = {"SELECT", db};
+        size_t al[2] = {6, strlen(db)};
+        redisReply *r = kr_cmd(c, deadline - fx_now_ms(), 2, av, al);
+        if (!r) e = ctx_err(k, c, "SELECT");
+        else if (r->type == REDIS_REPLY_ERROR) e = reply_err(r, "SELECT");
+        if (r) freeReplyObject(r);
+    }
+    if (e) {
+        redisFree(c);
+        return e;
+    }
+    cn->ctx = c;
+    return FX_OK;
+}
+
+static fx_err kr_acquire(kv_redis *k, int64_t deadline, kr_conn **out)
+{
+    struct timespec ts = fx_deadline_ts(deadline);
+    pthread_mutex_lock(&k->mu);
+    for (;;) {
+        for (int i = 0; i < k->n_conns; i++) {
+            if (!k->conns[i].busy) {
+                k->conns[i].busy = true;
+                pthread_mutex_unlock(&k->mu);
+                *out = &k->conns[i];
+                return FX_OK;
+            }
+        }
+        if (pthread_cond_timedwait(&k->cv, &k->mu, &ts) == ETIMEDOUT) {
+            pthread_mutex_unlock(&k->mu);
+            return fx_seterr(FX_ETIMEDOUT, "redis: no free connection before the deadline (%d busy)",
+                             k->n_conns);
+        }
+    }
+}
+
+static void kr_release(kv_redis *k, kr_conn *cn)
+{
+    pthread_mutex_lock(&k->mu);
+    cn->busy = false;
+    pthread_cond_signal(&k->cv);
+    pthread_mutex_unlock(&k->mu);
+}
+
+/* One command on a connection (dialled if needed): FX_OK with *out (caller frees) for any reply
+ * that is not an error; a transport failure drops the connection. */
+static fx_err kr_run(kv_redis *k, kr_conn *cn, int64_t deadline, const char *what, int argc,
+                     const char **argv, const size_t *lens, redisReply **out)
+{
+    *out = NULL;
+    fx_err e;
+    if (!cn->ctx && (e = kr_dial(k, cn, deadline))) return e;
+    int64_t left = deadline - fx_now_ms();
+    if (left <= 0) return fx_seterr(FX_ETIMEDOUT, "redis %s: deadline passed", what);
+    redisReply *r = kr_cmd(cn->ctx, left, argc, argv, lens);
+    if (!r || cn->ctx->err) {
+        e = ctx_err(k, cn->ctx, what);
+        if (r) freeReplyObject(r);
+        redisFree(cn->ctx);
+        cn->ctx = NULL;
+        return e;
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
+        e = reply_err(r, what);
+        freeReplyObject(r);
+        return e;
+    }
+    *out = r;
+    return FX_OK;
+}
+
+/* Run a script on a pool connection (or the keepalive one). */
+static fx_err kr_eval(kv_redis *k, bool ka, int timeout_ms, const char *what, const char *script,
+                      int nargs, const char **args, const size_t *lens, redisReply **out)
+{
+    int64_t deadline = fx_now_ms() + timeout_ms;
+    int argc = nargs + 4;
+    const char *sav[8];
+    size_t sal[8];
+    const char **av = argc <= 8 ? sav : malloc(sizeof *av * (size_t)argc);
+    size_t *al = argc <= 8 ? sal : malloc(sizeof *al * (size_t)argc);
+    if (!av || !al) {
+        if (av != sav) free(av);
+        if (al != sal) free(al);
+        return fx_seterr(FX_ENOMEM, "redis: out of memory");
+    }
+    av[0] = "EVAL";
+    al[0] = 4;
+    av[1] = script;
+    al[1] = strlen(script);
+    av[2] = "0";
+    al[2] = 1;
+    av[3] = k->prefix;
+    al[3] = k->plen;
+    for (int i = 0; i < nargs; i++) {
+        av[4 + i] = args[i];
+        al[4 + i] = lens[i];
+    }
+    fx_err e;
+    if (ka) {
+        pthread_mutex_lock(&k->ka_mu);
+        e = kr_run(k, &k->ka, deadline, what, argc, av, al, out);
+        pthread_mutex_unlock(&k->ka_mu);
+    } else {
+        kr_conn *cn = NULL;
+        e = kr_acquire(k, deadline, &cn);
+        if (!e) {
+            e = kr_run(k, cn, deadline, what, argc, av, al, out);
+            kr_release(k, cn);
+        }
+    }
+    if (av != sav) free(av);
+    if (al != sal) free(al);
+    return e;
+}
+
+/* ---- bounds ---------------------------------------------------------------------------------- */
+
+/* A ZRANGEBYLEX bound: '[' or '(' + bytes, or "+". */
+typedef struct kr_bound {
+    char *p;
+    size_t len;
+    char small[256];
+} kr_bound;
+
+static fx_err bound_make(kr_bound *b, char open, const uint8_t *d, size_t n, const char *tail,
+                         size_t tn)
+{
+    size_t need = 1 + n + tn;
+    b->p = need <= sizeof b->small ? b->small : malloc(need);
+    if (!b->p) return fx_seterr(FX_ENOMEM, "redis: out of memory");
+    b->p[0] = open;
+    if (n) memcpy(b->p + 1, d, n);
+    if (tn) memcpy(b->p + 1 + n, tail, tn);
+    b->len = need;
+    return FX_OK;
+}
+
+static void bound_done(kr_bound *b)
+{
+    if (b->p && b->p != b->small) free(b->p);
+    b->p = NULL;
+}
+
+/* Lower bound for keys >= start. */
+static fx_err lo_bound(kr_bound *b, fx_slice start)
+{
+    const uint8_t *z = start.len ? memchr(start.data, 0, start.len) : NULL;
+    if (start.len == 0) return bound_make(b, '[', NULL, 0, "\1", 1);
+    if (z) return bound_make(b, '[', start.data, (size_t)(z - (const uint8_t *)start.data), "\1", 1);
+    return bound_make(b, '[', start.data, start.len, NULL, 0);
+}
+
+/* Upper bound for keys < end; end empty: keys with prefix `start`. */
+static fx_err hi_bound(kr_bound *b, fx_slice start, fx_slice end)
+{
+    if (end.len == 0) {
+        if (start.len == 0) return bound_make(b, '+', NULL, 0, NULL, 0), b->len = 1, FX_OK;
+        uint8_t small[256];
+        uint8_t *pe = start.len <= sizeof small ? small : malloc(start.len);
+        if (!pe) return fx_seterr(FX_ENOMEM, "redis: out of memory");
+        size_t n = fx_prefix_end(start, pe);
+        fx_err e;
+        if (n == 1 && pe[0] == 0) {
+            e = bound_make(b, '+', NULL, 0, NULL, 0);
+        } else {
+            end = (fx_slice){pe, n};
+            const uint8_t *z = memchr(end.data, 0, end.len);
+            e = z ? bound_make(b, '(', end.data, (size_t)(z - (const uint8_t *)end.data), "\1", 1)
+                  : bound_make(b, '(', end.data, end.len, NULL, 0);
+        }
+        if (pe != small) free(pe);
+        return e;
+    }
+    const uint8_t *z = memchr(end.data, 0, end.len);
+    if (z) return bound_make(b, '(', end.data, (size_t)(z - (const uint8_t *)end.data), "\1", 1);
+    return bound_make(b, '(', end.data, end.len, NULL, 0);
+}
+
+/* ---- operations ------------------------------------------------------------------------------ */
+
+static fx_err kr_int(const redisReply *r, const char *what, long long *out)
+{
+    if (r->type == REDIS_REPLY_INTEGER) {
+        *out = r->integer;
+        return FX_OK;
+    }
+    if (r->type == REDIS_REPLY_STRING && r->len > 0 && r->len < 24) {
+        char buf[24];
+        memcpy(buf, r->str, r->len);
+        buf[r->len] = 0;
+        char *end = NULL;
+        errno = 0;
+        long long v = strtoll(buf, &end, 10);
+        if (!errno && end && *end == 0) {
+            *out = v;
+            return FX_OK;
+        }
+    }
+    return fx_seterr(FX_EPROTO, "redis %s: unexpected reply type %d", what, r->type);
+}
+
+static fx_err kr_allocate_lease(void *self, int64_t ttl_s, int64_t *out_id, int timeout_ms)
+{
+    kv_redis *k = self;
+    char ttl[32];
+    snprintf(ttl, sizeof ttl, "%lld", (long long)ttl_s * 1000);
+    const char *a[1] = {ttl};
+    size_t l[1] = {strlen(ttl)};
+    redisReply *r = NULL;
+    fx_err e = kr_eval(k, false, timeout_ms, "lease grant", LUA_ALLOC, 1, a, l, &r);
+    if (e) return e;
+    long long id = 0;
+    e = kr_int(r, "lease grant", &id);
+    freeReplyObject(r);
+    if (!e) *out_id = id;
+    return e;
+}
+
+static fx_err kr_keepalive_lease(void *self, int64_t id, int64_t *out_ttl, int timeout_ms)
+{
+    kv_redis *k = self;
+    char ids[32];
+    snprintf(ids, sizeof ids, "%lld", (long long)id);
+    const char *a[1] = {ids};
+    size_t l[1] = {strlen(ids)};
+    redisReply *r = NULL;
+    fx_err e = kr_eval(k, true, timeout_ms, "lease keepalive", LUA_KEEPALIVE, 1, a, l, &r);
+    if (e) return e;
+    long long ttl = 0;
+    e = kr_int(r, "lease keepalive", &ttl);
+    freeReplyObject(r);
+    if (e) return e;
+    if (ttl < 0) return fx_seterr(FX_ELEASE_EXPIRED, "redis: lease %lld expired or unknown",
+                                  (long long)id);
+    *out_ttl = (ttl + 999) / 1000;
+    return FX_OK;
+}
+
+static fx_err kr_put_many(void *self, const fx_kv_item *items, size_t n, const fx_kv_put_opts *o,
+                          int timeout_ms)
+{
+    kv_redis *k = self;
+    for (size_t i = 0; i < n; i++)
+        if (memchr(items[i].key.data, 0, items[i].key.len))
+            return fx_seterr(FX_EINVAL, "kv redis: item %zu: key holds a NUL byte", i);
+    char ids[32];
+    snprintf(ids, sizeof ids, "%lld", (long long)o->lease_id);
+    size_t na = 1 + 2 * n;
+    const char **a = malloc(sizeof *a * na);
+    size_t *l = malloc(sizeof *l * na);
+    if (!a || !l) {
+        free(a);
+        free(l);
+        return fx_seterr(FX_ENOMEM, "redis: out of memory");
+    }
+    a[0] = ids;
+    l[0] = strlen(ids);
+    for (size_t i = 0; i < n; i++) {
+        a[1 + 2 * i] = (const char *)items[i].key.data;
+        l[1 + 2 * i] = items[i].key.len;
+        a[2 + 2 * i] = items[i].value.len ? (const char *)items[i].value.data : "";
+        l[2 + 2 * i] = items[i].value.len;
+    }
+    redisReply *r = NULL;
+    fx_err e = kr_eval(k, false, timeout_ms, "put", LUA_PUT, (int)na, a, l, &r);
+    if (r) freeReplyObject(r);
+    free(a);
+    free(l);
+    return e;
+}
+
+typedef struct kr_member {
+    const char *key;
+    size_t klen;
+    const char *val;
+    size_t vlen;
+} kr_member;
+
+static int member_cmp(const void *a, const void *b)
+{
+    const kr_member *x = a, *y = b;
+    size_t n = x->klen < y->klen ? x->klen : y->klen;
+    int c = memcmp(x->key, y->key, n);
+    if (c) return c;
+    return x->klen < y->klen ? -1 : x->klen > y->klen;
+}
+
+static uint8_t *dup_bytes(const char *p, size_t n)
+{
+    uint8_t *d = malloc(n + 1);
+    if (!d) return NULL;
+    if (n) memcpy(d, p, n);
+    d[n] = 0;
+    return d;
+}
+
+static fx_err kr_range(kv_redis *k, const kr_bound *lo, const kr_bound *hi, int64_t limit,
+                       fx_range_resp *out, int timeout_ms)
+{
+    char lim[32];
+    snprintf(lim, sizeof lim, "%lld", (long long)limit);
+    const char *a[3] = {lo->p, hi->p, lim};
+    size_t l[3] = {lo->len, hi->len, strlen(lim)};
+    redisReply *r = NULL;
+    fx_err e = kr_eval(k, false, timeout_ms, "range", LUA_RANGE, 3, a, l, &r);
+    if (e) return e;
+    if (r->type != REDIS_REPLY_ARRAY) {
+        freeReplyObject(r);
+        return fx_seterr(FX_EPROTO, "redis range: reply is not an array");
+    }
+    size_t n = r->elements;
+    kr_member *m = n ? calloc(n, sizeof *m) : NULL;
+    if (n && !m) {
+        freeReplyObject(r);
+        return fx_seterr(FX_ENOMEM, "redis: out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        const redisReply *el = r->element[i];
+        const char *z = el->type == REDIS_REPLY_STRING ? memchr(el->str, 0, el->len) : NULL;
+        if (!z) {
+            free(m);
+            freeReplyObject(r);
+            return fx_seterr(FX_EPROTO, "redis range: malformed member");
+        }
+        m[i] = (kr_member){el->str, (size_t)(z - el->str), z + 1, el->len - (size_t)(z - el->str) - 1};
+    }
+    if (n > 1) qsort(m, n, sizeof *m, member_cmp);
+    size_t keep = limit > 0 && (size_t)limit < n ? (size_t)limit : n;
+    out->count = (int64_t)n;
+    out->more = keep < n;
+    out->kvs = keep ? calloc(keep, sizeof *out->kvs) : NULL;
+    if (keep && !out->kvs) e = fx_seterr(FX_ENOMEM, "redis: out of memory");
+    for (size_t i = 0; !e && i < keep; i++) {
+        fx_kv *kv = &out->kvs[i];
+        kv->key.data = dup_bytes(m[i].key, m[i].klen);
+        kv->value.data = dup_bytes(m[i].val, m[i].vlen);
+        out->n_kvs = i + 1;
+        if (!kv->key.data || !kv->value.data) {
+            e = fx_seterr(FX_ENOMEM, "redis: out of memory");
+            break;
+        }
+        kv->key.len = m[i].klen;
+        kv->value.len = m[i].vlen;
+    }
+    free(m);
+    freeReplyObject(r);
+    if (e) {
+        fx_range_resp_free(out);
+        memset(out, 0, sizeof *out);
+    }
+    return e;
+}
+
+static fx_err kr_get_range(void *self, fx_slice start, fx_slice end, int64_t limit,
+                           fx_range_resp *out, int timeout_ms)
+{
+    kr_bound lo, hi;
+    fx_err e = lo_bound(&lo, start);
+    if (e) return e;
+    if ((e = hi_bound(&hi, start, end))) {
+        bound_done(&lo);
+        return e;
+    }
+    e = kr_range(self, &lo, &hi, limit, out, timeout_ms);
+    bound_done(&lo);
+    bound_done(&hi);
+    return e;
+}
+
+static fx_err kr_get(void *self, fx_slice key, fx_bytes *out, int timeout_ms)
+{
+    if (memchr(key.data, 0, key.len)) return fx_seterr(FX_ENOTFOUND, "kv redis: key not found");
+    kr_bound lo, hi;
+    fx_err e = bound_make(&lo, '[', key.data, key.len, "\0", 1);
+    if (e) return e;
+    if ((e = bound_make(&hi, '(', key.data, key.len, "\1", 1))) {
+        bound_done(&lo);
+        return e;
+    }
+    fx_range_resp rr = {0};
+    e = kr_range(self, &lo, &hi, 1, &rr, timeout_ms);
+    bound_done(&lo);
+    bound_done(&hi);
+    if (e) return e;
+    if (rr.n_kvs == 0) {
+        fx_range_resp_free(&rr);
+        return fx_seterr(FX_ENOTFOUND, "kv redis: key not found");
+    }
+    *out = rr.kvs[0].value;
+    rr.kvs[0].value = (fx_bytes){0};
+    fx_range_resp_free(&rr);
+    return FX_OK;
+}
+
+static fx_err kr_count_or_delete(kv_redis *k, const char *script, const char *what, fx_slice start,
+                                 fx_slice end, int64_t *out, int timeout_ms)
+{
+    kr_bound lo, hi;
+    fx_err e = lo_bound(&lo, start);
+    if (e) return e;
+    if ((e = hi_bound(&hi, start, end))) {
+        bound_done(&lo);
+        return e;
+    }
+    const char *a[2] = {lo.p, hi.p};
+    size_t l[2] = {lo.len, hi.len};
+    redisReply *r = NULL;
+    e = kr_eval(k, false, timeout_ms, what, script, 2, a, l, &r);
+    bound_done(&lo);
+    bound_done(&hi);
+    if (e) return e;
+    long long n = 0;
+    e = kr_int(r, what, &n);
+    freeReplyObject(r);
+    if (!e) *out = n;
+    return e;
+}
+
+static fx_err kr_delete_range(void *self, fx_slice start, fx_slice end, int64_t *out_deleted,
+                              int timeout_ms)
+{
+    return kr_count_or_delete(self, LUA_DELETE, "delete", start, end, out_deleted, timeout_ms);
+}
+
+static fx_err kr_count_prefix(void *self, fx_slice prefix, int64_t *out_count, int timeout_ms)
+{
+    return kr_count_or_delete(self, LUA_COUNT, "count", prefix, (fx_slice){NULL, 0}, out_count,
+                              timeout_ms);
+}
+
+static void kr_destroy(void *self)
+{
+    kv_redis *k = self;
+    if (!k) return;
+    for (int i = 0; i < KR_MAX_POOL; i++)
+        if (k->conns[i].ctx) redisFree(k->conns[i].ctx);
+    if (k->ka.ctx) redisFree(k->ka.ctx);
+    pthread_mutex_destroy(&k->mu);
+    pthread_cond_destroy(&k->cv);
+    pthread_mutex_destroy(&k->ka_mu);
+    free(k->prefix);
+    free(k->host);
+    free(k->path);
+    free(k->user);
+    free(k->pass);
+    free(k);
+}
+
+static const fx_kv_ops kv_redis_ops = {
+    .allocate_lease = kr_allocate_lease,
+    .keepalive_lease = kr_keepalive_lease,
+    .put_many = kr_put_many,
+    .get = kr_get,
+    .get_range = kr_get_range,
+    .delete_range = kr_delete_range,
+    .count_prefix = kr_count_prefix,
+    .destroy = kr_destroy,
+};
+
+/* ---- url, construction ----------------------------------------------------------------------- */
+
+static char *dupn(const char *p, size_t n)
+{
+    char *d = malloc(n + 1);
+    if (!d) return NULL;
+    memcpy(d, p, n);
+    d[n] = 0;
+    return d;
+}
+
+static bool parse_db(const char *s, int *db)
+{
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || !end || *end || end == s || v < 0 || v > 65535) return false;
+    *db = (int)v;
+    return true;
+}
+
+/* Parse the url into k (host/port/path/user/pass/db). */
+static fx_err parse_url(kv_redis *k, const char *url)
+{
+    if (!strncmp(url, "unix:", 5)) {
+        const char *p = url + 5;
+        if (!strncmp(p, "//", 2)) p += 2;
+        const char *q = strchr(p, '?');
+        size_t n = q ? (size_t)(q - p) : strlen(p);
+        if (n == 0 || p[0] != '/') return fx_seterr(FX_EINVAL, "kv.url: unix: needs an absolute path");
+        if (q) {
+            if (strncmp(q, "?db=", 4) || !parse_db(q + 4, &k->db))
+                return fx_seterr(FX_EINVAL, "kv.url: unix: only ?db=N is understood");
+        }
+        if (!(k->path = dupn(p, n))) return fx_seterr(FX_ENOMEM, "kv: out of memory");
+        return FX_OK;
+    }
+    if (!strncmp(url, "rediss://", 9))
+        return fx_seterr(FX_EINVAL, "kv.url: rediss:// (TLS) is not supported: hiredis 0.14 "
+                                    "(Debian 12) has no TLS; use a unix socket or a tunnel");
+    if (strncmp(url, "redis://", 8)) return fx_seterr(FX_EINVAL, "kv.url: must start with redis:// or unix:");
+    const char *p = url + 8;
+    const char *slash = strchr(p, '/');
+    const char *hend = slash ? slash : p + strlen(p);
+    const char *at = NULL;
+    for (const char *s = p; s < hend; s++)
+        if (*s == '@') at = s;
+    if (at) {
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        if (!colon) return fx_seterr(FX_EINVAL, "kv.url: credentials must be user:password@");
+        if (colon > p && !(k->user = dupn(p, (size_t)(colon - p))))
+            return fx_seterr(FX_ENOMEM, "kv: out of memory");
+        if (!(k->pass = dupn(colon + 1, (size_t)(at - colon - 1))))
+            return fx_seterr(FX_ENOMEM, "kv: out of memory");
+        p = at + 1;
+    }
+    const char *colon = memchr(p, ':', (size_t)(hend - p));
+    const char *host_end = colon ? colon : hend;
+    if (host_end == p) return fx_seterr(FX_EINVAL, "kv.url: empty host");
+    k->port = 6379;
+    if (colon) {
+        char ps[8] = {0};
+        size_t n = (size_t)(hend - colon - 1);
+        int port = 0;
+        if (n == 0 || n >= sizeof ps) return fx_seterr(FX_EINVAL, "kv.url: bad port");
+        memcpy(ps, colon + 1, n);
+        if (!parse_db(ps, &port) || port < 1) return fx_seterr(FX_EINVAL, "kv.url: bad port");
+        k->port = port;
+    }
+    if (slash && slash[1] && !parse_db(slash + 1, &k->db))
+        return fx_seterr(FX_EINVAL, "kv.url: bad database number");
+    if (!(k->host = dupn(p, (size_t)(host_end - p)))) return fx_seterr(FX_ENOMEM, "kv: out of memory");
+    return FX_OK;
+}
+
+fx_err fx_kv_new_redis(const fx_kv_redis_opts *opts, fx_kv_store **out)
+{
+    if (!out) return fx_seterr(FX_EINVAL, "kv: NULL out");
+    *out = NULL;
+    if (!opts || !opts->url || !opts->prefix || !opts->prefix[0])
+        return fx_seterr(FX_EINVAL, "kv redis: a url and a non-empty prefix are required");
+    if (opts->pool_size < 0 || opts->pool_size > KR_MAX_POOL || opts->connect_timeout_ms < 0)
+        return fx_seterr(FX_EINVAL, "kv redis: pool_size 0..%d, connect_timeout_ms >= 0",
+                         KR_MAX_POOL);
+    kv_redis *k = calloc(1, sizeof *k);
+    if (!k) return fx_seterr(FX_ENOMEM, "kv: out of memory");
+    pthread_mutex_init(&k->mu, NULL);
+    fx_cond_init_monotonic(&k->cv);
+    pthread_mutex_init(&k->ka_mu, NULL);
+    k->n_conns = opts->pool_size ? opts->pool_size : KR_DEFAULT_POOL;
+    k->connect_timeout_ms = opts->connect_timeout_ms;
+    fx_err e = parse_url(k, opts->url);
+    if (!e && !(k->prefix = strdup(opts->prefix))) e = fx_seterr(FX_ENOMEM, "kv: out of memory");
+    if (e) {
+        kr_destroy(k);
+        return e;
+    }
+    k->plen = strlen(k->prefix);
+    char uid[768];
+    if (k->host)
+        snprintf(uid, sizeof uid, "kv(redis(%s:%d/%d %s))", k->host, k->port, k->db, k->prefix);
+    else
+        snprintf(uid, sizeof uid, "kv(redis(unix:%s/%d %s))", k->path, k->db, k->prefix);
+    e = fx_kv__wrap(&kv_redis_ops, k, uid, opts->prefix,
+                    opts->default_timeout_ms > 0 ? opts->default_timeout_ms : KR_DEFAULT_TIMEOUT_MS,
+                    out);
+    if (e) kr_destroy(k);
+    return e;
+}
+
+bool fx_kv_is_redis(const fx_kv_store *s) { return fx_kv__self(s, &kv_redis_ops) != NULL; }
+
+/* A line "name:value" of an INFO reply. */
+static bool info_field(const char *info, const char *name, char *out, size_t cap)
+{
+    size_t nl = strlen(name);
+    for (const char *p = info; p && *p;) {
+        if (!strncmp(p, name, nl) && p[nl] == ':') {
+            const char *v = p + nl + 1;
+            size_t n = strcspn(v, "\r\n");
+            if (n >= cap) n = cap - 1;
+            memcpy(out, v, n);
+            out[n] = 0;
+            return true;
+        }
+        p = strchr(p, '\n');
+        if (p) p++;
+    }
+    return false;
+}
+
+/* CONFIG GET name -> value into out ("" if refused or absent). */
+static fx_err config_get(kv_redis *k, kr_conn *cn, int64_t deadline, const char *name, char *out,
+                         size_t cap)
+{
+    const char *av[3] = {"CONFIG", "GET", name};
+    size_t al[3] = {6, 3, strlen(name)};
+    redisReply *r = NULL;
+    out[0] = 0;
+    fx_err e = kr_run(k, cn, deadline, "CONFIG GET", 3, av, al, &r);
+    if (e == FX_ESERVER || e == FX_EPERM) return FX_OK; /* CONFIG may be renamed/forbidden */
+    if (e) return e;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[1]->type == REDIS_REPLY_STRING)
+        snprintf(out, cap, "%.*s", (int)r->element[1]->len, r->element[1]->str);
+    freeReplyObject(r);
+    return FX_OK;
+}
+
+fx_err fx_kv_redis_read_persistence(fx_kv_store *s, fx_kv_redis_persistence *out, int timeout_ms)
+{
+    kv_redis *k = fx_kv__self(s, &kv_redis_ops);
+    if (!k || !out) return fx_seterr(FX_EINVAL, "kv: not a Redis store");
+    memset(out, 0, sizeof *out);
+    int64_t deadline = fx_now_ms() + (timeout_ms > 0 ? timeout_ms : KR_DEFAULT_TIMEOUT_MS);
+    kr_conn *cn = NULL;
+    fx_err e = kr_acquire(k, deadline, &cn);
+    if (e) return e;
+    const char *av[2] = {"INFO", "persistence"};
+    size_t al[2] = {4, 11};
+    redisReply *r = NULL;
+    e = kr_run(k, cn, deadline, "INFO persistence", 2, av, al, &r);
+    if (!e) {
+        char v[32];
+        if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS) {
+            if (info_field(r->str, "aof_enabled", v, sizeof v)) out->aof_enabled = !strcmp(v, "1");
+        }
+        freeReplyObject(r);
+        char save[256];
+        e = config_get(k, cn, deadline, "appendfsync", out->appendfsync, sizeof out->appendfsync);
+        if (!e) e = config_get(k, cn, deadline, "save", save, sizeof save);
+        if (!e) out->rdb_enabled = save[0] != 0;
+    }
+    kr_release(k, cn);
+    return e;
+}
