@@ -52,5 +52,5 @@ for bin in "$BUILD_DIR"/tests/fuzz/fuzz_*; do
   fi
 done
 [ "$n" -gt 0 ] || { echo "fuzz: no targets built in $BUILD_DIR/tests/fuzz" >&2; exit 1; }
-echo "fuzz: $n target(s), $failed failed"
+echo "fuzz: $((n - failed)) passed, $failed failed"  # one line per target above; closing line as tests/run.sh
 [ "$failed" -eq 0 ]
