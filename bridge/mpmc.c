@@ -377,6 +377,28 @@ static fx_err mpmc_create(fx_mq_client *c, const fx_mq_chan_cfg *cfg, int64_t *o
     return FX_OK;
 }
 
+/* Write the MPMC meta of `id` if its key is still at mod revision mod_rev (CAS), keeping the
+ * key's lease. *won false: the meta changed meanwhile (the caller reads it again). */
+static fx_err meta_cas_put(fx_mq_client *c, int64_t id, const fx_mq_mpmc_meta *nm, int64_t mod_rev,
+                           int64_t lease, bool *won)
+{
+    *won = false;
+    fx_mq_key mk;
+    fx_err e = fx_mq_key_mpmc_meta(&c->keys, id, &mk);
+    if (e) return e;
+    char *json = NULL;
+    if ((e = fx_mq_mpmc_meta_encode(nm, &json))) return e;
+    fx_cmp cmp = {.target = FX_CMP_MOD, .result = FX_CMP_EQUAL, .key = ks(&mk), .num = mod_rev};
+    fx_op put = op_put(ks(&mk), FX_SLICE_STR(json), lease);
+    fx_txn_req t = {.cmp = &cmp, .n_cmp = 1, .success = &put, .n_success = 1};
+    fx_txn_resp r = {0};
+    e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
+    *won = !e && r.succeeded;
+    fx_txn_resp_free(&r);
+    free(json);
+    return e;
+}
+
 /* TTL of the channel's data leases (metadata, payload): its retention; a channel created before
  * retention existed has no other record than ttl_seconds (the TTL they were granted with). */
 static int64_t meta_data_ttl(const fx_mq_mpmc_meta *mt)
@@ -484,22 +506,8 @@ static fx_err reconcile(fx_mq_client *c, const char *name, const fx_mq_chan_cfg 
                                mt->ttl_seconds, cfg->ttl_s);
     }
     if (!wl) return FX_OK;
-    char *json = NULL;
-    fx_err e = fx_mq_mpmc_meta_encode(&nm, &json);
-    if (e) return e;
-    fx_mq_key mk;
-    if ((e = fx_mq_key_mpmc_meta(&c->keys, id, &mk))) {
-        free(json);
-        return e;
-    }
-    fx_cmp cmp = {.target = FX_CMP_MOD, .result = FX_CMP_EQUAL, .key = ks(&mk), .num = st->mod_rev};
-    fx_op put = op_put(ks(&mk), FX_SLICE_STR(json), st->meta_lease);
-    fx_txn_req t = {.cmp = &cmp, .n_cmp = 1, .success = &put, .n_success = 1};
-    fx_txn_resp r = {0};
-    e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
-    bool won = !e && r.succeeded;
-    fx_txn_resp_free(&r);
-    free(json);
+    bool won = false;
+    fx_err e = meta_cas_put(c, id, &nm, st->mod_rev, st->meta_lease, &won);
     if (e) return e;
     if (!won) return fx_seterr(FX_EEXISTS, "channel '%s': meta changed during reconcile", name);
     FX_INF("channel '%s' (mpmc %" PRId64 "): %s", name, id, what);
@@ -927,20 +935,8 @@ static fx_err member_renew_idalloc(mpmc_member *m, int64_t ttl, fx_lease **out)
                 return e;
             }
             cur.id_allocator_cluster_lease_id = nl;
-            char *js = NULL;
-            if ((e = fx_mq_mpmc_meta_encode(&cur, &js))) {
-                fx_kv_free(&kv);
-                return e;
-            }
-            fx_cmp cmp = {.target = FX_CMP_MOD, .result = FX_CMP_EQUAL, .key = ks(&mk),
-                          .num = kv.mod_revision};
-            fx_op put = op_put(ks(&mk), FX_SLICE_STR(js), kv.lease);
-            fx_txn_req t = {.cmp = &cmp, .n_cmp = 1, .success = &put, .n_success = 1};
-            fx_txn_resp r = {0};
-            e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
-            bool won = !e && r.succeeded;
-            fx_txn_resp_free(&r);
-            free(js);
+            bool won = false;
+            e = meta_cas_put(c, m->mpmc, &cur, kv.mod_revision, kv.lease, &won);
             fx_kv_free(&kv);
             if (e) return e;
             if (!won) continue;
