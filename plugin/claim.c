@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "attempts.h"
 #include "daemon_int.h"
@@ -378,12 +379,49 @@ static void consumer_drop(cst *s)
     s->lost = false;
 }
 
+/* Consumer opens running at once (FX_DM_OPEN_MAX per process): every open of a new sub-MPSC
+ * appends to the MPMC's one sub-MPSC list under its create lock, so a thousand names subscribing
+ * together made a thousand concurrent creators that timed each other out (issue 13: one claim
+ * of 1,000 after 45 s). Waiters re-check their stop every 500 ms. */
+static pthread_mutex_t open_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t open_cv = PTHREAD_COND_INITIALIZER; /* CLOCK_REALTIME */
+static int open_running;
+
+static bool open_slot_take(cst *s)
+{
+    pthread_mutex_lock(&open_mu);
+    while (open_running >= FX_DM_OPEN_MAX && !stop_requested(s) && !atomic_load(&s->d->stopping)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 500 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&open_cv, &open_mu, &ts);
+    }
+    bool ok = open_running < FX_DM_OPEN_MAX;
+    if (ok) open_running++;
+    pthread_mutex_unlock(&open_mu);
+    return ok;
+}
+
+static void open_slot_give(void)
+{
+    pthread_mutex_lock(&open_mu);
+    open_running--;
+    pthread_cond_signal(&open_cv);
+    pthread_mutex_unlock(&open_mu);
+}
+
 static bool open_consumer(cst *s)
 {
     while (!stop_requested(s) && !atomic_load(&s->d->stopping)) {
         int64_t id = -1;
+        if (!open_slot_take(s)) continue; /* stopping: the loop ends */
         fx_err e = dm_chan_resolve(s->ch, false, &id);
         if (!e) e = fx_mpmc_consumer_open(s->d->mq, id, &s->cons);
+        open_slot_give();
         if (!e) {
             s->open_backoff_ms = 0;
             set_holding(s, true);
@@ -424,15 +462,21 @@ static bool attempts_ready(cst *s)
     return true;
 }
 
-/* The record writer: one thread per claim puts the newest record built by the claim thread
- * (rounds built while a put is in flight are coalesced into the next put). A delivery waits until
- * the record that holds its attempt count is durable (`durable` >= the entry's rec_gen), so a
- * crash can never forget an attempt that a subscriber may have seen; meanwhile the claim thread
- * keeps fetching and handling acks. A failed put is retried (newest record) every 200 ms. */
+/* The record writers: a pool of FX_DM_ATTW_THREADS threads per process (issue 13: it was one
+ * thread per claim and per adopted sub-MPSC) puts the newest record built by each claim (rounds
+ * built while a put is in flight are coalesced into the next put). Each attw is one record stream
+ * (a sub-MPSC's record); it is queued in the pool while it has a record to put and no pool thread
+ * is putting it, so one stream's puts stay in order and a slow stream holds one pool thread at
+ * most. A delivery waits until the record that holds its attempt count is durable (`durable` >=
+ * the entry's rec_gen), so a crash can never forget an attempt that a subscriber may have seen;
+ * meanwhile the claim thread keeps fetching and handling acks. A failed put is retried (newest
+ * record) after 200 ms (the stream goes back to the tail of the queue with a not-before time).
+ * The pool's threads start with the first stream and stop with the last one. */
 typedef struct attw {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool stop;
+    /* under pool.mu */
+    bool queued, busy, stop;
+    int64_t not_before;
+    struct attw *qnext;
     uint8_t *val; /* pending record (gen > 0) */
     size_t len, cap;
     char key[FX_ATTEMPTS_KEY_CAP];
@@ -442,26 +486,73 @@ typedef struct attw {
     atomic_uint_fast64_t durable;
     dm_claim *cl;
     fx_mq_client *mq;
-    pthread_t thr;
+    fx_log_slot slot;
 } attw;
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* pool threads (monotonic) */
+    pthread_cond_t done_cv; /* attw_stop waiting for a busy stream (monotonic) */
+    bool init;
+    uint64_t gen;           /* bumped when the pool stops: threads of older generations exit */
+    size_t users;           /* streams alive */
+    attw *head, *tail;
+    pthread_t thr[FX_DM_ATTW_THREADS];
+    size_t n_thr;
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void pool_push_locked(attw *w)
+{
+    w->queued = true;
+    w->qnext = NULL;
+    if (pool.tail) pool.tail->qnext = w;
+    else pool.head = w;
+    pool.tail = w;
+    pthread_cond_signal(&pool.cv);
+}
+
+/* The first queued stream whose not-before time has come (unlinked), or NULL and *until: the
+ * earliest not-before time of the queue. */
+static attw *pool_pop_ready_locked(int64_t *until)
+{
+    int64_t now = fx_now_ms();
+    *until = now + 1000;
+    attw *prev = NULL;
+    for (attw *w = pool.head; w; prev = w, w = w->qnext) {
+        if (w->not_before <= now) {
+            if (prev) prev->qnext = w->qnext;
+            else pool.head = w->qnext;
+            if (pool.tail == w) pool.tail = prev;
+            w->queued = false;
+            return w;
+        }
+        if (w->not_before < *until) *until = w->not_before;
+    }
+    return NULL;
+}
 
 static void *attw_main(void *arg)
 {
-    attw *w = arg;
+    uint64_t my = (uint64_t)(uintptr_t)arg;
     uint8_t *buf = NULL;
     size_t bcap = 0;
-    fx_log_slot slot = {0};
-    pthread_mutex_lock(&w->mu);
+    pthread_mutex_lock(&pool.mu);
     for (;;) {
-        while (!w->stop && !w->gen) pthread_cond_wait(&w->cv, &w->mu);
-        if (w->stop) break;
+        attw *w = NULL;
+        int64_t until = 0;
+        while (pool.gen == my && !(w = pool_pop_ready_locked(&until))) {
+            struct timespec ts = fx_deadline_ts(until);
+            pthread_cond_timedwait(&pool.cv, &pool.mu, &ts);
+        }
+        if (pool.gen != my) break;
+        if (w->stop || !w->gen) continue;
         uint64_t g = w->gen;
         size_t len = w->len;
         if (len > bcap) {
             uint8_t *nb = realloc(buf, len);
             if (!nb) {
-                struct timespec ts = fx_deadline_ts(fx_now_ms() + 200);
-                pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+                w->not_before = fx_now_ms() + 200;
+                pool_push_locked(w);
                 continue;
             }
             buf = nb;
@@ -473,25 +564,32 @@ static void *attw_main(void *arg)
         fx_slice k = {key, w->klen};
         int64_t lease = w->lease;
         w->gen = 0;
-        pthread_mutex_unlock(&w->mu);
+        w->busy = true;
+        pthread_mutex_unlock(&pool.mu);
         fx_err e = fx_attempts_put(w->mq, k, lease, buf, len, 5000);
-        pthread_mutex_lock(&w->mu);
         if (!e) {
             atomic_store(&w->durable, g);
             pthread_mutex_lock(&w->cl->mu); /* wake the claim thread: deliveries may go */
             pthread_cond_broadcast(&w->cl->cv);
             pthread_mutex_unlock(&w->cl->mu);
         } else {
-            fx_log_ratelimited(&slot, 5000, FX_LOG_WRN,
+            fx_log_ratelimited(&w->slot, 5000, FX_LOG_WRN,
                                "claim %s: delivery attempts not recorded: %s (%s): retrying",
                                w->cl->subject, fx_strerror(e), fx_err_detail());
-            if (!w->gen) w->gen = g; /* nothing newer: retry this one */
-            struct timespec ts = fx_deadline_ts(fx_now_ms() + 200);
-            if (!w->stop) pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+        }
+        pthread_mutex_lock(&pool.mu);
+        w->busy = false;
+        if (e && !w->gen) w->gen = g; /* nothing newer: retry this one */
+        if (w->stop) {
+            pthread_cond_broadcast(&pool.done_cv);
+        } else if (w->gen) {
+            w->not_before = e ? fx_now_ms() + 200 : 0;
+            pool_push_locked(w);
         }
     }
-    pthread_mutex_unlock(&w->mu);
+    pthread_mutex_unlock(&pool.mu);
     free(buf);
+    nats_ReleaseThreadMemory();
     return NULL;
 }
 
@@ -499,43 +597,78 @@ static attw *attw_start(dm_claim *cl, fx_mq_client *mq)
 {
     attw *w = calloc(1, sizeof *w);
     if (!w) return NULL;
-    pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
     atomic_init(&w->durable, 0);
     w->cl = cl;
     w->mq = mq;
-    if (pthread_create(&w->thr, NULL, attw_main, w) != 0) {
-        pthread_mutex_destroy(&w->mu);
-        pthread_cond_destroy(&w->cv);
+    pthread_mutex_lock(&pool.mu);
+    if (!pool.init) {
+        fx_cond_init_monotonic(&pool.cv);
+        fx_cond_init_monotonic(&pool.done_cv);
+        pool.init = true;
+    }
+    if (pool.users == 0 && pool.n_thr == 0) {
+        for (size_t i = 0; i < FX_DM_ATTW_THREADS; i++) {
+            if (pthread_create(&pool.thr[pool.n_thr], NULL, attw_main,
+                               (void *)(uintptr_t)pool.gen) != 0)
+                break;
+            pool.n_thr++;
+        }
+    }
+    if (pool.n_thr == 0) {
+        pthread_mutex_unlock(&pool.mu);
         free(w);
         return NULL;
     }
+    pool.users++;
+    pthread_mutex_unlock(&pool.mu);
     return w;
 }
 
 static void attw_stop(attw *w)
 {
     if (!w) return;
-    pthread_mutex_lock(&w->mu);
+    pthread_mutex_lock(&pool.mu);
     w->stop = true;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-    pthread_join(w->thr, NULL);
-    pthread_mutex_destroy(&w->mu);
-    pthread_cond_destroy(&w->cv);
+    if (w->queued) { /* unlink */
+        attw **pp = &pool.head, *prev = NULL;
+        while (*pp && *pp != w) {
+            prev = *pp;
+            pp = &(*pp)->qnext;
+        }
+        if (*pp) {
+            *pp = w->qnext;
+            if (pool.tail == w) pool.tail = prev;
+        }
+        w->queued = false;
+    }
+    while (w->busy) {
+        struct timespec ts = fx_deadline_ts(fx_now_ms() + 1000);
+        pthread_cond_timedwait(&pool.done_cv, &pool.mu, &ts);
+    }
+    pthread_t thr[FX_DM_ATTW_THREADS];
+    size_t n = 0;
+    if (--pool.users == 0) { /* the last stream: the pool stops */
+        pool.gen++;
+        pthread_cond_broadcast(&pool.cv);
+        n = pool.n_thr;
+        memcpy(thr, pool.thr, n * sizeof thr[0]);
+        pool.n_thr = 0;
+    }
+    pthread_mutex_unlock(&pool.mu);
+    for (size_t i = 0; i < n; i++) pthread_join(thr[i], NULL);
     free(w->val);
     free(w);
 }
 
-/* Hand the record of generation gen to the writer (replacing one it has not started). */
+/* Hand the record of generation gen to the writers (replacing one they have not started). */
 static bool attw_submit(attw *w, fx_attempts *att, const uint8_t *val, size_t len, uint64_t gen)
 {
     fx_slice k = fx_attempts_key(att);
-    pthread_mutex_lock(&w->mu);
+    pthread_mutex_lock(&pool.mu);
     if (len > w->cap) {
         uint8_t *nb = realloc(w->val, len);
         if (!nb) {
-            pthread_mutex_unlock(&w->mu);
+            pthread_mutex_unlock(&pool.mu);
             return false;
         }
         w->val = nb;
@@ -547,8 +680,11 @@ static bool attw_submit(attw *w, fx_attempts *att, const uint8_t *val, size_t le
     w->klen = k.len;
     w->lease = fx_attempts_lease(att);
     w->gen = gen;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
+    if (!w->queued && !w->busy) {
+        w->not_before = 0;
+        pool_push_locked(w);
+    }
+    pthread_mutex_unlock(&pool.mu);
     return true;
 }
 
@@ -1351,7 +1487,11 @@ static void claim_loop(cst *s)
             continue;
         }
         if (s->lost) continue;
-        int to = events_pending(cl) ? 0 : (int)(next < 20 ? next : 20);
+        /* The get cannot see acks or a stop arriving (they wake cl->cv): with deliveries in flight
+         * it waits 20 ms at a time; an idle claim (nothing in flight, no adopted backlog) waits
+         * FX_DM_IDLE_GET_MS, so a thousand idle claims cost 4,000 wake-ups/s, not 50,000. */
+        int cap = s->n_used || s->n_adopt ? 20 : FX_DM_IDLE_GET_MS;
+        int to = events_pending(cl) ? 0 : (int)(next < cap ? next : cap);
         if (s->n_send && to > 2) to = 2; /* deliveries wait for their attempt record */
         size_t got = 0;
         fx_err e = fx_mpmc_get(s->cons, s->getbuf, want, &got, to);

@@ -61,6 +61,9 @@
 #define FX_DM_DLQ_WAIT_MS 5000             /* release: wait for dead letters being stored */
 #define FX_DM_SWEEP_MAX 16                 /* stranded sub-MPSCs remembered per view refresh */
 #define FX_DM_ADOPT_IDLE_MS 200            /* an adopted sub-MPSC empty this long is let go */
+#define FX_DM_ATTW_THREADS 4               /* delivery-attempt record writers per process */
+#define FX_DM_IDLE_GET_MS 250             /* an idle claim's get wait (stop noticed within it) */
+#define FX_DM_OPEN_MAX 1                   /* consumer opens running at once per bridge */
 #define FX_DM_ADOPT_MAX 4                  /* stranded sub-MPSCs one claim drains at a time */
 #define FX_DM_VIEW_MS 2000                 /* house-keeping refresh of backlog and sub-MPSC views */
 #define FX_DM_KICK_MIN_MS 100             /* kicked view refreshes (released claims): at most 10/s */
