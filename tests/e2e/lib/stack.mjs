@@ -431,6 +431,11 @@ export class NatsServer {
       `leafnodes { listen: "127.0.0.1:${this.leafPort}" }`,
     ];
     if (this.opts.maxPayload) lines.push(`max_payload: ${this.opts.maxPayload}`);
+    if (this.opts.cluster) { // {name, port, routes: [ports of every member]} (startNatsCluster)
+      const c = this.opts.cluster;
+      lines.push(`server_name: ${this.name}`);
+      lines.push(`cluster { name: ${c.name}, listen: "127.0.0.1:${c.port}", routes: [${c.routes.map((p) => `"nats-route://127.0.0.1:${p}"`).join(", ")}] }`);
+    }
     fs.writeFileSync(conf, lines.join("\n") + "\n");
     this.proc = new Proc(`${this.ctx.name}-${this.name}`, "nats-server", ["-c", conf], {
       logPath: path.join(this.ctx.dir, `${this.name}.log`),
@@ -454,6 +459,26 @@ export class NatsServer {
     await this.stop();
     return this.start();
   }
+}
+
+/**
+ * n nats-servers in one cluster (routes between all of them, loopback ports), started and
+ * waited for until every server has a route to every other one.
+ */
+export async function startNatsCluster(ctx, n = 3, name = "c1") {
+  const ports = [];
+  for (let i = 0; i < n; i++) ports.push(await freePort());
+  const servers = ports.map((port, i) => new NatsServer(ctx, `nats-${String.fromCharCode(97 + i)}`, { cluster: { name, port, routes: ports } }));
+  await Promise.all(servers.map((s) => s.start()));
+  for (const s of servers) {
+    let routes = -1;
+    await waitFor(async () => {
+      const r = await httpGet(`${s.monitorUrl}/routez`, 1000);
+      routes = r.json ? r.json.num_routes : -1;
+      return routes >= n - 1;
+    }, { timeout: 20_000, what: () => `${s.name}: ${n - 1} routes (have ${routes})` });
+  }
+  return servers;
 }
 
 // ---------------------------------------------------------------------------------------------
