@@ -1,0 +1,93 @@
+// Faults in the cluster shape (issue 13): three routed nats-servers A, B, C, one etcd, bridge L
+// beside A and bridge R beside B; the subscriber and the publisher are connected to C (no bridge
+// beside it). Under load (acked publishes, each retried until acked), with the consumer present:
+//  e2e_cluster_bridge_kill9:   L is killed with SIGKILL part-way; R takes over its claim's backlog.
+//  e2e_cluster_nats_node_loss: nats-server B (R's server) is killed (SIGKILL) part-way and started
+//                              again.
+// Counts reported: published, acked, delivered, duplicated, lost; 0 acked lost in each.
+import { test } from "./lib/runner.mjs";
+import { Etcd, Bridge, startNatsCluster, waitFor, metricValue } from "./lib/stack.mjs";
+import { natsConnect, makeMsg, Consumer, publishAll } from "./lib/client.mjs";
+import { assert, assertCovers, assertNoConsumerErrors } from "./lib/check.mjs";
+
+const DEFAULTS = { ttl_seconds: 3, ack_wait: "5s", release_after: "1s", interest_poll: "200ms" };
+
+async function clusterStack(ctx) {
+  const etcd = new Etcd(ctx);
+  const [[A, B, C]] = await Promise.all([startNatsCluster(ctx, 3), etcd.start()]);
+  const prefix = `/fxe2e-${ctx.name}`;
+  const L = new Bridge(ctx, { name: "L", nats: A, etcd, prefix, defaults: DEFAULTS });
+  const R = new Bridge(ctx, { name: "R", nats: B, etcd, prefix, defaults: DEFAULTS });
+  await Promise.all([L.start(), R.start()]);
+  const subNc = await natsConnect(ctx, C.url, "sub-on-C");
+  const sub = new Consumer(subNc, "q.orders.f");
+  await subNc.flush();
+  const claimsOf = async (br) => metricValue(await br.metrics(), "fluxon_claims", { channel: "orders" }) || 0;
+  let g = [0, 0];
+  await waitFor(async () => {
+    g = [await claimsOf(L), await claimsOf(R)];
+    return g[0] >= 1 && g[1] >= 1;
+  }, { timeout: 10_000, what: () => `both bridges claim for the subscriber on C (L ${g[0]}, R ${g[1]})` });
+  const pubNc = await natsConnect(ctx, C.url, "pub-on-C");
+  return { A, B, C, L, R, sub, pubNc };
+}
+
+async function runUnderFault(ctx, s, { n, faultAt, fault, tag }) {
+  const msgs = Array.from({ length: n }, (_, i) => makeMsg(tag, i, `orders.f${i % 4}`));
+  let faulted = null;
+  const res = await publishAll(s.pubNc, msgs, {
+    concurrency: 128,
+    retry: true,
+    deadline: 90_000,
+    timeout: 5000,
+    onAck: (m, ack, count) => {
+      if (count === faultAt && !faulted) faulted = fault();
+    },
+  });
+  assert.ok(faulted, "the fault happened during the stream");
+  await faulted;
+  assert.equal(res.failed.size, 0, `not acked in the end: ${res.failed.size}; errors ${JSON.stringify([...res.errCodes])}`);
+  const acked = [...res.acked.keys()];
+  const have = (id) => s.sub.counts.has(id);
+  await waitFor(() => (s.sub.check(), acked.every(have)), { timeout: 45_000, interval: 100, what: () => `every acked message at the subscriber on C (have ${acked.filter(have).length}/${acked.length})` });
+  assertNoConsumerErrors([s.sub]);
+  assertCovers(acked, [...s.sub.counts.keys()], "acked messages at C");
+  const attempts = [...res.attempts.values()].reduce((a, b) => a + b, 0);
+  ctx.log(`${tag}: published ${attempts} (${n} distinct), acked ${acked.length}, delivered ${s.sub.unique} distinct, duplicated ${s.sub.duplicates().length}, lost ${acked.filter((id) => !have(id)).length}`);
+}
+
+test("e2e_cluster_bridge_kill9", async (ctx) => {
+  const s = await clusterStack(ctx);
+  await runUnderFault(ctx, s, {
+    n: 3000,
+    faultAt: 1000,
+    tag: "K",
+    fault: async () => {
+      const ex = await s.L.kill9();
+      ctx.log(`SIGKILL to bridge L (exit ${JSON.stringify(ex)}); delivered so far ${s.sub.unique}`);
+    },
+  });
+  const ex = await s.R.stop();
+  assert.equal(ex.code, 0, `R exit ${JSON.stringify(ex)}`);
+}, { timeout: 150_000 });
+
+test("e2e_cluster_nats_node_loss", async (ctx) => {
+  const s = await clusterStack(ctx);
+  await runUnderFault(ctx, s, {
+    n: 3000,
+    faultAt: 1000,
+    tag: "N",
+    fault: async () => {
+      const ex = await s.B.proc.kill9();
+      ctx.log(`SIGKILL to nats-server B (bridge R's server; exit ${JSON.stringify(ex)}); delivered so far ${s.sub.unique}`);
+      await s.B.start();
+      ctx.log("nats-server B started again");
+      await s.R.waitHealthy(30_000);
+      ctx.log("bridge R healthy again");
+    },
+  });
+  for (const br of [s.L, s.R]) {
+    const ex = await br.stop();
+    assert.equal(ex.code, 0, `${br.name} exit ${JSON.stringify(ex)}`);
+  }
+}, { timeout: 150_000 });
