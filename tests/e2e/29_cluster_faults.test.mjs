@@ -2,22 +2,30 @@
 // beside A and bridge R beside B; the subscriber and the publisher are connected to C (no bridge
 // beside it). Under load (acked publishes, each retried until acked), with the consumer present:
 //  e2e_cluster_bridge_kill9:   L is killed with SIGKILL part-way; R takes over its claim's backlog.
+//  e2e_cluster_etcd_leader_loss: three etcd members (the bridges list all three); the leader is
+//                              killed (SIGKILL) part-way; the other two keep quorum.
 //  e2e_cluster_nats_node_loss: nats-server B (R's server) is killed (SIGKILL) part-way and started
 //                              again.
 // Counts reported: published, acked, delivered, duplicated, lost; 0 acked lost in each.
 import { test } from "./lib/runner.mjs";
-import { Etcd, Bridge, startNatsCluster, waitFor, metricValue } from "./lib/stack.mjs";
+import { Etcd, Bridge, startNatsCluster, startEtcdCluster, etcdLeader, waitFor, metricValue } from "./lib/stack.mjs";
 import { natsConnect, makeMsg, Consumer, publishAll } from "./lib/client.mjs";
 import { assert, assertCovers, assertNoConsumerErrors } from "./lib/check.mjs";
 
 const DEFAULTS = { ttl_seconds: 3, ack_wait: "5s", release_after: "1s", interest_poll: "200ms" };
 
-async function clusterStack(ctx) {
-  const etcd = new Etcd(ctx);
-  const [[A, B, C]] = await Promise.all([startNatsCluster(ctx, 3), etcd.start()]);
+async function clusterStack(ctx, { etcdMembers = 1 } = {}) {
+  const etcdStart = etcdMembers > 1 ? startEtcdCluster(ctx, etcdMembers) : new Etcd(ctx).start().then((e) => [e]);
+  const [[A, B, C], etcds] = await Promise.all([startNatsCluster(ctx, 3), etcdStart]);
+  const etcd = etcds[0];
+  const urls = etcds.map((e) => e.url);
+  const config = (cfg) => {
+    cfg.etcd.endpoints = urls;
+    cfg.kv.endpoints = urls;
+  };
   const prefix = `/fxe2e-${ctx.name}`;
-  const L = new Bridge(ctx, { name: "L", nats: A, etcd, prefix, defaults: DEFAULTS });
-  const R = new Bridge(ctx, { name: "R", nats: B, etcd, prefix, defaults: DEFAULTS });
+  const L = new Bridge(ctx, { name: "L", nats: A, etcd, prefix, defaults: DEFAULTS, config });
+  const R = new Bridge(ctx, { name: "R", nats: B, etcd, prefix, defaults: DEFAULTS, config });
   await Promise.all([L.start(), R.start()]);
   const subNc = await natsConnect(ctx, C.url, "sub-on-C");
   const sub = new Consumer(subNc, "q.orders.f");
@@ -29,7 +37,7 @@ async function clusterStack(ctx) {
     return g[0] >= 1 && g[1] >= 1;
   }, { timeout: 10_000, what: () => `both bridges claim for the subscriber on C (L ${g[0]}, R ${g[1]})` });
   const pubNc = await natsConnect(ctx, C.url, "pub-on-C");
-  return { A, B, C, L, R, sub, pubNc };
+  return { A, B, C, L, R, sub, pubNc, etcds };
 }
 
 async function runUnderFault(ctx, s, { n, faultAt, fault, tag }) {
@@ -69,6 +77,27 @@ test("e2e_cluster_bridge_kill9", async (ctx) => {
   });
   const ex = await s.R.stop();
   assert.equal(ex.code, 0, `R exit ${JSON.stringify(ex)}`);
+}, { timeout: 150_000 });
+
+test("e2e_cluster_etcd_leader_loss", async (ctx) => {
+  const s = await clusterStack(ctx, { etcdMembers: 3 });
+  await runUnderFault(ctx, s, {
+    n: 3000,
+    faultAt: 1000,
+    tag: "E",
+    fault: async () => {
+      const leader = await etcdLeader(s.etcds);
+      assert.ok(leader, "an etcd leader");
+      const ex = await leader.proc.kill9();
+      ctx.log(`SIGKILL to the etcd leader ${leader.name} (exit ${JSON.stringify(ex)}); delivered so far ${s.sub.unique}`);
+      const next = await waitFor(async () => etcdLeader(s.etcds), { timeout: 15_000, what: "a new etcd leader" });
+      ctx.log(`new etcd leader: ${next.name}`);
+    },
+  });
+  for (const br of [s.L, s.R]) {
+    const ex = await br.stop();
+    assert.equal(ex.code, 0, `${br.name} exit ${JSON.stringify(ex)}`);
+  }
 }, { timeout: 150_000 });
 
 test("e2e_cluster_nats_node_loss", async (ctx) => {

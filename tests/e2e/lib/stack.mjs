@@ -309,7 +309,7 @@ export class Etcd {
         `--advertise-client-urls=${client}`,
         `--listen-peer-urls=${peer}`,
         `--initial-advertise-peer-urls=${peer}`,
-        `--initial-cluster=${this.name}=${peer}`,
+        `--initial-cluster=${this.initialCluster || `${this.name}=${peer}`}`,
         `--initial-cluster-state=${fresh ? "new" : "existing"}`,
         "--logger=zap",
         "--log-level=warn",
@@ -328,7 +328,7 @@ export class Etcd {
         return this;
       } catch (e) {
         await this.proc.stop({ timeout: 2000 });
-        if (fresh && attempt < 2) {
+        if (fresh && attempt < 2 && !this.initialCluster) {
           // a port race: try fresh ports
           this.clientPort = null;
           fs.rmSync(this.dir, { recursive: true, force: true });
@@ -345,6 +345,14 @@ export class Etcd {
   async restart() {
     await this.stop();
     return this.start();
+  }
+
+  /** {memberId, leader} of this member (POST /v3/maintenance/status), ids as decimal strings. */
+  async status() {
+    const res = await fetch(`${this.url}/v3/maintenance/status`, { method: "POST", body: "{}", signal: AbortSignal.timeout(2000) });
+    if (res.status !== 200) throw new Error(`etcd ${this.name} status: HTTP ${res.status}`);
+    const j = await res.json();
+    return { memberId: String(j.header.member_id), leader: String(j.leader) };
   }
 
   /** Freeze etcd (SIGSTOP): an outage in which connections stay open but nothing answers. */
@@ -459,6 +467,36 @@ export class NatsServer {
     await this.stop();
     return this.start();
   }
+}
+
+/**
+ * An etcd cluster of n members on loopback ports, started together (each waits for quorum).
+ * Returns the members; urls: every client URL (for a bridge's etcd.endpoints).
+ */
+export async function startEtcdCluster(ctx, n = 3) {
+  const members = Array.from({ length: n }, (_, i) => new Etcd(ctx, `etcd-${i + 1}`));
+  for (const m of members) {
+    m.clientPort = await freePort();
+    m.peerPort = await freePort();
+  }
+  const initial = members.map((m) => `${m.name}=http://127.0.0.1:${m.peerPort}`).join(",");
+  for (const m of members) m.initialCluster = initial;
+  await Promise.all(members.map((m) => m.start()));
+  return members;
+}
+
+/** The member that is the leader now (asked of the first member that answers). */
+export async function etcdLeader(members) {
+  for (const m of members) {
+    if (!m.proc || !m.proc.running) continue;
+    try {
+      const st = await m.status();
+      for (const x of members) if (x.proc && x.proc.running && (await x.status()).memberId === st.leader) return x;
+    } catch {
+      /* this member does not answer: ask the next */
+    }
+  }
+  return null;
 }
 
 /**
