@@ -1466,8 +1466,27 @@ static fx_err commit_group(fx_mpsc_consumer *c, const commit_item *it, size_t n,
         }
     }
     if (nops) {
-        fx_txn_req tx = {.success = ops, .n_success = nops};
-        if ((e = fx_etcd_txn(cl->etcd, &tx, NULL, timeout_ms))) goto out;
+        /* Fencing (issue 13): the offsets move only while this consumer's membership key exists.
+         * It lives under the member lease, so a consumer whose lease expired (a bridge cut off
+         * from etcd for longer than the TTL, its sub-MPSC claimed by another member since) cannot
+         * commit late: the compare fails and the commit is refused. */
+        fx_cmp cmp = {.target = FX_CMP_CREATE, .result = FX_CMP_GREATER,
+                      .key = fx_mq_key_slice(&c->k_member), .num = 0};
+        fx_txn_req tx = {.cmp = &cmp, .n_cmp = c->member_written ? 1 : 0, .success = ops,
+                         .n_success = nops};
+        fx_txn_resp resp = {0};
+        e = fx_etcd_txn(cl->etcd, &tx, &resp, timeout_ms);
+        bool refused = e == FX_OK && !resp.succeeded;
+        fx_txn_resp_free(&resp);
+        if (e) goto out;
+        if (refused) {
+            FX_WRN("mpsc consumer %lld/%lld: commit refused: its membership is gone (member lease "
+                   "expired): fenced; %zu producer offset(s) not moved",
+                   (long long)c->m.chan, (long long)c->cidx, nops);
+            e = fx_seterr(FX_ELEASE_LOST, "mpsc consumer %lld/%lld: commit refused (fenced): "
+                          "membership gone", (long long)c->m.chan, (long long)c->cidx);
+            goto out;
+        }
     }
     *landed = true;
     for (size_t i = 0; i < n; i++) {
@@ -1641,7 +1660,13 @@ static void *cpool_main(void *arg)
             e = commit_round(c, c->c->op_timeout_ms, &did);
             fx__mq_op_leave(c->c);
             if (did) c->st.commits++;
-            if (e) {
+            if (e == FX_ELEASE_LOST) { /* fenced: the consumer is over (its next call closes it) */
+                pthread_mutex_lock(&c->mu);
+                life_lease_lost(&c->lf);
+                pthread_cond_broadcast(&c->data_cv);
+                pthread_cond_broadcast(&c->cv);
+                pthread_mutex_unlock(&c->mu);
+            } else if (e) {
                 c->st.commit_retries++;
                 if (!c->cq_backoff) c->cq_backoff = RETRY_MIN_MS;
                 fx_log_ratelimited(&c->commit_log, 5000, FX_LOG_WRN,
@@ -1661,7 +1686,7 @@ static void *cpool_main(void *arg)
         c->cq_busy = false;
         if (!c->cq_on) {
             pthread_cond_broadcast(&p->done_cv);
-        } else if (e && !skip) {
+        } else if (e && !skip && e != FX_ELEASE_LOST) {
             c->cq_not_before = fx_now_ms() + c->cq_backoff;
             c->cq_backoff = min64(c->cq_backoff * 2, RETRY_MAX_MS);
             cpool_push_locked(p, c);
@@ -1747,6 +1772,11 @@ static void commit_final(fx_mpsc_consumer *c)
     fx_err e = commit_round(c, c->c->close_timeout_ms, &did);
     fx__mq_op_leave(c->c);
     if (did) c->st.commits++;
+    if (e == FX_ELEASE_LOST) { /* fenced: nothing of ours may be committed any more */
+        pthread_mutex_lock(&c->mu);
+        life_lease_lost(&c->lf);
+        pthread_mutex_unlock(&c->mu);
+    }
     if (e) {
         c->final_err = e;
         snprintf(c->final_detail, sizeof c->final_detail, "%s", fx_err_detail());
