@@ -120,3 +120,96 @@ test("e2e_cluster_nats_node_loss", async (ctx) => {
     assert.equal(ex.code, 0, `${br.name} exit ${JSON.stringify(ex)}`);
   }
 }, { timeout: 150_000 });
+
+// A TCP proxy between one bridge and etcd: cut() closes every connection and refuses new ones
+// until restore().
+import net from "node:net";
+class TcpProxy {
+  constructor(ctx, targetPort) {
+    this.ctx = ctx;
+    this.targetPort = targetPort;
+    this.sockets = new Set();
+    this.isCut = false;
+  }
+  async start() {
+    this.server = net.createServer((client) => {
+      if (this.isCut) {
+        client.destroy();
+        return;
+      }
+      const up = net.connect(this.targetPort, "127.0.0.1");
+      for (const s of [client, up]) {
+        this.sockets.add(s);
+        s.on("close", () => this.sockets.delete(s));
+        s.on("error", () => {});
+      }
+      client.pipe(up);
+      up.pipe(client);
+      client.on("close", () => up.destroy());
+      up.on("close", () => client.destroy());
+    });
+    await new Promise((res) => this.server.listen(0, "127.0.0.1", res));
+    this.ctx.defer(() => new Promise((res) => {
+      for (const s of this.sockets) s.destroy();
+      this.server.close(() => res());
+    }));
+    return this;
+  }
+  get url() {
+    return `http://127.0.0.1:${this.server.address().port}`;
+  }
+  cut() {
+    this.isCut = true;
+    for (const s of this.sockets) s.destroy();
+  }
+  restore() {
+    this.isCut = false;
+  }
+}
+
+test("e2e_cluster_bridge_partitioned_from_etcd", async (ctx) => {
+  const etcd = new Etcd(ctx);
+  const [[A, B, C]] = await Promise.all([startNatsCluster(ctx, 3), etcd.start()]);
+  const proxy = await new TcpProxy(ctx, etcd.clientPort).start();
+  const prefix = `/fxe2e-${ctx.name}`;
+  const viaProxy = (cfg) => {
+    cfg.etcd.endpoints = [proxy.url];
+    cfg.kv.endpoints = [proxy.url];
+  };
+  const L = new Bridge(ctx, { name: "L", nats: A, etcd, prefix, defaults: DEFAULTS, config: viaProxy });
+  const R = new Bridge(ctx, { name: "R", nats: B, etcd, prefix, defaults: DEFAULTS });
+  await Promise.all([L.start(), R.start()]);
+  const subNc = await natsConnect(ctx, C.url, "sub-on-C");
+  const sub = new Consumer(subNc, "q.orders.f");
+  await subNc.flush();
+  const claimsOf = async (br) => metricValue(await br.metrics(), "fluxon_claims", { channel: "orders" }) || 0;
+  let g = [0, 0];
+  await waitFor(async () => {
+    g = [await claimsOf(L), await claimsOf(R)];
+    return g[0] >= 1 && g[1] >= 1;
+  }, { timeout: 10_000, what: () => `both bridges claim for the subscriber on C (L ${g[0]}, R ${g[1]})` });
+  const pubNc = await natsConnect(ctx, C.url, "pub-on-C");
+  const CUT_MS = DEFAULTS.ttl_seconds * 1000 + 3000; // longer than ttl_seconds
+  const logFrom = L.log().length;
+  await runUnderFault(ctx, { sub, pubNc }, {
+    n: 3000,
+    faultAt: 800,
+    tag: "P",
+    fault: async () => {
+      proxy.cut();
+      ctx.log(`bridge L cut off from etcd for ${CUT_MS} ms; delivered so far ${sub.unique}`);
+      const t0 = Date.now();
+      await waitFor(() => Date.now() - t0 >= CUT_MS, { timeout: CUT_MS + 1000, interval: 100, what: "the partition's length" });
+      proxy.restore();
+      ctx.log("bridge L reconnected to etcd");
+    },
+  });
+  const lines = L.log().slice(logFrom).split("\n");
+  const fenced = lines.filter((l) => /commit refused|lease \d+ expired|closed because lease lost|lease lost/.test(l));
+  ctx.log(`bridge L after the partition: ${fenced.length} fencing line(s):\n    ${fenced.slice(0, 8).join("\n    ")}`);
+  assert.ok(fenced.some((l) => /lease \d+ expired|lease lost/.test(l)), "bridge L noticed that its member lease expired (its stale claim stopped)");
+  for (const br of [L, R]) {
+    const ex = await br.stop();
+    assert.equal(ex.code, 0, `${br.name} exit ${JSON.stringify(ex)}`);
+  }
+}, { timeout: 150_000 });
