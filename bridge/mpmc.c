@@ -1754,6 +1754,11 @@ fx_err fx_mpmc_flush(fx_mpmc_consumer *c, int timeout_ms)
 int64_t fx_mpmc_consumer_member(const fx_mpmc_consumer *c) { return c ? c->m.member : -1; }
 int64_t fx_mpmc_consumer_chan(const fx_mpmc_consumer *c) { return c ? c->chan : -1; }
 
+void fx_mpmc_consumer_set_notify(fx_mpmc_consumer *c, void (*fn)(void *arg), void *arg)
+{
+    if (c && c->sub) fx__mpsc_consumer_set_notify(c->sub, fn, arg);
+}
+
 /* ---- producer ----------------------------------------------------------------------------------- */
 
 typedef struct ready_ent {

@@ -1250,6 +1250,8 @@ struct fx_mpsc_consumer {
     bool member_written;
     bool member_deleted;
     fx_pwatch *pw; /* registered with the client's produce-offset watch (NULL: not) */
+    void (*notify)(void *arg); /* fx_mpmc_consumer_set_notify (under mu) */
+    void *notify_arg;
     /* commit pool (cpool): under the pool's mu */
     bool cq_on;       /* attached to the client's commit pool (detached at close) */
     bool cq_queued, cq_busy, cq_again;
@@ -1349,6 +1351,7 @@ static void cons_on_expired(void *arg, fx_lease *h, int64_t id)
         FX_WRN("mpsc consumer %lld/%lld: lease %lld expired; closing the consumer",
                (long long)c->m.chan, (long long)c->cidx, (long long)id);
     pthread_cond_broadcast(&c->data_cv);
+    if (c->notify && !c->lf.constructing) c->notify(c->notify_arg);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
@@ -1377,7 +1380,18 @@ static void cons_pwatch_cb(void *arg, int64_t pidx, int64_t off)
 {
     fx_mpsc_consumer *c = arg;
     pthread_mutex_lock(&c->mu);
-    if (cons_merge_locked(c, pidx, off)) pthread_cond_broadcast(&c->data_cv);
+    if (cons_merge_locked(c, pidx, off)) {
+        pthread_cond_broadcast(&c->data_cv);
+        if (c->notify) c->notify(c->notify_arg);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void fx__mpsc_consumer_set_notify(fx_mpsc_consumer *c, void (*fn)(void *arg), void *arg)
+{
+    pthread_mutex_lock(&c->mu);
+    c->notify = fn;
+    c->notify_arg = arg;
     pthread_mutex_unlock(&c->mu);
 }
 

@@ -179,6 +179,8 @@ void fx__mpsc_consumer_stats(const fx_mpsc_consumer *c, fx__mpsc_stats *out);
 /* Identity of an open endpoint. */
 int64_t fx__mpsc_producer_chan(const fx_mpsc_producer *p);
 int64_t fx__mpsc_consumer_chan(const fx_mpsc_consumer *c);
+/* fx_mpmc_consumer_set_notify of the sub-consumer (mpsc.c). */
+void fx__mpsc_consumer_set_notify(fx_mpsc_consumer *c, void (*fn)(void *arg), void *arg);
 int64_t fx__mpsc_consumer_idx(const fx_mpsc_consumer *c);
 
 #endif

@@ -366,6 +366,7 @@ static void consumer_drop(cst *s)
     s->own.att = NULL;
     if (s->cons) {
         set_holding(s, false);
+        fx_mpmc_consumer_set_notify(s->cons, NULL, NULL);
         fx_mpmc_consumer_close(s->cons);
         fx_mpmc_consumer_free(s->cons);
         s->cons = NULL;
@@ -387,6 +388,9 @@ static bool open_slot_try(void)
     return false;
 }
 
+/* New messages for one of the claim's consumers (the client's watch thread): its next step now. */
+static void claim_notify(void *arg) { sched_kick(arg); }
+
 /* One attempt to open the claim's consumer: -1 when open, else the ms to wait before the next. */
 static int64_t open_once(cst *s)
 {
@@ -397,6 +401,7 @@ static int64_t open_once(cst *s)
     atomic_fetch_sub(&open_running, 1);
     if (!e) {
         s->open_backoff_ms = 0;
+        fx_mpmc_consumer_set_notify(s->cons, claim_notify, s->cl);
         set_holding(s, true);
         FX_INF("claim %s: consumer open (MPMC %" PRId64 ", sub-MPSC %" PRId64 ", member %" PRId64
                ")",
@@ -1293,6 +1298,7 @@ static void adopt_close(cst *s, size_t i, bool lost)
     }
     attw_stop(a.as.w);
     fx_attempts_free(a.as.att);
+    fx_mpmc_consumer_set_notify(a.c, NULL, NULL);
     fx_mpmc_consumer_close(a.c);
     fx_mpmc_consumer_free(a.c);
     FX_INF("claim %s: %s adopted sub-MPSC %" PRId64 " (%" PRIu64 " message(s) in %" PRIu64
@@ -1354,6 +1360,7 @@ static void adopt_stranded(cst *s)
                 return;
             }
         }
+        fx_mpmc_consumer_set_notify(c, claim_notify, s->cl);
         s->adopt[s->n_adopt++] = ad;
         FX_INF("claim %s: adopted sub-MPSC %" PRId64 " with stranded backlog (next to its own "
                "sub-MPSC %" PRId64 ")", s->cl->subject, stranded[i], own);
@@ -1462,10 +1469,10 @@ static int64_t claim_turn(cst *s)
         return 0;
     }
     if (e == FX_OK || e == FX_ETIMEDOUT) {
-        /* Nothing stored for us: new messages are noticed on the next turn (the get cannot kick
-         * the claim): 20 ms while deliveries are in flight or backlog is adopted, else
-         * FX_DM_IDLE_GET_MS (a thousand idle claims: 4,000 cheap turns/s). The next turn also
-         * adopts stranded backlog if the view shows some. */
+        /* Nothing stored for us: new messages kick the claim (claim_notify); the turn comes back
+         * anyway after 20 ms while deliveries are in flight or backlog is adopted, else after
+         * FX_DM_IDLE_GET_MS (a thousand idle claims: 4,000 cheap turns/s), which also adopts
+         * stranded backlog if the view shows some. */
         int64_t cap = s->n_used || s->n_adopt ? 20 : FX_DM_IDLE_GET_MS;
         if (s->n_send && cap > 2) cap = 2; /* deliveries wait for their attempt record */
         return next < cap ? next : cap;
