@@ -28,6 +28,7 @@
 #include "fx_log.h"
 #include "fx_time.h"
 #include "mq_int.h"
+#include "pwatch.h"
 #include "revoker.h"
 
 #define DEF_LONG_TTL_S FX_MQ_LONG_LEASE_TTL_SECONDS
@@ -435,8 +436,14 @@ fx_err fx_mq_client_close(fx_mq_client *c)
             p->backends_freed = true;
             fx_revoker *rv = c->revoker;
             c->revoker = NULL;
+            fx_pwatch *pw = c->pwatch;
+            c->pwatch = NULL;
+            struct fx__cpool *cp = c->cpool;
+            c->cpool = NULL;
             pthread_mutex_unlock(&c->mu);
             fx_revoker_free(rv); /* uses the etcd client: stopped first */
+            fx_pwatch_free(pw);
+            fx__cpool_free(cp);
             free_backends(c);
             pthread_mutex_lock(&c->mu);
         }
@@ -459,6 +466,32 @@ bool fx__mq_revoke_member_lease(fx_mq_client *c, int64_t lease, int64_t ttl_s, i
     if (c->revoker) fx_revoker_add(c->revoker, lease, fx_now_ms() + ttl_s * 1000);
     pthread_mutex_unlock(&c->mu);
     return false;
+}
+
+fx_err fx__mq_pwatch(fx_mq_client *c, fx_pwatch **out)
+{
+    pthread_mutex_lock(&c->mu);
+    fx_err e = FX_OK;
+    if (priv_of(c)->backends_freed)
+        e = fx_seterr(FX_ECLOSED, "mq client closed");
+    else if (!c->pwatch) /* first consumer: the stream starts under mu (once per client) */
+        e = fx_pwatch_new(c->etcd, &c->keys, c->op_timeout_ms, &c->pwatch);
+    *out = c->pwatch;
+    pthread_mutex_unlock(&c->mu);
+    return e;
+}
+
+fx_err fx__mq_cpool(fx_mq_client *c, struct fx__cpool **out)
+{
+    pthread_mutex_lock(&c->mu);
+    fx_err e = FX_OK;
+    if (priv_of(c)->backends_freed)
+        e = fx_seterr(FX_ECLOSED, "mq client closed");
+    else if (!c->cpool)
+        e = fx__cpool_new(c, &c->cpool);
+    *out = c->cpool;
+    pthread_mutex_unlock(&c->mu);
+    return e;
 }
 
 void fx_mq_client_free(fx_mq_client *c)

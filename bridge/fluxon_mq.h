@@ -244,6 +244,12 @@ void fx_mpmc_consumer_free(fx_mpmc_consumer *c);
 int64_t fx_mpmc_consumer_member(const fx_mpmc_consumer *c);
 /* The sub-MPSC this consumer owns. */
 int64_t fx_mpmc_consumer_chan(const fx_mpmc_consumer *c);
+/* Call fn(arg) whenever new messages may be there for this consumer (a produce offset of its
+ * sub-MPSC moved) or it faulted, so a caller that polls with fx_mpmc_get(..., 0) can sleep until
+ * then (issue 13: the claim scheduler). fn runs on the client's watch thread with internal locks
+ * held: it must only wake something up (no MQ call, no blocking). NULL fn: none. It is not
+ * called any more once fx_mpmc_consumer_close() has returned. */
+void fx_mpmc_consumer_set_notify(fx_mpmc_consumer *c, void (*fn)(void *arg), void *arg);
 /* Drain an unready sub-MPSC `chan` that holds messages (left by a consumer that departed): join
  * as a consumer member and bind that sub-MPSC's consumer directly, WITHOUT a ready key, so
  * producers do not route new messages to it while it is drained. The binding itself is the lock

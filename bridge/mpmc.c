@@ -643,11 +643,24 @@ typedef struct mpmc_member {
     fx_err close_result;
     int users; /* threads inside close() (free waits for 0) */
 
-    /* Keeper of the sub-MPSCs' own global-long (id-allocator) leases: see keeper_sync. */
-    pthread_mutex_t kmu;
+    /* Keeper of the sub-MPSCs' own global-long (id-allocator) leases: see keeper_sync. Shared
+     * by every member of this MPMC in this client (taken on first sync, given back at close). */
+    pthread_mutex_t kmu; /* keeper (the pointer) */
+    struct mpmc_keeper *keeper;
+} mpmc_member;
+
+/* The keeper of one MPMC in one client: one hold per sub-MPSC, whatever the number of members
+ * (issue 13: each consumer held every sub-MPSC's lease itself, one read and one probe per listed
+ * sub-MPSC per open, so a thousand claims cost a million calls and handles). Listed in the
+ * client root (c->keepers, under c->mu) while refs > 0. */
+typedef struct mpmc_keeper {
+    int64_t mpmc;
+    int refs;             /* under c->mu */
+    struct mpmc_keeper *next;
+    pthread_mutex_t mu;   /* holds */
     struct long_hold *holds;
     size_t n_holds, cap_holds;
-} mpmc_member;
+} mpmc_keeper;
 
 typedef struct long_hold {
     int64_t chan;
@@ -679,33 +692,66 @@ static fx_err member_init(mpmc_member *m, fx_mq_client *c, int64_t mpmc, fx_mq_r
     return FX_OK;
 }
 
+static void keeper_release(mpmc_member *m);
+
 static void member_destroy(mpmc_member *m)
 {
-    free(m->holds);
+    keeper_release(m);
     pthread_cond_destroy(&m->cv);
     pthread_mutex_destroy(&m->kmu);
     pthread_mutex_destroy(&m->mu);
 }
 
-static bool keeper_knows(mpmc_member *m, int64_t chan)
+/* The member's keeper (shared: see mpmc_keeper), taken on first use. NULL: out of memory. */
+static mpmc_keeper *keeper_of(mpmc_member *m)
 {
     pthread_mutex_lock(&m->kmu);
-    bool r = false;
-    for (size_t i = 0; i < m->n_holds && !r; i++) r = m->holds[i].chan == chan;
+    mpmc_keeper *k = m->keeper;
+    if (!k) {
+        fx_mq_client *c = m->c;
+        pthread_mutex_lock(&c->mu);
+        for (k = c->keepers; k && k->mpmc != m->mpmc; k = k->next) {}
+        if (!k && (k = calloc(1, sizeof *k)) != NULL) {
+            if (pthread_mutex_init(&k->mu, NULL) != 0) {
+                free(k);
+                k = NULL;
+            } else {
+                k->mpmc = m->mpmc;
+                k->next = c->keepers;
+                c->keepers = k;
+            }
+        }
+        if (k) k->refs++;
+        pthread_mutex_unlock(&c->mu);
+        m->keeper = k;
+    }
     pthread_mutex_unlock(&m->kmu);
+    return k;
+}
+
+static bool keeper_knows(mpmc_keeper *k, int64_t chan)
+{
+    pthread_mutex_lock(&k->mu);
+    bool r = false;
+    for (size_t i = 0; i < k->n_holds && !r; i++) r = k->holds[i].chan == chan;
+    pthread_mutex_unlock(&k->mu);
     return r;
 }
 
 /* Every member keeps the global-long lease of every sub-MPSC it knows alive (registered with a
  * probe, released at close), not only of those it binds: a sub-MPSC whose binders all left must
  * still be bindable by a later member after long_lease_ttl_s (DESIGN §4.3: the channel lives
- * while any member lives). Best effort: a read or registration failure is retried on the next
- * sync; a lease found gone is remembered and not retried. Runs with no lock held. */
+ * while any member lives). The holds are shared by the members of the MPMC in this client
+ * (mpmc_keeper): a sub-MPSC already held costs nothing. Best effort: a read or registration
+ * failure is retried on the next sync; a lease found gone is remembered and not retried. Runs
+ * with no lock held. */
 static void keeper_sync(mpmc_member *m, const int64_t *ids, size_t n)
 {
     fx_mq_client *c = m->c;
+    mpmc_keeper *k = keeper_of(m);
+    if (!k) return;
     for (size_t i = 0; i < n; i++) {
-        if (keeper_knows(m, ids[i])) continue;
+        if (keeper_knows(k, ids[i])) continue;
         fx_mq_key mk;
         if (fx_mq_key_chan_meta(&c->keys, ids[i], &mk) != FX_OK) continue;
         fx_kv kv = {0};
@@ -728,44 +774,57 @@ static void keeper_sync(mpmc_member *m, const int64_t *ids, size_t n)
                    ids[i], fx_errname(e));
             continue;
         }
-        pthread_mutex_lock(&m->kmu);
         pthread_mutex_lock(&m->mu);
         bool closing = m->state >= ST_CLOSING;
         pthread_mutex_unlock(&m->mu);
+        pthread_mutex_lock(&k->mu);
         bool dup = false;
-        for (size_t j = 0; j < m->n_holds && !dup; j++) dup = m->holds[j].chan == ids[i];
+        for (size_t j = 0; j < k->n_holds && !dup; j++) dup = k->holds[j].chan == ids[i];
         bool added = false;
-        if (!closing && !dup && m->n_holds < FX_MQ_MAX_MPSC_CHANNELS) {
-            size_t need = m->n_holds + 1;
-            if (need > m->cap_holds) {
-                size_t nc = m->cap_holds ? m->cap_holds * 2 : 8;
-                long_hold *na = realloc(m->holds, nc * sizeof *na);
+        if (!dup && k->n_holds < FX_MQ_MAX_MPSC_CHANNELS) {
+            size_t need = k->n_holds + 1;
+            if (need > k->cap_holds) {
+                size_t nc = k->cap_holds ? k->cap_holds * 2 : 8;
+                long_hold *na = realloc(k->holds, nc * sizeof *na);
                 if (na) {
-                    m->holds = na;
-                    m->cap_holds = nc;
+                    k->holds = na;
+                    k->cap_holds = nc;
                 }
             }
-            if (need <= m->cap_holds) {
-                m->holds[m->n_holds++] = (long_hold){.chan = ids[i], .h = h};
+            if (need <= k->cap_holds) {
+                k->holds[k->n_holds++] = (long_hold){.chan = ids[i], .h = h};
                 added = true;
             }
         }
-        pthread_mutex_unlock(&m->kmu);
+        pthread_mutex_unlock(&k->mu);
         if (!added) fx_lease_release(h);
         if (closing) return;
     }
 }
 
+/* Give the member's keeper back; the last member of the MPMC in this client releases the holds.
+ * Idempotent. */
 static void keeper_release(mpmc_member *m)
 {
     pthread_mutex_lock(&m->kmu);
-    long_hold *hs = m->holds;
-    size_t n = m->n_holds;
-    m->holds = NULL;
-    m->n_holds = m->cap_holds = 0;
+    mpmc_keeper *k = m->keeper;
+    m->keeper = NULL;
     pthread_mutex_unlock(&m->kmu);
-    for (size_t i = 0; i < n; i++) fx_lease_release(hs[i].h);
-    free(hs);
+    if (!k) return;
+    fx_mq_client *c = m->c;
+    pthread_mutex_lock(&c->mu);
+    bool last = --k->refs == 0;
+    if (last) {
+        mpmc_keeper **pp = &c->keepers;
+        while (*pp && *pp != k) pp = &(*pp)->next;
+        if (*pp) *pp = k->next;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (!last) return;
+    for (size_t i = 0; i < k->n_holds; i++) fx_lease_release(k->holds[i].h);
+    free(k->holds);
+    pthread_mutex_destroy(&k->mu);
+    free(k);
 }
 
 static void on_lease_expired(void *arg, fx_lease *h, int64_t lease_id)
@@ -1690,6 +1749,11 @@ fx_err fx_mpmc_flush(fx_mpmc_consumer *c, int timeout_ms)
 
 int64_t fx_mpmc_consumer_member(const fx_mpmc_consumer *c) { return c ? c->m.member : -1; }
 int64_t fx_mpmc_consumer_chan(const fx_mpmc_consumer *c) { return c ? c->chan : -1; }
+
+void fx_mpmc_consumer_set_notify(fx_mpmc_consumer *c, void (*fn)(void *arg), void *arg)
+{
+    if (c && c->sub) fx__mpsc_consumer_set_notify(c->sub, fn, arg);
+}
 
 /* ---- producer ----------------------------------------------------------------------------------- */
 

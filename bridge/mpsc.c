@@ -21,8 +21,9 @@
  *   (payload or global): the same.
  *
  * Consumer read path:
- *   resume points = consume offsets read once at open; a watch on the produce-offset prefix
- *   (snapshot then events) raises produce[p] monotonically and wakes get(). get() picks producers
+ *   resume points = consume offsets read once at open; the client's shared produce-offset watch
+ *   (pwatch.h: one stream per client, registered first) plus one read of the channel's produce
+ *   offsets right after registering raise produce[p] monotonically and wake get(). get() picks producers
  *   round robin among those with produce >= next_fetch, reads a run with ONE range read, skips
  *   (ERR with the ids + counters: the consumer's skipped_ids and the client's payload_missing,
  *   treated as acked) ids missing below the produce offset: the payload plane lost them (e.g.
@@ -48,6 +49,7 @@
 #include "fx_log.h"
 #include "fx_time.h"
 #include "mq_int.h"
+#include "pwatch.h"
 #include "segment.h"
 
 #define CHUNK_MSGS 127                 /* payload puts per txn (+1 offset put <= 128 ops) */
@@ -59,7 +61,6 @@
 #define MAX_UNACKED 65536              /* handed-out, unacknowledged ids per producer */
 #define MAX_PRODUCERS 100000           /* producers tracked by one consumer */
 #define COMMIT_GROUP 64                /* producers per commit txn (2 ops each) */
-#define COMMIT_IDLE_MS 1000            /* commit thread safety wake-up */
 #define SKIP_LOG_MS 1000
 
 /* ST_RETRY (standalone consumer only): a close failed strongly (acknowledged messages could not
@@ -1250,16 +1251,22 @@ struct fx_mpsc_consumer {
     fx_mq_key k_member;
     bool member_written;
     bool member_deleted;
-    fx_watch *watch;
-    pthread_t commit_thr;
-    bool commit_started;
+    fx_pwatch *pw; /* registered with the client's produce-offset watch (NULL: not) */
+    void (*notify)(void *arg); /* fx_mpmc_consumer_set_notify (under mu) */
+    void *notify_arg;
+    /* commit pool (cpool): under the pool's mu */
+    bool cq_on;       /* attached to the client's commit pool (detached at close) */
+    bool cq_queued, cq_busy, cq_again;
+    int64_t cq_not_before, cq_backoff;
+    struct fx_mpsc_consumer *cq_next;
+    bool cq_attached; /* closing thread only: a final commit is due at close */
 
     pthread_mutex_t get_mu; /* serialises gets */
 
     pthread_mutex_t mu;        /* everything below and lf */
     pthread_cond_t cv;         /* close progress, flush waiters */
     pthread_cond_t data_cv;    /* get waiters (watch, close, fault) */
-    pthread_cond_t commit_cv;  /* commit thread (acks, flush, close) */
+    pthread_cond_t commit_cv;  /* unused since the commit pool (kept for the destroy order) */
     life lf;
     pstate *ps;
     size_t n_ps, cap_ps, rr;
@@ -1346,7 +1353,7 @@ static void cons_on_expired(void *arg, fx_lease *h, int64_t id)
         FX_WRN("mpsc consumer %lld/%lld: lease %lld expired; closing the consumer",
                (long long)c->m.chan, (long long)c->cidx, (long long)id);
     pthread_cond_broadcast(&c->data_cv);
-    pthread_cond_broadcast(&c->commit_cv);
+    if (c->notify && !c->lf.constructing) c->notify(c->notify_arg);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
@@ -1356,43 +1363,74 @@ static fx_err cons_gate_locked(fx_mpsc_consumer *c, bool *self_close)
     return life_gate(&c->lf, "consumer", c->m.chan, c->cidx, self_close);
 }
 
-/* Watch on the produce-offset prefix: merge monotonically (max), wake getters. */
-static void cons_watch_cb(void *arg, const fx_watch_update *u)
+/* A produce offset (shared watch or the read at open): merge monotonically (max) under mu, wake
+ * getters when it moved. */
+static bool cons_merge_locked(fx_mpsc_consumer *c, int64_t pidx, int64_t off)
+{
+    pstate *s = ps_add(c, pidx);
+    if (!s) {
+        FX_ERR("mpsc consumer %lld: cannot track producer %lld (memory or %d producers)",
+               (long long)c->m.chan, (long long)pidx, MAX_PRODUCERS);
+        return false;
+    }
+    if (off <= s->produce) return false;
+    s->produce = off;
+    return true;
+}
+
+static void cons_pwatch_cb(void *arg, int64_t pidx, int64_t off)
 {
     fx_mpsc_consumer *c = arg;
+    pthread_mutex_lock(&c->mu);
+    if (cons_merge_locked(c, pidx, off)) {
+        pthread_cond_broadcast(&c->data_cv);
+        if (c->notify) c->notify(c->notify_arg);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void fx__mpsc_consumer_set_notify(fx_mpsc_consumer *c, void (*fn)(void *arg), void *arg)
+{
+    pthread_mutex_lock(&c->mu);
+    c->notify = fn;
+    c->notify_arg = arg;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* The channel's produce offsets, read once after registering with the shared watch (events
+ * written before the registration are in this read; later ones come from the watch). */
+static fx_err read_produce(fx_mpsc_consumer *c)
+{
+    fx_mq_client *cl = c->c;
+    fx_mq_key pre;
+    fx_err e = key_err(fx_mq_prefix_produce_offsets(&cl->keys, c->m.chan, &pre), "prefix");
+    if (e) return e;
+    uint8_t end[FX_MQ_KEY_CAP];
+    size_t el = fx_prefix_end(fx_mq_key_slice(&pre), end);
+    fx_range_req rq = {.key = fx_mq_key_slice(&pre), .range_end = {end, el}};
+    fx_range_resp rr = {0};
+    if ((e = fx_etcd_range(cl->etcd, &rq, &rr, cl->op_timeout_ms))) {
+        fx_range_resp_free(&rr);
+        return e;
+    }
     bool changed = false;
     pthread_mutex_lock(&c->mu);
-    size_t n = u->kind == FX_WATCH_SNAPSHOT ? u->n_kvs : u->n_events;
-    for (size_t i = 0; i < n; i++) {
-        const fx_kv *kv;
-        if (u->kind == FX_WATCH_SNAPSHOT) {
-            kv = &u->kvs[i];
-        } else {
-            if (u->events[i].type != FX_EV_PUT) continue;
-            kv = &u->events[i].kv;
-        }
-        int64_t chan = -1, pidx = -1, off = -1;
-        if (fx_mq_parse_produce_offset_key(&c->c->keys, (fx_slice){kv->key.data, kv->key.len},
-                                           &chan, &pidx) ||
-            chan != c->m.chan ||
-            fx_mq_produce_offset_decode(kv->value.data, kv->value.len, &off)) {
+    for (size_t i = 0; i < rr.n_kvs; i++) {
+        int64_t ch = -1, pidx = -1, off = -1;
+        const fx_kv *kv = &rr.kvs[i];
+        if (fx_mq_parse_produce_offset_key(&cl->keys, (fx_slice){kv->key.data, kv->key.len}, &ch,
+                                           &pidx) ||
+            ch != c->m.chan || fx_mq_produce_offset_decode(kv->value.data, kv->value.len, &off)) {
             FX_WRN("mpsc consumer %lld: ignoring a malformed produce offset entry",
                    (long long)c->m.chan);
             continue;
         }
-        pstate *s = ps_add(c, pidx);
-        if (!s) {
-            FX_ERR("mpsc consumer %lld: cannot track producer %lld (memory or %d producers)",
-                   (long long)c->m.chan, (long long)pidx, MAX_PRODUCERS);
-            continue;
-        }
-        if (off > s->produce) {
-            s->produce = off;
-            changed = true;
-        }
+        if (cons_merge_locked(c, pidx, off)) changed = true;
     }
     if (changed) pthread_cond_broadcast(&c->data_cv);
     pthread_mutex_unlock(&c->mu);
+    fx_range_resp_free(&rr);
+    return FX_OK;
 }
 
 /* ---- commit --------------------------------------------------------------------------------- */
@@ -1444,8 +1482,27 @@ static fx_err commit_group(fx_mpsc_consumer *c, const commit_item *it, size_t n,
         }
     }
     if (nops) {
-        fx_txn_req tx = {.success = ops, .n_success = nops};
-        if ((e = fx_etcd_txn(cl->etcd, &tx, NULL, timeout_ms))) goto out;
+        /* Fencing (issue 13): the offsets move only while this consumer's membership key exists.
+         * It lives under the member lease, so a consumer whose lease expired (a bridge cut off
+         * from etcd for longer than the TTL, its sub-MPSC claimed by another member since) cannot
+         * commit late: the compare fails and the commit is refused. */
+        fx_cmp cmp = {.target = FX_CMP_CREATE, .result = FX_CMP_GREATER,
+                      .key = fx_mq_key_slice(&c->k_member), .num = 0};
+        fx_txn_req tx = {.cmp = &cmp, .n_cmp = c->member_written ? 1 : 0, .success = ops,
+                         .n_success = nops};
+        fx_txn_resp resp = {0};
+        e = fx_etcd_txn(cl->etcd, &tx, &resp, timeout_ms);
+        bool refused = e == FX_OK && !resp.succeeded;
+        fx_txn_resp_free(&resp);
+        if (e) goto out;
+        if (refused) {
+            FX_WRN("mpsc consumer %lld/%lld: commit refused: its membership is gone (member lease "
+                   "expired): fenced; %zu producer offset(s) not moved",
+                   (long long)c->m.chan, (long long)c->cidx, nops);
+            e = fx_seterr(FX_ELEASE_LOST, "mpsc consumer %lld/%lld: commit refused (fenced): "
+                          "membership gone", (long long)c->m.chan, (long long)c->cidx);
+            goto out;
+        }
     }
     *landed = true;
     for (size_t i = 0; i < n; i++) {
@@ -1531,58 +1588,219 @@ static bool commit_dirty(const fx_mpsc_consumer *c)
     return false;
 }
 
-static void *commit_main(void *arg)
+/* ---- the commit pool ----------------------------------------------------------------------------
+ * One pool of FX_MQ_COMMIT_THREADS threads per client commits for every consumer of the client
+ * (issue 13: it was one thread per consumer, i.e. per claim). A consumer is queued while it has
+ * acks to commit and no pool thread is committing for it, so its commits stay in order and one
+ * slow consumer holds one pool thread at most; a failed round is retried after a backoff (50 ms
+ * doubling to 1 s: the consumer goes back to the queue with a not-before time). The final commit
+ * of a close runs in the closing thread after the consumer left the pool. Lock order: a
+ * consumer's mu, then the pool's mu (commit_kick); pool threads never hold the pool's mu while
+ * taking a consumer's. */
+struct fx__cpool {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* pool threads (monotonic) */
+    pthread_cond_t done_cv; /* detach waiting for a busy consumer (monotonic) */
+    bool stop;
+    fx_mpsc_consumer *head, *tail;
+    pthread_t thr[FX_MQ_COMMIT_THREADS];
+    size_t n_thr;
+    fx_mq_client *c;
+};
+
+static void cpool_push_locked(struct fx__cpool *p, fx_mpsc_consumer *c)
 {
-    fx_mpsc_consumer *c = arg;
-    int64_t backoff = RETRY_MIN_MS;
-    int64_t retry_at = 0;
-    for (;;) {
-        pthread_mutex_lock(&c->mu);
-        for (;;) {
-            if (c->lf.stop) break;
-            bool due = commit_dirty(c) && fx_now_ms() >= retry_at;
-            if (due) break;
-            int64_t dl = fx_now_ms() + COMMIT_IDLE_MS;
-            if (retry_at > fx_now_ms() && commit_dirty(c)) dl = retry_at;
-            struct timespec ts = fx_deadline_ts(dl);
-            pthread_cond_timedwait(&c->commit_cv, &c->mu, &ts);
-        }
-        bool final = c->lf.stop;
-        bool faulted = c->lf.fault != FX_OK;
-        pthread_mutex_unlock(&c->mu);
-        if (final && faulted) break; /* a lost lease: no more writes */
-        if (fx__mq_op_enter(c->c) != FX_OK) break;
-        bool did = false;
-        fx_err e = commit_round(c, final ? c->c->close_timeout_ms : c->c->op_timeout_ms, &did);
-        fx__mq_op_leave(c->c);
-        if (did) c->st.commits++;
-        if (final) {
-            if (e) {
-                c->final_err = e; /* read by the close after joining this thread */
-                snprintf(c->final_detail, sizeof c->final_detail, "%s", fx_err_detail());
-                if (c->m.sub)
-                    FX_WRN("mpsc consumer %lld/%lld close: final commit failed: %s (%s); the "
-                           "uncommitted messages will be delivered again",
-                           (long long)c->m.chan, (long long)c->cidx, fx_errname(e),
-                           fx_err_detail());
-            }
-            break;
-        }
-        if (e) {
-            c->st.commit_retries++;
-            fx_log_ratelimited(&c->commit_log, 5000, FX_LOG_WRN,
-                               "mpsc consumer %lld/%lld: commit failed: %s (%s); retrying in "
-                               "%lld ms",
-                               (long long)c->m.chan, (long long)c->cidx, fx_errname(e),
-                               fx_err_detail(), (long long)backoff);
-            retry_at = fx_now_ms() + backoff;
-            backoff = min64(backoff * 2, RETRY_MAX_MS);
-        } else {
-            backoff = RETRY_MIN_MS;
-            retry_at = 0;
+    c->cq_queued = true;
+    c->cq_next = NULL;
+    if (p->tail) p->tail->cq_next = c;
+    else p->head = c;
+    p->tail = c;
+    pthread_cond_signal(&p->cv);
+}
+
+static void cpool_unlink_locked(struct fx__cpool *p, fx_mpsc_consumer *c, fx_mpsc_consumer *prev)
+{
+    if (prev) prev->cq_next = c->cq_next;
+    else p->head = c->cq_next;
+    if (p->tail == c) p->tail = prev;
+    c->cq_queued = false;
+}
+
+/* Acks to commit (or a flush): queue the consumer. c->mu held. */
+static void commit_kick(fx_mpsc_consumer *c)
+{
+    struct fx__cpool *p = c->c->cpool;
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    if (c->cq_on) {
+        if (c->cq_busy) c->cq_again = true;
+        else if (!c->cq_queued) {
+            c->cq_not_before = 0;
+            cpool_push_locked(p, c);
         }
     }
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void *cpool_main(void *arg)
+{
+    struct fx__cpool *p = arg;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        fx_mpsc_consumer *c = NULL, *prev = NULL;
+        int64_t now = fx_now_ms(), until = now + 1000;
+        for (fx_mpsc_consumer *x = p->head; x; prev = x, x = x->cq_next) {
+            if (x->cq_not_before <= now) {
+                c = x;
+                break;
+            }
+            if (x->cq_not_before < until) until = x->cq_not_before;
+        }
+        if (p->stop) break;
+        if (!c) {
+            struct timespec ts = fx_deadline_ts(until);
+            pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+            continue;
+        }
+        cpool_unlink_locked(p, c, prev);
+        c->cq_busy = true;
+        c->cq_again = false;
+        pthread_mutex_unlock(&p->mu);
+
+        pthread_mutex_lock(&c->mu);
+        bool skip = c->lf.stop || c->lf.fault != FX_OK || !commit_dirty(c);
+        pthread_mutex_unlock(&c->mu);
+        fx_err e = FX_OK;
+        if (!skip && (e = fx__mq_op_enter(c->c)) == FX_OK) {
+            bool did = false;
+            e = commit_round(c, c->c->op_timeout_ms, &did);
+            fx__mq_op_leave(c->c);
+            if (did) c->st.commits++;
+            if (e == FX_ELEASE_LOST) { /* fenced: the consumer is over (its next call closes it) */
+                pthread_mutex_lock(&c->mu);
+                life_lease_lost(&c->lf);
+                pthread_cond_broadcast(&c->data_cv);
+                pthread_cond_broadcast(&c->cv);
+                pthread_mutex_unlock(&c->mu);
+            } else if (e) {
+                c->st.commit_retries++;
+                if (!c->cq_backoff) c->cq_backoff = RETRY_MIN_MS;
+                fx_log_ratelimited(&c->commit_log, 5000, FX_LOG_WRN,
+                                   "mpsc consumer %lld/%lld: commit failed: %s (%s); retrying in "
+                                   "%lld ms",
+                                   (long long)c->m.chan, (long long)c->cidx, fx_errname(e),
+                                   fx_err_detail(), (long long)c->cq_backoff);
+            }
+        }
+        bool redo = false;
+        if (!skip) {
+            pthread_mutex_lock(&c->mu);
+            redo = !c->lf.stop && c->lf.fault == FX_OK && commit_dirty(c);
+            pthread_mutex_unlock(&c->mu);
+        }
+        pthread_mutex_lock(&p->mu);
+        c->cq_busy = false;
+        if (!c->cq_on) {
+            pthread_cond_broadcast(&p->done_cv);
+        } else if (e && !skip && e != FX_ELEASE_LOST) {
+            c->cq_not_before = fx_now_ms() + c->cq_backoff;
+            c->cq_backoff = min64(c->cq_backoff * 2, RETRY_MAX_MS);
+            cpool_push_locked(p, c);
+        } else if (redo || c->cq_again) {
+            if (!e) c->cq_backoff = 0;
+            c->cq_not_before = 0;
+            cpool_push_locked(p, c);
+        } else {
+            c->cq_backoff = 0;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
     return NULL;
+}
+
+fx_err fx__cpool_new(fx_mq_client *c, struct fx__cpool **out)
+{
+    *out = NULL;
+    struct fx__cpool *p = calloc(1, sizeof *p);
+    if (!p) return fx_seterr(FX_ENOMEM, "commit pool: out of memory");
+    p->c = c;
+    if (pthread_mutex_init(&p->mu, NULL) || fx_cond_init_monotonic(&p->cv) ||
+        fx_cond_init_monotonic(&p->done_cv)) {
+        free(p);
+        return fx_seterr(FX_ENOMEM, "commit pool: sync init failed");
+    }
+    for (size_t i = 0; i < FX_MQ_COMMIT_THREADS; i++) {
+        if (pthread_create(&p->thr[p->n_thr], NULL, cpool_main, p) != 0) break;
+        p->n_thr++;
+    }
+    if (!p->n_thr) {
+        fx__cpool_free(p);
+        return fx_seterr(FX_ENOMEM, "commit pool: cannot start a thread");
+    }
+    *out = p;
+    return FX_OK;
+}
+
+void fx__cpool_free(struct fx__cpool *p)
+{
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = true;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    for (size_t i = 0; i < p->n_thr; i++) pthread_join(p->thr[i], NULL);
+    pthread_cond_destroy(&p->done_cv);
+    pthread_cond_destroy(&p->cv);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+/* Leave the pool: after it returns no pool thread works for c. */
+static void commit_detach(fx_mpsc_consumer *c)
+{
+    struct fx__cpool *p = c->c->cpool;
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    if (c->cq_on) {
+        c->cq_on = false;
+        if (c->cq_queued) {
+            fx_mpsc_consumer *prev = NULL;
+            for (fx_mpsc_consumer *x = p->head; x && x != c; x = x->cq_next) prev = x;
+            cpool_unlink_locked(p, c, prev);
+        }
+        while (c->cq_busy) {
+            struct timespec ts = fx_deadline_ts(fx_now_ms() + 1000);
+            pthread_cond_timedwait(&p->done_cv, &p->mu, &ts);
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* The close's one final bounded commit attempt (in the closing thread, after commit_detach). */
+static void commit_final(fx_mpsc_consumer *c)
+{
+    pthread_mutex_lock(&c->mu);
+    bool faulted = c->lf.fault != FX_OK;
+    pthread_mutex_unlock(&c->mu);
+    if (faulted) return; /* a lost lease: no more writes */
+    if (fx__mq_op_enter(c->c) != FX_OK) return;
+    bool did = false;
+    fx_err e = commit_round(c, c->c->close_timeout_ms, &did);
+    fx__mq_op_leave(c->c);
+    if (did) c->st.commits++;
+    if (e == FX_ELEASE_LOST) { /* fenced: nothing of ours may be committed any more */
+        pthread_mutex_lock(&c->mu);
+        life_lease_lost(&c->lf);
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (e) {
+        c->final_err = e;
+        snprintf(c->final_detail, sizeof c->final_detail, "%s", fx_err_detail());
+        if (c->m.sub)
+            FX_WRN("mpsc consumer %lld/%lld close: final commit failed: %s (%s); the "
+                   "uncommitted messages will be delivered again",
+                   (long long)c->m.chan, (long long)c->cidx, fx_errname(e), fx_err_detail());
+    }
 }
 
 /* ---- get / ack / flush ------------------------------------------------------------------------- */
@@ -1630,7 +1848,7 @@ static void note_skipped(fx_mpsc_consumer *c, pstate *s, uint64_t skipped, int64
                        (long long)s->pidx, (long long)from, (long long)to, why);
     if (win_advance(s)) {
         c->ack_seq++;
-        pthread_cond_signal(&c->commit_cv);
+        commit_kick(c);
     }
 }
 
@@ -1942,7 +2160,7 @@ fx_err fx_mpsc_ack(fx_mpsc_consumer *c, const fx_mq_msg_id *ids, size_t n)
         }
         if (moved) {
             c->ack_seq++;
-            pthread_cond_signal(&c->commit_cv);
+            commit_kick(c);
         }
     }
     pthread_mutex_unlock(&c->mu);
@@ -1958,7 +2176,7 @@ fx_err fx_mpsc_flush(fx_mpsc_consumer *c, int timeout_ms)
     pthread_mutex_lock(&c->mu);
     fx_err e = cons_gate_locked(c, &self_close);
     uint64_t want = c->ack_seq;
-    if (!e) pthread_cond_signal(&c->commit_cv);
+    if (!e) commit_kick(c);
     while (!e && c->commit_seq < want) {
         if ((e = cons_gate_locked(c, &self_close))) break;
         if (fx_ms_left(deadline) <= 0) {
@@ -2006,7 +2224,7 @@ static int64_t uncommitted_acks(const fx_mpsc_consumer *c)
     return n;
 }
 
-/* Close. The first call stops the watch and the commit thread (which makes one final bounded
+/* Close. The first call leaves the shared watch, stops the commit thread (which makes one final bounded
  * commit attempt). Strong error (standalone consumer, no lease lost, force false): acknowledged
  * ids are still uncommitted after that attempt -> the close returns that error, *unfinished is
  * set and the endpoint stays in ST_RETRY (leases, membership and acks kept): the next close
@@ -2047,11 +2265,13 @@ static fx_err cons_close_impl(fx_mpsc_consumer *c, bool force, bool *unfinished)
 
     fx_mq_client *cl = c->c;
     if (!retry) {
-        fx_watch_stop(c->watch);
-        c->watch = NULL;
-        if (c->commit_started) {
-            pthread_join(c->commit_thr, NULL); /* after its final bounded commit attempt */
-            c->commit_started = false;
+        fx_pwatch_remove(c->pw, c); /* no callback for c runs after this */
+        c->pw = NULL;
+        bool attached = c->cq_attached;
+        commit_detach(c);
+        if (attached) {
+            c->cq_attached = false;
+            commit_final(c); /* one final bounded commit attempt */
         }
     }
     if (!c->m.sub) {
@@ -2242,19 +2462,20 @@ static fx_err cons_build(fx_mpsc_consumer *c, int64_t chan, const fx__mpsc_paren
     c->member_written = true;
     if (cons_abort_requested(c)) return fx_seterr(FX_ECLOSED, "mpsc consumer closed while opening");
     if ((e = read_resume(c))) return e;
-    fx_mq_key pre;
-    if ((e = key_err(fx_mq_prefix_produce_offsets(&cl->keys, chan, &pre), "prefix"))) return e;
-    uint8_t end[FX_MQ_KEY_CAP];
-    size_t el = fx_prefix_end(fx_mq_key_slice(&pre), end);
-    fx_watch_opts wo = {.key = fx_mq_key_slice(&pre), .range_end = {end, el},
-                        .fn = cons_watch_cb, .arg = c};
-    if ((e = fx_watch_start(cl->etcd, &wo, cl->op_timeout_ms, &c->watch))) {
-        c->watch = NULL;
-        return e;
-    }
-    if (pthread_create(&c->commit_thr, NULL, commit_main, c) != 0)
-        return fx_seterr(FX_ENOMEM, "mpsc consumer: cannot start the commit thread");
-    c->commit_started = true;
+    fx_pwatch *pw = NULL;
+    if ((e = fx__mq_pwatch(cl, &pw))) return e;
+    if ((e = fx_pwatch_add(pw, chan, cons_pwatch_cb, c))) return e;
+    c->pw = pw;
+    if ((e = read_produce(c))) return e;
+    struct fx__cpool *cp = NULL;
+    if ((e = fx__mq_cpool(cl, &cp))) return e;
+    pthread_mutex_lock(&cp->mu);
+    c->cq_on = true;
+    pthread_mutex_unlock(&cp->mu);
+    c->cq_attached = true;
+    pthread_mutex_lock(&c->mu); /* acks may have come in already (none before the first get) */
+    if (commit_dirty(c)) commit_kick(c);
+    pthread_mutex_unlock(&c->mu);
     return FX_OK;
 }
 

@@ -48,6 +48,9 @@ struct fx_mq_client {
     fx__mq_endpoint *endpoints;
     int state;                /* 0 open, 1 closing, 2 closed */
     struct fx_revoker *revoker; /* created on first use (under mu); stopped before the backends */
+    struct fx_pwatch *pwatch;   /* shared produce-offset watch (pwatch.h): first use, under mu */
+    struct fx__cpool *cpool;    /* commit pool of the MPSC consumers (mpsc.c): first use, under mu */
+    struct mpmc_keeper *keepers; /* per-MPMC sub-MPSC lease keepers shared by members (mpmc.c) */
     /* owned copies of option strings */
     char **strs;
     size_t n_strs;
@@ -56,6 +59,15 @@ struct fx_mq_client {
 /* Register an endpoint (before its blocking construction). FX_ECLOSED once the client is closing.
  * The endpoint struct is owned by the caller and must stay valid until unregistered. */
 fx_err fx__mq_register(fx_mq_client *c, fx__mq_endpoint *ep);
+#define FX_MQ_COMMIT_THREADS 4 /* consumer commit pool threads per client */
+/* The commit pool of the client's MPSC consumers (mpsc.c), started on first use (FX_ECLOSED once
+ * the backends are freed); fx__cpool_new/free are mpsc.c's, called by client.c. */
+fx_err fx__mq_cpool(fx_mq_client *c, struct fx__cpool **out);
+fx_err fx__cpool_new(fx_mq_client *c, struct fx__cpool **out);
+void fx__cpool_free(struct fx__cpool *p);
+/* The client's shared produce-offset watch (pwatch.h), started on first use. FX_ECLOSED once
+ * the backends are freed. */
+fx_err fx__mq_pwatch(fx_mq_client *c, struct fx_pwatch **out);
 /* Unregister (idempotent; safe if never registered). Endpoints call it at the end of their close. */
 void fx__mq_unregister(fx_mq_client *c, fx__mq_endpoint *ep);
 /* Validate a channel config against the client's limits (capacity >= 1, ttl in
@@ -170,6 +182,8 @@ void fx__mpsc_consumer_stats(const fx_mpsc_consumer *c, fx__mpsc_stats *out);
 /* Identity of an open endpoint. */
 int64_t fx__mpsc_producer_chan(const fx_mpsc_producer *p);
 int64_t fx__mpsc_consumer_chan(const fx_mpsc_consumer *c);
+/* fx_mpmc_consumer_set_notify of the sub-consumer (mpsc.c). */
+void fx__mpsc_consumer_set_notify(fx_mpsc_consumer *c, void (*fn)(void *arg), void *arg);
 int64_t fx__mpsc_consumer_idx(const fx_mpsc_consumer *c);
 
 #endif

@@ -1,7 +1,13 @@
-/* claim.c -- interest polling, consumer claims (one thread each), delivery, acks, redelivery and
- * dead letters. Contract: daemon_int.h.
+/* claim.c -- interest polling, consumer claims (run by a pool of workers), delivery, acks,
+ * redelivery and dead letters. Contract: daemon_int.h.
  *
- * A claim thread owns its fx_mpmc_consumer and an in-flight table of at most max_ack_pending
+ * Claims have no thread of their own (issue 13): FX_DM_CLAIM_WORKERS scheduler threads run each
+ * claim in steps (claim_step: one turn of what used to be the claim thread's loop, never waiting
+ * except in the bounded release), one worker at a time per claim, so "the claim thread" below
+ * means "the claim's steps". A step is due when the claim is kicked (ack or no-responders event,
+ * dead-letter completion, stop, durable attempt record) or when the wait it asked for is over.
+ *
+ * A claim owns its fx_mpmc_consumer and an in-flight table of at most max_ack_pending
  * entries (each a message handed out by fx_mpmc_get and not yet committed). Entry states:
  *   WAIT_SEND  due for (re)publication at `due` (new, NAKed, expired, publish failed)
  *   WAIT_ACK   published; `due` is the ack deadline (explicit) or the no-responders grace (none)
@@ -36,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "attempts.h"
 #include "daemon_int.h"
@@ -342,21 +349,9 @@ static bool stop_requested(cst *s)
     return atomic_load(&s->cl->stop) != STOP_NONE || atomic_load(&s->cl->noresp);
 }
 
-static void wait_events(cst *s, int64_t ms)
-{
-    dm_claim *cl = s->cl;
-    if (ms <= 0) return;
-    int64_t deadline = fx_now_ms() + ms;
-    pthread_mutex_lock(&cl->mu);
-    if (cl->ev_n == 0 && !cl->dlq_done && atomic_load(&cl->stop) == STOP_NONE &&
-        !atomic_load(&cl->noresp)) {
-        struct timespec ts = fx_deadline_ts(deadline);
-        pthread_cond_timedwait(&cl->cv, &cl->mu, &ts);
-    }
-    pthread_mutex_unlock(&cl->mu);
-}
 
 static void set_holding(cst *s, bool h);
+static void sched_kick(dm_claim *cl);
 static void adopt_close(cst *s, size_t i, bool lost);
 static void attw_sync(cst *s, att_stream *st, int64_t ms);
 
@@ -371,6 +366,7 @@ static void consumer_drop(cst *s)
     s->own.att = NULL;
     if (s->cons) {
         set_holding(s, false);
+        fx_mpmc_consumer_set_notify(s->cons, NULL, NULL);
         fx_mpmc_consumer_close(s->cons);
         fx_mpmc_consumer_free(s->cons);
         s->cons = NULL;
@@ -378,29 +374,47 @@ static void consumer_drop(cst *s)
     s->lost = false;
 }
 
-static bool open_consumer(cst *s)
+/* Consumer opens running at once (FX_DM_OPEN_MAX per process): every open of a new sub-MPSC
+ * appends to the MPMC's one sub-MPSC list under its create lock, so a thousand names subscribing
+ * together made a thousand concurrent creators that timed each other out (issue 13: one claim
+ * of 1,000 after 45 s). A claim that finds no free slot tries again after FX_DM_OPEN_POLL_MS. */
+static atomic_int open_running;
+
+static bool open_slot_try(void)
 {
-    while (!stop_requested(s) && !atomic_load(&s->d->stopping)) {
-        int64_t id = -1;
-        fx_err e = dm_chan_resolve(s->ch, false, &id);
-        if (!e) e = fx_mpmc_consumer_open(s->d->mq, id, &s->cons);
-        if (!e) {
-            s->open_backoff_ms = 0;
-            set_holding(s, true);
-            FX_INF("claim %s: consumer open (MPMC %" PRId64 ", sub-MPSC %" PRId64 ", member %" PRId64
-                   ")",
-                   s->cl->subject, id, fx_mpmc_consumer_chan(s->cons), fx_mpmc_consumer_member(s->cons));
-            return true;
-        }
-        s->cons = NULL;
-        if (e != FX_EEXISTS) dm_chan_forget_mpmc(s->ch);
-        fx_log_ratelimited(&s->slot_open, 5000, FX_LOG_WRN, "claim %s: cannot open consumer: %s (%s)",
-                           s->cl->subject, fx_strerror(e), fx_err_detail());
-        s->open_backoff_ms = s->open_backoff_ms ? s->open_backoff_ms * 2 : 200;
-        if (s->open_backoff_ms > 5000) s->open_backoff_ms = 5000;
-        wait_events(s, s->open_backoff_ms);
-    }
+    int cur = atomic_load(&open_running);
+    while (cur < FX_DM_OPEN_MAX)
+        if (atomic_compare_exchange_weak(&open_running, &cur, cur + 1)) return true;
     return false;
+}
+
+/* New messages for one of the claim's consumers (the client's watch thread): its next step now. */
+static void claim_notify(void *arg) { sched_kick(arg); }
+
+/* One attempt to open the claim's consumer: -1 when open, else the ms to wait before the next. */
+static int64_t open_once(cst *s)
+{
+    if (!open_slot_try()) return FX_DM_OPEN_POLL_MS;
+    int64_t id = -1;
+    fx_err e = dm_chan_resolve(s->ch, false, &id);
+    if (!e) e = fx_mpmc_consumer_open(s->d->mq, id, &s->cons);
+    atomic_fetch_sub(&open_running, 1);
+    if (!e) {
+        s->open_backoff_ms = 0;
+        fx_mpmc_consumer_set_notify(s->cons, claim_notify, s->cl);
+        set_holding(s, true);
+        FX_INF("claim %s: consumer open (MPMC %" PRId64 ", sub-MPSC %" PRId64 ", member %" PRId64
+               ")",
+               s->cl->subject, id, fx_mpmc_consumer_chan(s->cons), fx_mpmc_consumer_member(s->cons));
+        return -1;
+    }
+    s->cons = NULL;
+    if (e != FX_EEXISTS) dm_chan_forget_mpmc(s->ch);
+    fx_log_ratelimited(&s->slot_open, 5000, FX_LOG_WRN, "claim %s: cannot open consumer: %s (%s)",
+                       s->cl->subject, fx_strerror(e), fx_err_detail());
+    s->open_backoff_ms = s->open_backoff_ms ? s->open_backoff_ms * 2 : 200;
+    if (s->open_backoff_ms > 5000) s->open_backoff_ms = 5000;
+    return s->open_backoff_ms;
 }
 
 /* ---- persisted attempts (bridge/attempts.h) -------------------------------------------------- */
@@ -424,15 +438,21 @@ static bool attempts_ready(cst *s)
     return true;
 }
 
-/* The record writer: one thread per claim puts the newest record built by the claim thread
- * (rounds built while a put is in flight are coalesced into the next put). A delivery waits until
- * the record that holds its attempt count is durable (`durable` >= the entry's rec_gen), so a
- * crash can never forget an attempt that a subscriber may have seen; meanwhile the claim thread
- * keeps fetching and handling acks. A failed put is retried (newest record) every 200 ms. */
+/* The record writers: a pool of FX_DM_ATTW_THREADS threads per process (issue 13: it was one
+ * thread per claim and per adopted sub-MPSC) puts the newest record built by each claim (rounds
+ * built while a put is in flight are coalesced into the next put). Each attw is one record stream
+ * (a sub-MPSC's record); it is queued in the pool while it has a record to put and no pool thread
+ * is putting it, so one stream's puts stay in order and a slow stream holds one pool thread at
+ * most. A delivery waits until the record that holds its attempt count is durable (`durable` >=
+ * the entry's rec_gen), so a crash can never forget an attempt that a subscriber may have seen;
+ * meanwhile the claim thread keeps fetching and handling acks. A failed put is retried (newest
+ * record) after 200 ms (the stream goes back to the tail of the queue with a not-before time).
+ * The pool's threads start with the first stream and stop with the last one. */
 typedef struct attw {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool stop;
+    /* under pool.mu */
+    bool queued, busy, stop;
+    int64_t not_before;
+    struct attw *qnext;
     uint8_t *val; /* pending record (gen > 0) */
     size_t len, cap;
     char key[FX_ATTEMPTS_KEY_CAP];
@@ -442,26 +462,73 @@ typedef struct attw {
     atomic_uint_fast64_t durable;
     dm_claim *cl;
     fx_mq_client *mq;
-    pthread_t thr;
+    fx_log_slot slot;
 } attw;
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* pool threads (monotonic) */
+    pthread_cond_t done_cv; /* attw_stop waiting for a busy stream (monotonic) */
+    bool init;
+    uint64_t gen;           /* bumped when the pool stops: threads of older generations exit */
+    size_t users;           /* streams alive */
+    attw *head, *tail;
+    pthread_t thr[FX_DM_ATTW_THREADS];
+    size_t n_thr;
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void pool_push_locked(attw *w)
+{
+    w->queued = true;
+    w->qnext = NULL;
+    if (pool.tail) pool.tail->qnext = w;
+    else pool.head = w;
+    pool.tail = w;
+    pthread_cond_signal(&pool.cv);
+}
+
+/* The first queued stream whose not-before time has come (unlinked), or NULL and *until: the
+ * earliest not-before time of the queue. */
+static attw *pool_pop_ready_locked(int64_t *until)
+{
+    int64_t now = fx_now_ms();
+    *until = now + 1000;
+    attw *prev = NULL;
+    for (attw *w = pool.head; w; prev = w, w = w->qnext) {
+        if (w->not_before <= now) {
+            if (prev) prev->qnext = w->qnext;
+            else pool.head = w->qnext;
+            if (pool.tail == w) pool.tail = prev;
+            w->queued = false;
+            return w;
+        }
+        if (w->not_before < *until) *until = w->not_before;
+    }
+    return NULL;
+}
 
 static void *attw_main(void *arg)
 {
-    attw *w = arg;
+    uint64_t my = (uint64_t)(uintptr_t)arg;
     uint8_t *buf = NULL;
     size_t bcap = 0;
-    fx_log_slot slot = {0};
-    pthread_mutex_lock(&w->mu);
+    pthread_mutex_lock(&pool.mu);
     for (;;) {
-        while (!w->stop && !w->gen) pthread_cond_wait(&w->cv, &w->mu);
-        if (w->stop) break;
+        attw *w = NULL;
+        int64_t until = 0;
+        while (pool.gen == my && !(w = pool_pop_ready_locked(&until))) {
+            struct timespec ts = fx_deadline_ts(until);
+            pthread_cond_timedwait(&pool.cv, &pool.mu, &ts);
+        }
+        if (pool.gen != my) break;
+        if (w->stop || !w->gen) continue;
         uint64_t g = w->gen;
         size_t len = w->len;
         if (len > bcap) {
             uint8_t *nb = realloc(buf, len);
             if (!nb) {
-                struct timespec ts = fx_deadline_ts(fx_now_ms() + 200);
-                pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+                w->not_before = fx_now_ms() + 200;
+                pool_push_locked(w);
                 continue;
             }
             buf = nb;
@@ -473,25 +540,33 @@ static void *attw_main(void *arg)
         fx_slice k = {key, w->klen};
         int64_t lease = w->lease;
         w->gen = 0;
-        pthread_mutex_unlock(&w->mu);
+        w->busy = true;
+        pthread_mutex_unlock(&pool.mu);
         fx_err e = fx_attempts_put(w->mq, k, lease, buf, len, 5000);
-        pthread_mutex_lock(&w->mu);
         if (!e) {
             atomic_store(&w->durable, g);
-            pthread_mutex_lock(&w->cl->mu); /* wake the claim thread: deliveries may go */
+            pthread_mutex_lock(&w->cl->mu); /* wake the claim: deliveries may go */
             pthread_cond_broadcast(&w->cl->cv);
             pthread_mutex_unlock(&w->cl->mu);
+            sched_kick(w->cl);
         } else {
-            fx_log_ratelimited(&slot, 5000, FX_LOG_WRN,
+            fx_log_ratelimited(&w->slot, 5000, FX_LOG_WRN,
                                "claim %s: delivery attempts not recorded: %s (%s): retrying",
                                w->cl->subject, fx_strerror(e), fx_err_detail());
-            if (!w->gen) w->gen = g; /* nothing newer: retry this one */
-            struct timespec ts = fx_deadline_ts(fx_now_ms() + 200);
-            if (!w->stop) pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+        }
+        pthread_mutex_lock(&pool.mu);
+        w->busy = false;
+        if (e && !w->gen) w->gen = g; /* nothing newer: retry this one */
+        if (w->stop) {
+            pthread_cond_broadcast(&pool.done_cv);
+        } else if (w->gen) {
+            w->not_before = e ? fx_now_ms() + 200 : 0;
+            pool_push_locked(w);
         }
     }
-    pthread_mutex_unlock(&w->mu);
+    pthread_mutex_unlock(&pool.mu);
     free(buf);
+    nats_ReleaseThreadMemory();
     return NULL;
 }
 
@@ -499,43 +574,78 @@ static attw *attw_start(dm_claim *cl, fx_mq_client *mq)
 {
     attw *w = calloc(1, sizeof *w);
     if (!w) return NULL;
-    pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
     atomic_init(&w->durable, 0);
     w->cl = cl;
     w->mq = mq;
-    if (pthread_create(&w->thr, NULL, attw_main, w) != 0) {
-        pthread_mutex_destroy(&w->mu);
-        pthread_cond_destroy(&w->cv);
+    pthread_mutex_lock(&pool.mu);
+    if (!pool.init) {
+        fx_cond_init_monotonic(&pool.cv);
+        fx_cond_init_monotonic(&pool.done_cv);
+        pool.init = true;
+    }
+    if (pool.users == 0 && pool.n_thr == 0) {
+        for (size_t i = 0; i < FX_DM_ATTW_THREADS; i++) {
+            if (pthread_create(&pool.thr[pool.n_thr], NULL, attw_main,
+                               (void *)(uintptr_t)pool.gen) != 0)
+                break;
+            pool.n_thr++;
+        }
+    }
+    if (pool.n_thr == 0) {
+        pthread_mutex_unlock(&pool.mu);
         free(w);
         return NULL;
     }
+    pool.users++;
+    pthread_mutex_unlock(&pool.mu);
     return w;
 }
 
 static void attw_stop(attw *w)
 {
     if (!w) return;
-    pthread_mutex_lock(&w->mu);
+    pthread_mutex_lock(&pool.mu);
     w->stop = true;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-    pthread_join(w->thr, NULL);
-    pthread_mutex_destroy(&w->mu);
-    pthread_cond_destroy(&w->cv);
+    if (w->queued) { /* unlink */
+        attw **pp = &pool.head, *prev = NULL;
+        while (*pp && *pp != w) {
+            prev = *pp;
+            pp = &(*pp)->qnext;
+        }
+        if (*pp) {
+            *pp = w->qnext;
+            if (pool.tail == w) pool.tail = prev;
+        }
+        w->queued = false;
+    }
+    while (w->busy) {
+        struct timespec ts = fx_deadline_ts(fx_now_ms() + 1000);
+        pthread_cond_timedwait(&pool.done_cv, &pool.mu, &ts);
+    }
+    pthread_t thr[FX_DM_ATTW_THREADS];
+    size_t n = 0;
+    if (--pool.users == 0) { /* the last stream: the pool stops */
+        pool.gen++;
+        pthread_cond_broadcast(&pool.cv);
+        n = pool.n_thr;
+        memcpy(thr, pool.thr, n * sizeof thr[0]);
+        pool.n_thr = 0;
+    }
+    pthread_mutex_unlock(&pool.mu);
+    for (size_t i = 0; i < n; i++) pthread_join(thr[i], NULL);
     free(w->val);
     free(w);
 }
 
-/* Hand the record of generation gen to the writer (replacing one it has not started). */
+/* Hand the record of generation gen to the writers (replacing one they have not started). */
 static bool attw_submit(attw *w, fx_attempts *att, const uint8_t *val, size_t len, uint64_t gen)
 {
     fx_slice k = fx_attempts_key(att);
-    pthread_mutex_lock(&w->mu);
+    pthread_mutex_lock(&pool.mu);
     if (len > w->cap) {
         uint8_t *nb = realloc(w->val, len);
         if (!nb) {
-            pthread_mutex_unlock(&w->mu);
+            pthread_mutex_unlock(&pool.mu);
             return false;
         }
         w->val = nb;
@@ -547,8 +657,11 @@ static bool attw_submit(attw *w, fx_attempts *att, const uint8_t *val, size_t le
     w->klen = k.len;
     w->lease = fx_attempts_lease(att);
     w->gen = gen;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
+    if (!w->queued && !w->busy) {
+        w->not_before = 0;
+        pool_push_locked(w);
+    }
+    pthread_mutex_unlock(&pool.mu);
     return true;
 }
 
@@ -1077,13 +1190,6 @@ static size_t drain_events(cst *s)
     return total;
 }
 
-static bool events_pending(dm_claim *cl)
-{
-    pthread_mutex_lock(&cl->mu);
-    bool p = cl->ev_n > 0 || cl->dlq_done;
-    pthread_mutex_unlock(&cl->mu);
-    return p;
-}
 
 /* ---- timers ------------------------------------------------------------------------------------ */
 
@@ -1192,6 +1298,7 @@ static void adopt_close(cst *s, size_t i, bool lost)
     }
     attw_stop(a.as.w);
     fx_attempts_free(a.as.att);
+    fx_mpmc_consumer_set_notify(a.c, NULL, NULL);
     fx_mpmc_consumer_close(a.c);
     fx_mpmc_consumer_free(a.c);
     FX_INF("claim %s: %s adopted sub-MPSC %" PRId64 " (%" PRIu64 " message(s) in %" PRIu64
@@ -1253,6 +1360,7 @@ static void adopt_stranded(cst *s)
                 return;
             }
         }
+        fx_mpmc_consumer_set_notify(c, claim_notify, s->cl);
         s->adopt[s->n_adopt++] = ad;
         FX_INF("claim %s: adopted sub-MPSC %" PRId64 " with stranded backlog (next to its own "
                "sub-MPSC %" PRId64 ")", s->cl->subject, stranded[i], own);
@@ -1312,63 +1420,71 @@ static size_t count_state(cst *s, uint8_t st)
     return n;
 }
 
-static void claim_loop(cst *s)
+/* One turn of the claim (on a scheduler worker): what the claim thread's loop did in one
+ * iteration, without blocking: returns the ms until the claim wants its next turn (it is kicked
+ * earlier by acks, dead-letter completions, a stop and durable attempt records), or -1 when the
+ * claim is to be released. */
+static int64_t claim_turn(cst *s)
 {
-    dm_claim *cl = s->cl;
-    for (;;) {
-        if (stop_requested(s)) return;
-        if (!s->cons && !open_consumer(s)) return;
-        drain_events(s);
-        flush_acks(s);
-        if (s->lost) {
-            consumer_drop(s);
-            continue;
-        }
-        run_due(s);
-        do_sends(s);
-        flush_acks(s);
-        if (s->lost) {
-            consumer_drop(s);
-            continue;
-        }
-        if (stop_requested(s)) return;
-        adopt_stranded(s); /* no RPC unless the view shows stranded backlog not adopted yet */
-        int64_t next = next_due_in(s);
-        bool can_fetch = s->n_used < s->max_ents && can_publish(s);
-        if (!can_fetch) {
-            int64_t cap = s->n_send ? 2 : 50; /* deliveries waiting for their record */
-            wait_events(s, next < cap ? next : cap);
-            continue;
-        }
-        if (!attempts_ready(s)) {
-            wait_events(s, 200);
-            continue;
-        }
-        size_t want = s->max_ents - s->n_used;
-        if (want > FX_DM_FETCH_MAX) want = FX_DM_FETCH_MAX;
-        if (fetch_adopted(s, want)) {
-            do_sends(s);
-            continue;
-        }
-        if (s->lost) continue;
-        int to = events_pending(cl) ? 0 : (int)(next < 20 ? next : 20);
-        if (s->n_send && to > 2) to = 2; /* deliveries wait for their attempt record */
-        size_t got = 0;
-        fx_err e = fx_mpmc_get(s->cons, s->getbuf, want, &got, to);
-        if (e == FX_OK) {
-            accept_msgs(s, got);
-            do_sends(s);
-        } else if (e == FX_ETIMEDOUT) {
-            /* nothing: the next turn adopts stranded backlog if the view shows some */
-        } else if (e == FX_ECLOSED || e == FX_ELEASE_LOST) {
-            FX_WRN("claim %s: consumer closed (%s): reopening", cl->subject, fx_strerror(e));
-            consumer_drop(s);
-        } else {
-            fx_log_ratelimited(&s->slot_get, 5000, FX_LOG_WRN, "claim %s: get failed: %s (%s)",
-                               cl->subject, fx_strerror(e), fx_err_detail());
-            wait_events(s, 200);
-        }
+    if (stop_requested(s)) return -1;
+    if (!s->cons) {
+        if (atomic_load(&s->d->stopping)) return -1;
+        int64_t w = open_once(s);
+        if (w >= 0) return w;
     }
+    drain_events(s);
+    flush_acks(s);
+    if (s->lost) {
+        consumer_drop(s);
+        return 0;
+    }
+    run_due(s);
+    do_sends(s);
+    flush_acks(s);
+    if (s->lost) {
+        consumer_drop(s);
+        return 0;
+    }
+    if (stop_requested(s)) return -1;
+    adopt_stranded(s); /* no RPC unless the view shows stranded backlog not adopted yet */
+    int64_t next = next_due_in(s);
+    bool can_fetch = s->n_used < s->max_ents && can_publish(s);
+    if (!can_fetch) {
+        int64_t cap = s->n_send ? 2 : 50; /* deliveries waiting for their record */
+        return next < cap ? next : cap;
+    }
+    if (!attempts_ready(s)) return 200;
+    size_t want = s->max_ents - s->n_used;
+    if (want > FX_DM_FETCH_MAX) want = FX_DM_FETCH_MAX;
+    if (fetch_adopted(s, want)) {
+        do_sends(s);
+        return 0;
+    }
+    if (s->lost) return 0;
+    size_t got = 0;
+    fx_err e = fx_mpmc_get(s->cons, s->getbuf, want, &got, 0);
+    if (e == FX_OK && got) {
+        accept_msgs(s, got);
+        do_sends(s);
+        return 0;
+    }
+    if (e == FX_OK || e == FX_ETIMEDOUT) {
+        /* Nothing stored for us: new messages kick the claim (claim_notify); the turn comes back
+         * anyway after 20 ms while deliveries are in flight or backlog is adopted, else after
+         * FX_DM_IDLE_GET_MS (a thousand idle claims: 4,000 cheap turns/s), which also adopts
+         * stranded backlog if the view shows some. */
+        int64_t cap = s->n_used || s->n_adopt ? 20 : FX_DM_IDLE_GET_MS;
+        if (s->n_send && cap > 2) cap = 2; /* deliveries wait for their attempt record */
+        return next < cap ? next : cap;
+    }
+    if (e == FX_ECLOSED || e == FX_ELEASE_LOST) {
+        FX_WRN("claim %s: consumer closed (%s): reopening", s->cl->subject, fx_strerror(e));
+        consumer_drop(s);
+        return 0;
+    }
+    fx_log_ratelimited(&s->slot_get, 5000, FX_LOG_WRN, "claim %s: get failed: %s (%s)",
+                       s->cl->subject, fx_strerror(e), fx_err_detail());
+    return 200;
 }
 
 static void claim_release(cst *s)
@@ -1421,20 +1537,30 @@ static void claim_release(cst *s)
     release_all(s);
 }
 
-static void *claim_main(void *arg)
+/* First turn: the claim's state (owned by its turns from now on). false: out of memory. */
+static bool claim_start(dm_claim *cl)
 {
-    dm_claim *cl = arg;
-    cst s = {0};
-    s.cl = cl;
-    s.ch = cl->ch;
-    s.d = cl->ch->d;
-    s.explicit_ack = cl->ch->s.ack == FX_ACK_EXPLICIT;
-    s.use_leaf = s.explicit_ack && s.d->leaf != NULL;
-    if (s.explicit_ack) s.own.w = attw_start(cl, s.d->mq);
-    if (table_init(&s) && (!s.explicit_ack || s.own.w)) {
-        claim_loop(&s);
-        claim_release(&s);
-        dm_view_kick(s.d, s.ch); /* its sub-MPSC may hold stranded backlog now: adopt it at once */
+    cst *s = calloc(1, sizeof *s);
+    if (!s) return false;
+    cl->st = s;
+    s->cl = cl;
+    s->ch = cl->ch;
+    s->d = cl->ch->d;
+    s->explicit_ack = cl->ch->s.ack == FX_ACK_EXPLICIT;
+    s->use_leaf = s->explicit_ack && s->d->leaf != NULL;
+    if (s->explicit_ack) s->own.w = attw_start(cl, s->d->mq);
+    return table_init(s) && (!s->explicit_ack || s->own.w);
+}
+
+/* Last turn: release (bounded waits, on the worker) and free the claim's state. The caller then
+ * marks the claim finished and drops the scheduler's reference. */
+static void claim_end(dm_claim *cl, bool ran)
+{
+    cst *s = cl->st;
+    if (!s) return;
+    if (ran) {
+        claim_release(s);
+        dm_view_kick(s->d, s->ch); /* its sub-MPSC may hold stranded backlog now: adopt it at once */
     } else {
         FX_ERR("claim %s: out of memory", cl->subject);
     }
@@ -1443,7 +1569,7 @@ static void *claim_main(void *arg)
     pthread_mutex_lock(&cl->mu);
     while (cl->ev_n) {
         dm_ev *ev = &cl->evs[cl->ev_head];
-        ackreply_done(s.d, ev->reply, false);
+        ackreply_done(s->d, ev->reply, false);
         ev->reply = NULL;
         cl->ev_head = (cl->ev_head + 1) % cl->ev_cap;
         cl->ev_n--;
@@ -1458,23 +1584,193 @@ static void *claim_main(void *arg)
         dm_claim_unref(cl);
         done = nx;
     }
-    free(s.ents);
-    free(s.freel);
-    free(s.heap);
-    free(s.sendq);
-    free(s.acks);
-    free(s.replies);
-    free(s.attbuf);
-    fx_attempts_free(s.own.att);
-    attw_stop(s.own.w);
-    free(s.buckets);
-    for (size_t i = 0; s.getbuf && i < FX_DM_FETCH_MAX; i++) fx_mq_delivery_free(&s.getbuf[i]);
-    free(s.getbuf);
-    free(s.hbuf);
+    free(s->ents);
+    free(s->freel);
+    free(s->heap);
+    free(s->sendq);
+    free(s->acks);
+    free(s->replies);
+    free(s->attbuf);
+    fx_attempts_free(s->own.att);
+    attw_stop(s->own.w);
+    free(s->buckets);
+    for (size_t i = 0; s->getbuf && i < FX_DM_FETCH_MAX; i++) fx_mq_delivery_free(&s->getbuf[i]);
+    free(s->getbuf);
+    free(s->hbuf);
+    free(s);
+    cl->st = NULL;
+}
+
+/* One step of claim cl: ms until its next step, or -1 when it has ended. */
+static int64_t claim_step(dm_claim *cl)
+{
+    switch (cl->phase) {
+    case 0: /* start */
+        if (!claim_start(cl)) {
+            claim_end(cl, false);
+            return -1;
+        }
+        cl->phase = 1;
+        return 0;
+    case 1: { /* run */
+        int64_t w = claim_turn(cl->st);
+        if (w >= 0) return w;
+        claim_end(cl, true);
+        return -1;
+    }
+    default:
+        return -1;
+    }
+}
+
+/* ---- the claim scheduler ------------------------------------------------------------------------
+ * FX_DM_CLAIM_WORKERS threads per process run the steps of every claim (issue 13: it was one
+ * thread per claim). A claim is in the run queue when it was kicked or its wait is over; one
+ * worker runs it at a time (a kick during its step queues it again right after). Waiting claims
+ * are found by a scan of the claim list when the earliest known wait is over. The workers start
+ * with the first claim and stay until dm_claims_sched_stop() (daemon free, no claim left).
+ * Lock order: a claim's mu, then sched.mu. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;     /* workers (monotonic) */
+    pthread_cond_t fin_cv; /* a claim finished (monotonic) */
+    bool init;
+    uint64_t gen;      /* bumped when the pool stops: threads of older generations exit */
+    size_t users;      /* claims scheduled */
+    dm_claim *rq_head, *rq_tail;
+    dm_claim *all;     /* every scheduled claim (sq_all_next) */
+    int64_t min_due;   /* no waiting claim is due before this */
+    pthread_t thr[FX_DM_CLAIM_WORKERS];
+    size_t n_thr;
+} sched = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void sched_push_locked(dm_claim *cl)
+{
+    cl->sq_queued = true;
+    cl->sq_due = 0;
+    cl->sq_next = NULL;
+    if (sched.rq_tail) sched.rq_tail->sq_next = cl;
+    else sched.rq_head = cl;
+    sched.rq_tail = cl;
+    pthread_cond_signal(&sched.cv);
+}
+
+static void sched_kick(dm_claim *cl)
+{
+    pthread_mutex_lock(&sched.mu);
+    if (cl->sq_on) {
+        if (cl->sq_running) cl->sq_kicked = true;
+        else if (!cl->sq_queued) sched_push_locked(cl);
+    }
+    pthread_mutex_unlock(&sched.mu);
+}
+
+/* Waiting claims whose time has come go to the run queue; recomputes min_due. */
+static void sched_scan_locked(int64_t now)
+{
+    int64_t min = now + 1000;
+    for (dm_claim *x = sched.all; x; x = x->sq_all_next) {
+        if (x->sq_queued || x->sq_running || !x->sq_due) continue;
+        if (x->sq_due <= now) sched_push_locked(x);
+        else if (x->sq_due < min) min = x->sq_due;
+    }
+    sched.min_due = min;
+}
+
+static void *sched_main(void *arg)
+{
+    uint64_t my = (uint64_t)(uintptr_t)arg;
+    pthread_mutex_lock(&sched.mu);
+    while (sched.gen == my) {
+        int64_t now = fx_now_ms();
+        if (now >= sched.min_due) sched_scan_locked(now);
+        dm_claim *cl = sched.rq_head;
+        if (!cl) {
+            struct timespec ts = fx_deadline_ts(sched.min_due);
+            pthread_cond_timedwait(&sched.cv, &sched.mu, &ts);
+            continue;
+        }
+        sched.rq_head = cl->sq_next;
+        if (!sched.rq_head) sched.rq_tail = NULL;
+        cl->sq_queued = false;
+        cl->sq_running = true;
+        cl->sq_kicked = false;
+        pthread_mutex_unlock(&sched.mu);
+        int64_t w = claim_step(cl);
+        pthread_mutex_lock(&sched.mu);
+        cl->sq_running = false;
+        if (w < 0) { /* ended: out of the scheduler, then finished */
+            cl->sq_on = false;
+            dm_claim **pp = &sched.all;
+            while (*pp && *pp != cl) pp = &(*pp)->sq_all_next;
+            if (*pp) *pp = cl->sq_all_next;
+            sched.users--;
+            atomic_store(&cl->finished, true);
+            pthread_cond_broadcast(&sched.fin_cv);
+            pthread_mutex_unlock(&sched.mu);
+            dm_claim_unref(cl);
+            pthread_mutex_lock(&sched.mu);
+            continue;
+        }
+        if (cl->sq_kicked || w == 0) {
+            sched_push_locked(cl);
+        } else {
+            cl->sq_due = fx_now_ms() + w;
+            if (cl->sq_due < sched.min_due) sched.min_due = cl->sq_due;
+        }
+    }
+    pthread_mutex_unlock(&sched.mu);
     nats_ReleaseThreadMemory();
-    atomic_store(&cl->finished, true);
-    dm_claim_unref(cl);
     return NULL;
+}
+
+void dm_claims_sched_stop(void)
+{
+    pthread_mutex_lock(&sched.mu);
+    pthread_t thr[FX_DM_CLAIM_WORKERS];
+    size_t n = 0;
+    if (sched.users == 0) {
+        sched.gen++;
+        pthread_cond_broadcast(&sched.cv);
+        n = sched.n_thr;
+        memcpy(thr, sched.thr, n * sizeof thr[0]);
+        sched.n_thr = 0;
+    } else {
+        FX_WRN("claim scheduler: %zu claim(s) still scheduled at daemon free; workers kept",
+               sched.users);
+    }
+    pthread_mutex_unlock(&sched.mu);
+    for (size_t i = 0; i < n; i++) pthread_join(thr[i], NULL);
+}
+
+/* Hand a new claim to the scheduler (its first step runs at once). */
+static bool sched_add(dm_claim *cl)
+{
+    pthread_mutex_lock(&sched.mu);
+    if (!sched.init) {
+        fx_cond_init_monotonic(&sched.cv);
+        fx_cond_init_monotonic(&sched.fin_cv);
+        sched.init = true;
+    }
+    if (sched.n_thr == 0) {
+        for (size_t i = 0; i < FX_DM_CLAIM_WORKERS; i++) {
+            if (pthread_create(&sched.thr[sched.n_thr], NULL, sched_main,
+                               (void *)(uintptr_t)sched.gen) != 0)
+                break;
+            sched.n_thr++;
+        }
+    }
+    if (sched.n_thr == 0) {
+        pthread_mutex_unlock(&sched.mu);
+        return false;
+    }
+    sched.users++;
+    cl->sq_on = true;
+    cl->sq_all_next = sched.all;
+    sched.all = cl;
+    sched_push_locked(cl);
+    pthread_mutex_unlock(&sched.mu);
+    return true;
 }
 
 /* ---- claim objects ----------------------------------------------------------------------------- */
@@ -1510,6 +1806,7 @@ void dm_claim_dlq_complete(pq_item *it)
     cl->dlq_done = it;
     pthread_cond_signal(&cl->cv);
     pthread_mutex_unlock(&cl->mu);
+    sched_kick(cl);
 }
 
 static bool ev_push(dm_claim *cl, const dm_ev *ev)
@@ -1523,6 +1820,7 @@ static bool ev_push(dm_claim *cl, const dm_ev *ev)
     cl->ev_n++;
     pthread_cond_signal(&cl->cv);
     pthread_mutex_unlock(&cl->mu);
+    sched_kick(cl);
     return true;
 }
 
@@ -1533,6 +1831,7 @@ static void request_stop(dm_claim *cl, int mode)
     pthread_mutex_lock(&cl->mu);
     pthread_cond_broadcast(&cl->cv);
     pthread_mutex_unlock(&cl->mu);
+    sched_kick(cl);
 }
 
 static dm_claim *claim_new(dm_chan *ch, const char *token)
@@ -1553,11 +1852,11 @@ static dm_claim *claim_new(dm_chan *ch, const char *token)
     }
     pthread_mutex_init(&cl->mu, NULL);
     fx_cond_init_monotonic(&cl->cv);
-    atomic_init(&cl->refs, 2); /* the registry and the thread */
+    atomic_init(&cl->refs, 2); /* the registry and the scheduler */
     atomic_init(&cl->stop, STOP_NONE);
     atomic_init(&cl->present, true);
-    cl->started = true;
-    if (pthread_create(&cl->thr, NULL, claim_main, cl) != 0) {
+    cl->started = false; /* no thread of its own: the scheduler runs it */
+    if (!sched_add(cl)) {
         atomic_store(&cl->refs, 1);
         dm_claim_unref(cl);
         return NULL;
@@ -1878,11 +2177,19 @@ void dm_claims_stop_all(fx_daemon *d, dm_chan *ch, int mode)
 {
     dm_claims_request_stop(d, ch, mode);
     /* Only this thread changes ch->claims now (the interest thread is stopped or ch is retired). */
-    for (dm_claim *cl = ch->claims; cl; cl = cl->next)
+    for (dm_claim *cl = ch->claims; cl; cl = cl->next) {
         if (cl->started) {
             pthread_join(cl->thr, NULL);
             cl->started = false;
         }
+        /* run by the scheduler: wait for its last step (its release is bounded) */
+        pthread_mutex_lock(&sched.mu);
+        while (!atomic_load(&cl->finished)) {
+            struct timespec ts = fx_deadline_ts(fx_now_ms() + 1000);
+            pthread_cond_timedwait(&sched.fin_cv, &sched.mu, &ts);
+        }
+        pthread_mutex_unlock(&sched.mu);
+    }
     pthread_rwlock_wrlock(&d->reg);
     dm_claim *list = ch->claims;
     ch->claims = NULL;

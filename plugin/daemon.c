@@ -1235,6 +1235,7 @@ void fx_daemon_free(fx_daemon *d)
         fx_config_free(d->cfg);
         free(d->cfg);
     }
+    dm_claims_sched_stop(); /* every claim has ended: the claim workers go */
     if (d->nats_opened) nats_CloseAndWait(2000);
     close(d->done_fd);
     pthread_mutex_destroy(&d->cfg_mu);

@@ -9,10 +9,12 @@
  *    callbacks and by claims (dead letters) and read by its producer thread only. Channels are
  *    never freed before fx_daemon_free (removed ones move to `retired`), so NATS callbacks may
  *    hold a dm_chan pointer for the daemon's lifetime.
- *  - dm_claim: reference counted (registry, its thread, each dead-letter item in a producer
- *    queue). Its event queue is written by the ack callbacks (bounded, full -> dropped and
- *    counted; the message is redelivered after ack_wait) and read by the claim thread; completed
- *    dead letters come back through `dlq_done` (never dropped; bounded by the in-flight table).
+ *  - dm_claim: reference counted (registry, the claim scheduler, each dead-letter item in a
+ *    producer queue). It has no thread: the scheduler's workers (claim.c, FX_DM_CLAIM_WORKERS per
+ *    process) run its steps, one worker at a time. Its event queue is written by the ack
+ *    callbacks (bounded, full -> dropped and counted; the message is redelivered after ack_wait)
+ *    and read by its steps; completed dead letters come back through `dlq_done` (never dropped;
+ *    bounded by the in-flight table). Lock order: claim.mu -> the scheduler's lock.
  *
  * Stored message form: bridge/flatdict.h fx_mq_msg. The "headers" entry is a canonical NATS header
  * block rebuilt from cnats' parsed headers: "NATS/1.0\r\n" + one "Key: Value\r\n" line per value
@@ -61,6 +63,11 @@
 #define FX_DM_DLQ_WAIT_MS 5000             /* release: wait for dead letters being stored */
 #define FX_DM_SWEEP_MAX 16                 /* stranded sub-MPSCs remembered per view refresh */
 #define FX_DM_ADOPT_IDLE_MS 200            /* an adopted sub-MPSC empty this long is let go */
+#define FX_DM_ATTW_THREADS 4               /* delivery-attempt record writers per process */
+#define FX_DM_IDLE_GET_MS 250             /* an idle claim's get wait (stop noticed within it) */
+#define FX_DM_CLAIM_WORKERS 8              /* threads that run every claim's steps (per process) */
+#define FX_DM_OPEN_POLL_MS 50              /* a claim waiting for an open slot tries again */
+#define FX_DM_OPEN_MAX 1                   /* consumer opens running at once per bridge */
 #define FX_DM_ADOPT_MAX 4                  /* stranded sub-MPSCs one claim drains at a time */
 #define FX_DM_VIEW_MS 2000                 /* house-keeping refresh of backlog and sub-MPSC views */
 #define FX_DM_KICK_MIN_MS 100             /* kicked view refreshes (released claims): at most 10/s */
@@ -236,6 +243,13 @@ struct dm_claim {
     size_t ev_cap, ev_head, ev_n;
     pq_item *dlq_done;
     bool dlq_closed; /* thread gone: completions are freed by the producer side */
+
+    /* claim scheduler (claim.c): sq_* under its lock; st and phase touched by its steps only */
+    bool sq_on, sq_queued, sq_running, sq_kicked;
+    int64_t sq_due; /* waiting until (0: not waiting) */
+    dm_claim *sq_next, *sq_all_next;
+    void *st;       /* the claim's state (cst) */
+    int phase;
 };
 
 /* ---- daemon ----------------------------------------------------------------------------------- */
@@ -345,6 +359,8 @@ void *dm_interest_main(void *arg);
  * Caller holds no lock; ch must no longer be in the active list (or stopping must be set). */
 void dm_claims_stop_all(fx_daemon *d, dm_chan *ch, int mode);
 /* Only ask (no wait): lets a drain stop the claims of every channel in parallel. */
+/* Stop and join the claim scheduler's workers (claim.c) once no claim is left (daemon free). */
+void dm_claims_sched_stop(void);
 void dm_claims_request_stop(fx_daemon *d, dm_chan *ch, int mode);
 void dm_claim_unref(dm_claim *cl);
 /* A dead letter came back from the producer (result set). Takes the item. */

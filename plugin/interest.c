@@ -178,6 +178,62 @@ out:
     return rc;
 }
 
+/* Append a copy of subject to acc (room grown as needed). */
+static fx_err acc_push(fx_interest *acc, const char *subject)
+{
+    if (acc->n >= FX_INTEREST_MAX_SUBJECTS)
+        return fx_seterr(FX_EPROTO, "interest: more than %u subscriptions", FX_INTEREST_MAX_SUBJECTS);
+    char **grown = realloc(acc->subjects, (acc->n + 1) * sizeof *grown);
+    if (!grown) return fx_seterr(FX_ENOMEM, "interest: out of memory");
+    acc->subjects = grown;
+    char *dup = strdup(subject);
+    if (!dup) return fx_seterr(FX_ENOMEM, "interest: out of memory");
+    acc->subjects[acc->n++] = dup;
+    return FX_OK;
+}
+
+fx_err fx_interest_parse_routez(const char *body, size_t len, const char *account,
+                                fx_interest *acc)
+{
+    if (!body || !acc) return fx_seterr(FX_EINVAL, "interest: bad argument");
+    if (len > MAX_BODY) return fx_seterr(FX_EPROTO, "interest: /routez body over %u bytes", MAX_BODY);
+    cJSON *j = cJSON_ParseWithLength(body, len);
+    if (!j || !cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return fx_seterr(FX_EPROTO, "interest: /routez body is not a JSON object");
+    }
+    size_t al = account ? strnlen(account, 1024) : 0;
+    fx_err rc = FX_OK;
+    const cJSON *routes = cJSON_GetObjectItemCaseSensitive(j, "routes");
+    if (!cJSON_IsArray(routes)) routes = NULL; /* no routes: null or absent */
+    const cJSON *r;
+    cJSON_ArrayForEach(r, routes) {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(r, "subscriptions_list_detail");
+        if (!cJSON_IsArray(list)) continue;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, list) {
+            const cJSON *subj = cJSON_GetObjectItemCaseSensitive(e, "subject");
+            const cJSON *sid = cJSON_GetObjectItemCaseSensitive(e, "sid");
+            if (!cJSON_IsString(subj) || !subj->valuestring || !literal_subject(subj->valuestring))
+                continue;
+            if (al) { /* "<account> <subject>[ <queue>]" */
+                if (!cJSON_IsString(sid) || !sid->valuestring ||
+                    strncmp(sid->valuestring, account, al) != 0 || sid->valuestring[al] != ' ')
+                    continue;
+            }
+            if ((rc = acc_push(acc, subj->valuestring))) goto out;
+        }
+    }
+out:
+    sort_dedup(acc);
+    if (acc->n == 0) {
+        free(acc->subjects);
+        acc->subjects = NULL;
+    }
+    cJSON_Delete(j);
+    return rc;
+}
+
 const char *fx_interest_claim_token(const char *deliver_prefix, const char *subject)
 {
     if (!deliver_prefix || !subject) return NULL;
@@ -355,6 +411,36 @@ fx_err fx_interest_fetch(const char *monitor_url, const char *account,
         size_t next = limit * 2;
         if (hint < MAX_LIMIT && hint + hint / 8 + 64 > next) next = hint + hint / 8 + 64;
         limit = next < MAX_LIMIT ? next : MAX_LIMIT;
+    }
+    /* Routed interest: subscribers connected to the other servers of the cluster (see header). */
+    int64_t left = deadline - now_ms();
+    if (rc == FX_OK && left <= 0)
+        rc = fx_seterr(FX_ETIMEDOUT, "interest: /subsz + /routez fetch over %d ms", timeout_ms);
+    if (rc == FX_OK) {
+        int un = snprintf(url, sizeof url, "%.*s/routez?subs=detail", (int)ul, monitor_url);
+        b.n = 0;
+        b.overflow = false;
+        errbuf[0] = '\0';
+        if (un < 0 || (size_t)un >= sizeof url) {
+            rc = fx_seterr(FX_EINVAL, "interest: URL too long");
+        } else {
+            curl_easy_setopt(h, CURLOPT_URL, url);
+            curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)left);
+            curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)left);
+            CURLcode cc = curl_easy_perform(h);
+            long status = 0;
+            if (cc == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+            if (cc != CURLE_OK)
+                rc = fx_seterr(cc == CURLE_OPERATION_TIMEDOUT ? FX_ETIMEDOUT
+                               : b.overflow                 ? FX_EPROTO
+                                                            : FX_EUNAVAIL,
+                               "interest: GET %s: %s", url,
+                               errbuf[0] ? errbuf : curl_easy_strerror(cc));
+            else if (status != 200)
+                rc = fx_seterr(FX_EUNAVAIL, "interest: GET %s: HTTP %ld", url, status);
+            else
+                rc = fx_interest_parse_routez(b.p ? b.p : "", b.n, account, &acc);
+        }
     }
 
     free(b.p);

@@ -6,6 +6,12 @@
  * literal "<deliver_prefix>.<token>" (one more token, no wildcard). Subscriptions of the bridge's
  * own client ids and subjects starting with '$' are skipped. Wildcard subscribers create no claim.
  *
+ * Routed interest (issue 13): nats-server 2.9's /subsz lists the subscriptions of the server's
+ * own clients only; a subscriber connected to another server of the cluster shows up in
+ * GET <monitor_url>/routez?subs=detail instead (per route: subject, and "sid" = "<account>
+ * <subject>[ <queue>]"). The fetch reads it after the /subsz pages and adds those of `account`
+ * (all accounts when account is empty). A server without routes answers an empty list.
+ *
  * Bounded: a response body cap (16 MiB), a page cap, a per-request deadline.
  * Thread rules: fx_interest_parse is pure; fx_interest_fetch does one blocking HTTP exchange
  * (call it from the bridge's interest thread, never from a NATS callback).
@@ -33,7 +39,13 @@ bool fx_interest_has(const fx_interest *s, const char *subject);
 fx_err fx_interest_parse(const char *body, size_t len, const uint64_t *exclude_cids,
                          size_t n_exclude, fx_interest *acc, size_t *page_len);
 
-/* Fetch every page from monitor_url for account and return the set. */
+/* Add the literal routed subscriptions of account (NULL/empty: any) in one /routez?subs=detail
+ * body to *acc (dedup). FX_EPROTO on malformed JSON. */
+fx_err fx_interest_parse_routez(const char *body, size_t len, const char *account,
+                                fx_interest *acc);
+
+/* Fetch every /subsz page and the /routez routed subscriptions from monitor_url for account and
+ * return the set. */
 fx_err fx_interest_fetch(const char *monitor_url, const char *account,
                          const uint64_t *exclude_cids, size_t n_exclude, int timeout_ms,
                          fx_interest *out);

@@ -2,6 +2,7 @@
 # Runs the benchmarks (built by make; this script builds nothing) and prints their tables.
 #   tests/bench/run.sh [etcd_bench options, e.g. -d 5 -c 8 -r 1]
 #   tests/bench/run.sh --soak [seconds]   only the bridge memory soak (nats_bench -S, default 300)
+#   tests/bench/run.sh --cluster          only the cluster-shape row (2 bridges vs 1, issue 13)
 # Environment: BUILD (build dir, default build); FX_ETCD_ENDPOINT to bench an existing etcd
 # instead of one started by the program. The etcd a bench starts lives in a fresh temp dir that
 # is removed (and any leftover process killed) when this script ends, also on failure or Ctrl-C.
@@ -15,8 +16,11 @@ if [ ! -x "$BIN" ]; then
 fi
 
 SOAK=
+CLUSTER_ONLY=
 if [ "${1:-}" = "--soak" ]; then
   SOAK=${2:-300}
+elif [ "${1:-}" = "--cluster" ]; then
+  CLUSTER_ONLY=1
 fi
 
 export FXT_TMPDIR
@@ -90,6 +94,22 @@ run_all() {
     echo
     "$NB" -d 5 -K "$plane" -o 2,3,4,5 -b "$BUILD/fluxon-bridge" || exit 1
   done
+  run_cluster
+}
+
+# Issue 13: end-to-end throughput on the cluster shape with 2 bridges vs 1 (an e2e scale test;
+# its table rows are the lines starting with "|" of its log).
+run_cluster() {
+  echo
+  echo "## Cluster shape: 2 bridges vs 1 (issue 13)"
+  echo
+  echo "command: FXE2E_SCALE=1 BUILD=$BUILD tests/e2e/run.sh '^bench_cluster_two_bridges_vs_one\$'"
+  echo "(three routed nats-servers, one etcd member; subscriber and publisher on the server without a bridge)"
+  echo
+  local log="$FXT_TMPDIR/cluster-bench.log"
+  FXE2E_SCALE=1 BUILD=$BUILD tests/e2e/run.sh '^bench_cluster_two_bridges_vs_one$' >"$log" 2>&1 ||
+    { tail -20 "$log" >&2; exit 1; }
+  sed -n 's/^ *\[bench_cluster_two_bridges_vs_one [^]]*\] //p' "$log" | grep '^|'
 }
 
 # The output also goes into BENCHMARKS.md, between the markers of its "latest run" section
@@ -112,7 +132,10 @@ record() {
 
 CMDLINE="BUILD=$BUILD tests/bench/run.sh${*:+ $*}"
 OUT="$FXT_TMPDIR/out.md"
-if [ -n "$SOAK" ]; then
+if [ -n "$CLUSTER_ONLY" ]; then
+  run_cluster
+  exit $?
+elif [ -n "$SOAK" ]; then
   run_soak | tee "$OUT"
   rc=${PIPESTATUS[0]}
   marker=soak

@@ -904,6 +904,50 @@ static void mpsc_member_lease_lost(void **state)
     fx_mpsc_producer_free(p);
 }
 
+/* Fencing (issue 13): acks of a consumer whose membership is gone on the server (its member
+ * lease expired there: a bridge cut off from etcd), before the client noticed, must not commit:
+ * the commit is refused (WRN "commit refused ... fenced"), the consume offset does not move, the
+ * payloads stay, and the consumer is over (FX_ELEASE_LOST once). */
+static void mpsc_late_commit_fenced(void **state)
+{
+    ctx *x = *state;
+    fx_etcd *e = fx_mq_client_etcd(x->cl);
+    int64_t chan = create_chan(x->cl, 100);
+    fx_mpsc_producer *p = NULL;
+    fx_mpsc_consumer *cs = NULL;
+    CHECK(fx_mpsc_producer_open(x->cl, chan, 0, &p));
+    fx_slice v[4];
+    char b[4][32];
+    vals_make(v, b, 4, "f");
+    size_t np = 0;
+    CHECK(fx_mpsc_put(p, v, 4, 1000, &np, NULL));
+    CHECK(fx_mpsc_consumer_open(x->cl, chan, &cs));
+    fx_mq_delivery out[4];
+    size_t got = 0;
+    int64_t dl = fx_now_ms() + 5000;
+    while (got < 4 && fx_now_ms() < dl) {
+        size_t n = 0;
+        fx_err r = fx_mpsc_get(cs, out + got, 4 - got, &n, 500);
+        if (r != FX_ETIMEDOUT) CHECK(r);
+        got += n;
+    }
+    assert_int_equal(got, 4);
+    fx_mq_key cm;
+    CHECK(fx_mq_key_consumer_member(&x->cl->keys, chan, fx__mpsc_consumer_idx(cs), &cm));
+    fx_del_req dr = {.key = fx_mq_key_slice(&cm)};
+    CHECK(fx_etcd_delete(e, &dr, NULL, OP_MS)); /* the server forgot the member */
+    for (int i = 0; i < 4; i++) CHECK(fx_mpsc_ack(cs, &out[i].id, 1));
+    EXPECT(FX_ELEASE_LOST, fx_mpsc_flush(cs, 3000));
+    fx_mq_key co;
+    CHECK(fx_mq_key_consume_offset(&x->cl->keys, chan, fx_mpsc_producer_idx(p), &co));
+    assert_int_equal(key_int(e, &co, -1), -1); /* never committed */
+    assert_int_equal(payload_keys(x->cl, chan), x->per_key ? 4 : 1); /* nothing deleted */
+    fx_mpsc_consumer_close(cs);
+    fx_mpsc_consumer_free(cs);
+    for (int i = 0; i < 4; i++) fx_mq_delivery_free(&out[i]);
+    fx_mpsc_producer_free(p);
+}
+
 static void mpsc_close_commits_pending_acks(void **state)
 {
     ctx *x = *state;
@@ -1158,6 +1202,9 @@ int main(void)
                                         test_teardown),
         cmocka_unit_test_setup_teardown(mpsc_close_commits_pending_acks, test_setup_kv_apart,
                                         test_teardown),
+        cmocka_unit_test_setup_teardown(mpsc_late_commit_fenced, test_setup_kv_apart,
+                                        test_teardown),
+        cmocka_unit_test_setup_teardown(mpsc_late_commit_fenced, test_setup_per_key, test_teardown),
         cmocka_unit_test_setup_teardown(mpsc_member_lease_lost, test_setup_kv_apart,
                                         test_teardown),
         /* the reference layout (one key per message), both payload planes */

@@ -305,6 +305,40 @@ static void fetch_connection_refused_is_unavailable(void **state)
     assert_int_equal(fx_interest_fetch(url, "APP", NULL, 0, 2000, NULL), FX_EINVAL);
 }
 
+/* A /routez?subs=detail answer of nats-server 2.9.10 (trimmed): server A with two routes; a
+ * plain and a queue subscription of q.orders.remote on server B (account $G), one of another
+ * account, a wildcard and a $SYS one. */
+static const char ROUTEZ[] =
+    "{\"server_id\":\"NA\",\"now\":\"2026-12-01T16:27:00Z\",\"num_routes\":2,\"routes\":["
+    "{\"rid\":6,\"remote_id\":\"NB\",\"ip\":\"127.0.0.1\",\"port\":45760,"
+    "\"subscriptions_list_detail\":["
+    "{\"subject\":\"$SYS.REQ.SERVER.PING\",\"sid\":\"$SYS $SYS.REQ.SERVER.PING\",\"msgs\":0,\"cid\":6},"
+    "{\"subject\":\"q.orders.remote\",\"sid\":\"$G q.orders.remote\",\"msgs\":0,\"cid\":6},"
+    "{\"subject\":\"q.orders.remote\",\"qgroup\":\"g1\",\"sid\":\"$G q.orders.remote g1\",\"msgs\":0,\"cid\":6},"
+    "{\"subject\":\"q.orders.other\",\"sid\":\"APP q.orders.other\",\"msgs\":0,\"cid\":6},"
+    "{\"subject\":\"q.orders.>\",\"sid\":\"$G q.orders.>\",\"msgs\":0,\"cid\":6}]},"
+    "{\"rid\":7,\"remote_id\":\"NC\",\"ip\":\"127.0.0.1\",\"port\":45762,"
+    "\"subscriptions_list_detail\":[]}]}";
+
+static void routed_interest_from_routez(void **state)
+{
+    (void)state;
+    fx_interest acc = {0};
+    assert_int_equal(fx_interest_parse_routez(ROUTEZ, strlen(ROUTEZ), "$G", &acc), FX_OK);
+    static const char *const want[] = {"q.orders.remote"};
+    assert_set(&acc, want, 1); /* queue member deduplicated; APP, wildcard, $SYS skipped */
+    fx_interest_free(&acc);
+    assert_int_equal(fx_interest_parse_routez(ROUTEZ, strlen(ROUTEZ), "", &acc), FX_OK);
+    static const char *const all[] = {"q.orders.other", "q.orders.remote"};
+    assert_set(&acc, all, 2); /* no account: every account */
+    fx_interest_free(&acc);
+    static const char noroutes[] = "{\"server_id\":\"NA\",\"num_routes\":0,\"routes\":null}";
+    assert_int_equal(fx_interest_parse_routez(noroutes, strlen(noroutes), "$G", &acc), FX_OK);
+    assert_int_equal(acc.n, 0);
+    assert_int_equal(fx_interest_parse_routez("[1,", 3, "$G", &acc), FX_EPROTO);
+    assert_int_equal(acc.n, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -316,6 +350,7 @@ int main(void)
         cmocka_unit_test(malformed_bodies),
         cmocka_unit_test(claim_tokens),
         cmocka_unit_test(fetch_connection_refused_is_unavailable),
+        cmocka_unit_test(routed_interest_from_routez),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -33,6 +33,13 @@ const filter = pattern ? new RegExp(pattern) : null;
 
 const files = fs.readdirSync(suiteDir).filter((f) => f.endsWith(".test.mjs")).sort();
 for (const f of files) await import(pathToFileURL(path.join(suiteDir, f)).href);
+// tests/e2e/scale/: scale tests that do not pass inside the CI budget yet (issue 13:
+// e2e_thousand_claims); not part of `make test`, run them with FXE2E_SCALE=1.
+if (process.env.FXE2E_SCALE) {
+  const scaleDir = path.join(suiteDir, "scale");
+  for (const f of fs.readdirSync(scaleDir).filter((x) => x.endsWith(".test.mjs")).sort())
+    await import(pathToFileURL(path.join(scaleDir, f)).href);
+}
 
 const failed = await runAll({ root, filter });
 if (!ownRoot && !keep) fs.rmSync(root, { recursive: true, force: true });

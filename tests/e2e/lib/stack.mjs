@@ -309,7 +309,7 @@ export class Etcd {
         `--advertise-client-urls=${client}`,
         `--listen-peer-urls=${peer}`,
         `--initial-advertise-peer-urls=${peer}`,
-        `--initial-cluster=${this.name}=${peer}`,
+        `--initial-cluster=${this.initialCluster || `${this.name}=${peer}`}`,
         `--initial-cluster-state=${fresh ? "new" : "existing"}`,
         "--logger=zap",
         "--log-level=warn",
@@ -328,7 +328,7 @@ export class Etcd {
         return this;
       } catch (e) {
         await this.proc.stop({ timeout: 2000 });
-        if (fresh && attempt < 2) {
+        if (fresh && attempt < 2 && !this.initialCluster) {
           // a port race: try fresh ports
           this.clientPort = null;
           fs.rmSync(this.dir, { recursive: true, force: true });
@@ -345,6 +345,14 @@ export class Etcd {
   async restart() {
     await this.stop();
     return this.start();
+  }
+
+  /** {memberId, leader} of this member (POST /v3/maintenance/status), ids as decimal strings. */
+  async status() {
+    const res = await fetch(`${this.url}/v3/maintenance/status`, { method: "POST", body: "{}", signal: AbortSignal.timeout(2000) });
+    if (res.status !== 200) throw new Error(`etcd ${this.name} status: HTTP ${res.status}`);
+    const j = await res.json();
+    return { memberId: String(j.header.member_id), leader: String(j.leader) };
   }
 
   /** Freeze etcd (SIGSTOP): an outage in which connections stay open but nothing answers. */
@@ -431,6 +439,11 @@ export class NatsServer {
       `leafnodes { listen: "127.0.0.1:${this.leafPort}" }`,
     ];
     if (this.opts.maxPayload) lines.push(`max_payload: ${this.opts.maxPayload}`);
+    if (this.opts.cluster) { // {name, port, routes: [ports of every member]} (startNatsCluster)
+      const c = this.opts.cluster;
+      lines.push(`server_name: ${this.name}`);
+      lines.push(`cluster { name: ${c.name}, listen: "127.0.0.1:${c.port}", routes: [${c.routes.map((p) => `"nats-route://127.0.0.1:${p}"`).join(", ")}] }`);
+    }
     fs.writeFileSync(conf, lines.join("\n") + "\n");
     this.proc = new Proc(`${this.ctx.name}-${this.name}`, "nats-server", ["-c", conf], {
       logPath: path.join(this.ctx.dir, `${this.name}.log`),
@@ -454,6 +467,56 @@ export class NatsServer {
     await this.stop();
     return this.start();
   }
+}
+
+/**
+ * An etcd cluster of n members on loopback ports, started together (each waits for quorum).
+ * Returns the members; urls: every client URL (for a bridge's etcd.endpoints).
+ */
+export async function startEtcdCluster(ctx, n = 3) {
+  const members = Array.from({ length: n }, (_, i) => new Etcd(ctx, `etcd-${i + 1}`));
+  for (const m of members) {
+    m.clientPort = await freePort();
+    m.peerPort = await freePort();
+  }
+  const initial = members.map((m) => `${m.name}=http://127.0.0.1:${m.peerPort}`).join(",");
+  for (const m of members) m.initialCluster = initial;
+  await Promise.all(members.map((m) => m.start()));
+  return members;
+}
+
+/** The member that is the leader now (asked of the first member that answers). */
+export async function etcdLeader(members) {
+  for (const m of members) {
+    if (!m.proc || !m.proc.running) continue;
+    try {
+      const st = await m.status();
+      for (const x of members) if (x.proc && x.proc.running && (await x.status()).memberId === st.leader) return x;
+    } catch {
+      /* this member does not answer: ask the next */
+    }
+  }
+  return null;
+}
+
+/**
+ * n nats-servers in one cluster (routes between all of them, loopback ports), started and
+ * waited for until every server has a route to every other one.
+ */
+export async function startNatsCluster(ctx, n = 3, name = "c1") {
+  const ports = [];
+  for (let i = 0; i < n; i++) ports.push(await freePort());
+  const servers = ports.map((port, i) => new NatsServer(ctx, `nats-${String.fromCharCode(97 + i)}`, { cluster: { name, port, routes: ports } }));
+  await Promise.all(servers.map((s) => s.start()));
+  for (const s of servers) {
+    let routes = -1;
+    await waitFor(async () => {
+      const r = await httpGet(`${s.monitorUrl}/routez`, 1000);
+      routes = r.json ? r.json.num_routes : -1;
+      return routes >= n - 1;
+    }, { timeout: 20_000, what: () => `${s.name}: ${n - 1} routes (have ${routes})` });
+  }
+  return servers;
 }
 
 // ---------------------------------------------------------------------------------------------
