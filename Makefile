@@ -35,8 +35,9 @@ LEASE_INC  := -Ilease
 BRIDGE_INC := -Ibridge -Ilease
 PLUGIN_INC := -Iplugin -Ibridge -Ilease
 # Test programs, benches and fuzz targets of the lease and bridge layers (by file name, without
-# .c); everything else in tests/ belongs to the plugin layer. Tests add -I. for tests/support/.
-LEASE_TESTS  := test_b64 test_etcd_json test_fx_err test_lease_registry test_etcd test_kv \
+# .c); everything else in tests/ belongs to the plugin layer. Tests add -I. for tests/support/,
+# whose files (fxt, fxt_proxy) use no project header and so compile at the lowest layer.
+LEASE_TESTS  := fxt fxt_proxy test_b64 test_etcd_json test_fx_err test_lease_registry test_etcd test_kv \
                 test_kv_redis test_lease etcd_bench payload_bench fuzz_etcd_json
 BRIDGE_TESTS := test_bridge_flatdict test_bridge_keys test_bridge_meta test_bridge_segment \
                 test_jsext test_mpmc test_mpsc test_mq_accept test_mq_edges mq_bench \
@@ -200,6 +201,37 @@ bench: deps all
 
 soak: deps all
 	@bash tests/bench/run.sh --soak 300
+
+# Install layout (DESTDIR is prepended to every path). The systemd units name the binary, the docs
+# and the config by absolute path: they are installed with those paths rewritten to match.
+PREFIX         ?= /usr/local
+BINDIR         ?= $(PREFIX)/bin
+SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
+DOCDIR         ?= $(PREFIX)/share/doc/fluxon
+SYSCONFDIR     ?= /etc
+INSTALL        ?= install
+UNIT_SED := -e 's|/usr/local/bin/fluxon-bridge|$(BINDIR)/fluxon-bridge|g' \
+            -e 's|/usr/local/share/doc/fluxon|$(DOCDIR)|g' -e 's|/etc/fluxon/|$(SYSCONFDIR)/fluxon/|g'
+
+# fluxon-bridge and fluxonctl to BINDIR; the units of deploy/systemd/ to SYSTEMDUNITDIR; README,
+# docs/ARCHITECTURE.md and deploy/README.md (as DEPLOY.md) to DOCDIR, the example configs to
+# DOCDIR/examples; SYSCONFDIR/fluxon/bridge.json from deploy/bridge-single.json unless a config
+# is already there (never overwritten). Creates no user: see deploy/README.md.
+install: $(BINS)
+	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(DOCDIR)/examples
+	$(INSTALL) -m 0755 $(BINS) $(DESTDIR)$(BINDIR)/
+	for u in deploy/systemd/*.service; do \
+	  sed $(UNIT_SED) $$u >$(DESTDIR)$(SYSTEMDUNITDIR)/$$(basename $$u).tmp && \
+	  chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/$$(basename $$u).tmp && \
+	  mv $(DESTDIR)$(SYSTEMDUNITDIR)/$$(basename $$u).tmp $(DESTDIR)$(SYSTEMDUNITDIR)/$$(basename $$u) || exit 1; \
+	done
+	$(INSTALL) -m 0644 README.md $(DESTDIR)$(DOCDIR)/README.md
+	$(INSTALL) -m 0644 docs/ARCHITECTURE.md $(DESTDIR)$(DOCDIR)/ARCHITECTURE.md
+	$(INSTALL) -m 0644 deploy/README.md $(DESTDIR)$(DOCDIR)/DEPLOY.md
+	$(INSTALL) -m 0644 deploy/*.json deploy/nats-server.conf $(DESTDIR)$(DOCDIR)/examples/
+	$(INSTALL) -d -m 0750 $(DESTDIR)$(SYSCONFDIR)/fluxon
+	[ -e $(DESTDIR)$(SYSCONFDIR)/fluxon/bridge.json ] || \
+	  $(INSTALL) -m 0640 deploy/bridge-single.json $(DESTDIR)$(SYSCONFDIR)/fluxon/bridge.json
 
 clean:
 	rm -rf build build-san build-tsan build-fuzz
