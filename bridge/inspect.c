@@ -48,7 +48,8 @@ static int cmp_ready(const void *a, const void *b)
 
 static int cmp_prod(const void *a, const void *b)
 {
-    return cmp_i64(&((const fx_mq_producer_offsets *)a)->pidx, &((const fx_mq_producer_offsets *)b)->pidx);
+    const fx_mq_producer_offsets *x = a, *y = b;
+    return cmp_i64(&x->pidx, &y->pidx);
 }
 
 static fx_slice key_slice(const fx_mq_key *k) { return fx_mq_key_slice(k); }
@@ -134,7 +135,8 @@ static fx_err parse_offsets(fx_mq_client *c, fx_mq_sub_mpsc_info *sub, const fx_
             FX_WRN("inspect: ignoring malformed produce offset of sub-MPSC %" PRId64, sub->chan_id);
             continue;
         }
-        p[n++] = (fx_mq_producer_offsets){.pidx = pidx, .produce_offset = v, .consume_offset = FX_MQ_CONSUME_OFFSET_BEGIN};
+        p[n++] = (fx_mq_producer_offsets){
+            .pidx = pidx, .produce_offset = v, .consume_offset = FX_MQ_CONSUME_OFFSET_BEGIN};
     }
     qsort(p, n, sizeof *p, cmp_prod);
     size_t n_prod = n;
@@ -151,7 +153,8 @@ static fx_err parse_offsets(fx_mq_client *c, fx_mq_sub_mpsc_info *sub, const fx_
         if (hit)
             hit->consume_offset = v;
         else
-            p[n++] = (fx_mq_producer_offsets){.pidx = pidx, .produce_offset = FX_MQ_PRODUCE_OFFSET_BEGIN, .consume_offset = v};
+            p[n++] = (fx_mq_producer_offsets){
+                .pidx = pidx, .produce_offset = FX_MQ_PRODUCE_OFFSET_BEGIN, .consume_offset = v};
     }
     qsort(p, n, sizeof *p, cmp_prod);
     int64_t total = 0;
