@@ -37,7 +37,7 @@ run_prog() { # $1 = suite, $2 = binary
   out="$FXT_TMPDIR/$name.out"
   echo "=== $suite/$name"
   local cmd=("$bin")
-  if [ "$suite" = unit ] && [ "${FXT_VALGRIND:-0}" = 1 ]; then
+  if [ "$suite" = unit ] && [ "${FXT_VALGRIND:-0}" = 1 ] && [[ "$bin" != *.sh ]]; then
     cmd=(valgrind -q --leak-check=full --show-leak-kinds=definite,indirect --errors-for-leak-kinds=definite,indirect --error-exitcode=99 "$bin")
   fi
   timeout --signal=TERM --kill-after=10 "$TIMEOUT" "${cmd[@]}" >"$out" 2>&1
