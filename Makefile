@@ -11,6 +11,11 @@
 #   make fuzz     libFuzzer targets (tests/fuzz/, clang, ASan+UBSan, build dir build-fuzz), each
 #                 run for FUZZ_SECONDS (default 30) from its seed corpus; non-zero on any crash
 #   make fuzz-corpus  rewrite the seed corpora tests/fuzz/corpus/ (after a format change)
+#   make layers   prove the layering (plugin -> bridge -> lease): each layer compiles with only
+#                 its own and lower include paths, includes no header of a higher layer, and
+#                 its library links without the symbols of a higher layer
+#   make install  fluxon-bridge, fluxonctl, systemd units, docs and example configs
+#                 (PREFIX=/usr/local, DESTDIR honoured)
 #   make clean
 
 CC      ?= cc
@@ -19,9 +24,32 @@ SAN     ?=
 CSTD    := -std=c11 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Werror -Wstrict-prototypes -Wwrite-strings -Wshadow -Wno-missing-field-initializers
 OPT     ?= -O2 -g
-CFLAGS  += $(CSTD) $(WARN) $(OPT) -pthread -MMD -MP -I. -Ilease -Ibridge -Iplugin
+CFLAGS  += $(CSTD) $(WARN) $(OPT) -pthread -MMD -MP
 LDLIBS  += -lcurl -lcjson -lhiredis -lpthread -lm
 PLUGIN_LDLIBS := -lnats -lmicrohttpd -lcrypto
+
+# Layers: plugin/ -> bridge/ -> lease/. A layer sees only its own headers and those of the layers
+# below it: the include path of every object is chosen by its layer (never -I. or a higher
+# layer), and so are the libraries a test program links.
+LEASE_INC  := -Ilease
+BRIDGE_INC := -Ibridge -Ilease
+PLUGIN_INC := -Iplugin -Ibridge -Ilease
+# Test programs, benches and fuzz targets of the lease and bridge layers (by file name, without
+# .c); everything else in tests/ belongs to the plugin layer. Tests add -I. for tests/support/,
+# whose files (fxt, fxt_proxy) use no project header and so compile at the lowest layer.
+LEASE_TESTS  := fxt fxt_proxy test_b64 test_etcd_json test_fx_err test_lease_registry test_etcd test_kv \
+                test_kv_redis test_lease etcd_bench payload_bench fuzz_etcd_json
+BRIDGE_TESTS := test_bridge_flatdict test_bridge_keys test_bridge_meta test_bridge_segment \
+                test_inspect test_jsext test_mpmc test_mpsc test_mq_accept test_mq_edges mq_bench \
+                fuzz_flatdict fuzz_segment
+test_layer = $(if $(filter $(LEASE_TESTS),$(1)),lease,$(if $(filter $(BRIDGE_TESTS),$(1)),bridge,plugin))
+# The layer of the target being built ($@: an object or a program under $(BUILD)).
+layer_of = $(if $(filter $(BUILD)/lease/%,$@),lease,$(if $(filter $(BUILD)/bridge/%,$@),bridge,$(if \
+           $(filter $(BUILD)/tests/%,$@),$(call test_layer,$(basename $(notdir $@))),plugin)))
+LAYER_INC_lease  := $(LEASE_INC)
+LAYER_INC_bridge := $(BRIDGE_INC)
+LAYER_INC_plugin := $(PLUGIN_INC)
+obj_inc = $(LAYER_INC_$(layer_of)) $(if $(filter $(BUILD)/tests/%,$@),-I.)
 
 ifeq ($(SAN),address)
 CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -66,7 +94,7 @@ FUZZ_BIN   := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/tests/fuzz/%)
 .SECONDARY:
 
 .PHONY: all deps test test-unit test-integration check tsan valgrind run bench soak clean tests \
-        fuzz fuzz-build fuzz-corpus
+        fuzz fuzz-build fuzz-corpus layers install
 
 all: $(LIBLEASE) $(if $(BRIDGE_OBJ),$(LIBBRIDGE)) $(if $(PLUGIN_OBJ),$(LIBPLUGIN)) $(BINS) tests $(BENCH_BIN)
 
@@ -77,7 +105,7 @@ deps:
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(obj_inc) -c $< -o $@
 
 $(LIBLEASE): $(LEASE_OBJ)
 	@mkdir -p $(dir $@)
@@ -92,6 +120,16 @@ $(LIBPLUGIN): $(PLUGIN_OBJ)
 	$(AR) rcs $@ $^
 
 LIBS := $(if $(PLUGIN_OBJ),$(LIBPLUGIN)) $(if $(BRIDGE_OBJ),$(LIBBRIDGE)) $(LIBLEASE)
+# What a program of each layer links: its layer's library and those below, and only the plugin
+# layer gets NATS, libmicrohttpd and libcrypto.
+LAYER_LIBS_lease    := $(LIBLEASE)
+LAYER_LIBS_bridge   := $(if $(BRIDGE_OBJ),$(LIBBRIDGE)) $(LIBLEASE)
+LAYER_LIBS_plugin   := $(LIBS)
+LAYER_LDLIBS_lease  := $(LDLIBS)
+LAYER_LDLIBS_bridge := $(LDLIBS)
+LAYER_LDLIBS_plugin := $(PLUGIN_LDLIBS) $(LDLIBS)
+prog_libs   = $(LAYER_LIBS_$(layer_of))
+prog_ldlibs = $(LAYER_LDLIBS_$(layer_of))
 
 $(BUILD)/fluxon-bridge: $(BUILD)/plugin/main.o $(LIBS)
 	$(CC) $(LDFLAGS) -o $@ $< $(LIBS) $(PLUGIN_LDLIBS) $(LDLIBS)
@@ -99,20 +137,23 @@ $(BUILD)/fluxon-bridge: $(BUILD)/plugin/main.o $(LIBS)
 $(BUILD)/fluxonctl: $(BUILD)/plugin/fluxonctl.o $(LIBS)
 	$(CC) $(LDFLAGS) -o $@ $< $(LIBS) $(PLUGIN_LDLIBS) $(LDLIBS)
 
-$(BUILD)/tests/unit/%: $(BUILD)/tests/unit/%.o $(LIBS)
-	$(CC) $(LDFLAGS) -o $@ $< $(LIBS) -lcmocka $(PLUGIN_LDLIBS) $(LDLIBS)
+# Secondary expansion: a test program depends only on the libraries of its own layer.
+.SECONDEXPANSION:
+$(BUILD)/tests/unit/%: $(BUILD)/tests/unit/%.o $$(LAYER_LIBS_$$(call test_layer,$$*))
+	$(CC) $(LDFLAGS) -o $@ $< $(prog_libs) -lcmocka $(prog_ldlibs)
 
-$(BUILD)/tests/integration/%: $(BUILD)/tests/integration/%.o $(SUPPORT_OBJ) $(LIBS)
-	$(CC) $(LDFLAGS) -o $@ $< $(SUPPORT_OBJ) $(LIBS) -lcmocka $(PLUGIN_LDLIBS) $(LDLIBS)
+$(BUILD)/tests/integration/%: $(BUILD)/tests/integration/%.o $(SUPPORT_OBJ) $$(LAYER_LIBS_$$(call test_layer,$$*))
+	$(CC) $(LDFLAGS) -o $@ $< $(SUPPORT_OBJ) $(prog_libs) -lcmocka $(prog_ldlibs)
 
-$(BUILD)/tests/fuzz/%: $(BUILD)/tests/fuzz/%.o $(LIBS)
-	$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $< $(LIBS) $(PLUGIN_LDLIBS) $(LDLIBS)
+$(BUILD)/tests/fuzz/%: $(BUILD)/tests/fuzz/%.o $$(LAYER_LIBS_$$(call test_layer,$$*))
+	$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $< $(prog_libs) $(prog_ldlibs)
 
-$(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o $(SUPPORT_OBJ) $(LIBS)
-	$(CC) $(LDFLAGS) -o $@ $< $(SUPPORT_OBJ) $(LIBS) $(PLUGIN_LDLIBS) $(LDLIBS)
+$(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o $(SUPPORT_OBJ) $$(LAYER_LIBS_$$(call test_layer,$$*))
+	$(CC) $(LDFLAGS) -o $@ $< $(SUPPORT_OBJ) $(prog_libs) $(prog_ldlibs)
 
 test: deps
 	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory layers
 	@BUILD=$(BUILD) bash tests/run.sh
 
 test-unit: all
@@ -131,6 +172,11 @@ tsan: deps
 
 valgrind: all
 	@BUILD=$(BUILD) FXT_VALGRIND=1 bash tests/run.sh unit
+
+# See scripts/check-layers.sh: includes, per-layer compile, library symbols.
+layers: $(LIBLEASE) $(if $(BRIDGE_OBJ),$(LIBBRIDGE)) $(if $(PLUGIN_OBJ),$(LIBPLUGIN))
+	@CC="$(CC)" CFLAGS="$(CSTD) $(WARN) -pthread" BUILD="$(BUILD)" LEASE_TESTS="$(LEASE_TESTS)" \
+	  BRIDGE_TESTS="$(BRIDGE_TESTS)" bash scripts/check-layers.sh
 
 run: deps all
 	@bash deploy/local/run.sh
@@ -155,6 +201,37 @@ bench: deps all
 
 soak: deps all
 	@bash tests/bench/run.sh --soak 300
+
+# Install layout (DESTDIR is prepended to every path). The systemd units name the binary, the docs
+# and the config by absolute path: they are installed with those paths rewritten to match.
+PREFIX         ?= /usr/local
+BINDIR         ?= $(PREFIX)/bin
+SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
+DOCDIR         ?= $(PREFIX)/share/doc/fluxon
+SYSCONFDIR     ?= /etc
+INSTALL        ?= install
+UNIT_SED := -e 's|/usr/local/bin/fluxon-bridge|$(BINDIR)/fluxon-bridge|g' \
+            -e 's|/usr/local/share/doc/fluxon|$(DOCDIR)|g' -e 's|/etc/fluxon/|$(SYSCONFDIR)/fluxon/|g'
+
+# fluxon-bridge and fluxonctl to BINDIR; the units of deploy/systemd/ to SYSTEMDUNITDIR; README,
+# docs/ARCHITECTURE.md and deploy/README.md (as DEPLOY.md) to DOCDIR, the example configs to
+# DOCDIR/examples; SYSCONFDIR/fluxon/bridge.json from deploy/bridge-single.json unless a config
+# is already there (never overwritten). Creates no user: see deploy/README.md.
+install: $(BINS)
+	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(DOCDIR)/examples
+	$(INSTALL) -m 0755 $(BINS) $(DESTDIR)$(BINDIR)/
+	for u in deploy/systemd/*.service; do \
+	  sed $(UNIT_SED) $$u >$(DESTDIR)$(SYSTEMDUNITDIR)/$$(basename $$u).tmp && \
+	  chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/$$(basename $$u).tmp && \
+	  mv $(DESTDIR)$(SYSTEMDUNITDIR)/$$(basename $$u).tmp $(DESTDIR)$(SYSTEMDUNITDIR)/$$(basename $$u) || exit 1; \
+	done
+	$(INSTALL) -m 0644 README.md $(DESTDIR)$(DOCDIR)/README.md
+	$(INSTALL) -m 0644 docs/ARCHITECTURE.md $(DESTDIR)$(DOCDIR)/ARCHITECTURE.md
+	$(INSTALL) -m 0644 deploy/README.md $(DESTDIR)$(DOCDIR)/DEPLOY.md
+	$(INSTALL) -m 0644 deploy/*.json deploy/nats-server.conf $(DESTDIR)$(DOCDIR)/examples/
+	$(INSTALL) -d -m 0750 $(DESTDIR)$(SYSCONFDIR)/fluxon
+	[ -e $(DESTDIR)$(SYSCONFDIR)/fluxon/bridge.json ] || \
+	  $(INSTALL) -m 0640 deploy/bridge-single.json $(DESTDIR)$(SYSCONFDIR)/fluxon/bridge.json
 
 clean:
 	rm -rf build build-san build-tsan build-fuzz

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the test programs and prints one closing line "N passed, N failed, N skipped".
+# Runs the test programs (and the shell tests tests/<suite>/test_*.sh) and prints one closing line "N passed, N failed, N skipped".
 #   tests/run.sh [unit|integration|e2e ...]   (default: all suites)
 # Environment: BUILD (build dir, default build), FXT_VALGRIND=1 (unit tests under valgrind),
 # FXT_TEST_TIMEOUT (seconds per program, default 600).
@@ -8,6 +8,7 @@
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
+export BUILD
 SUITES=("$@")
 [ ${#SUITES[@]} -eq 0 ] && SUITES=(unit integration e2e)
 TIMEOUT=${FXT_TEST_TIMEOUT:-600}
@@ -36,7 +37,7 @@ run_prog() { # $1 = suite, $2 = binary
   out="$FXT_TMPDIR/$name.out"
   echo "=== $suite/$name"
   local cmd=("$bin")
-  if [ "$suite" = unit ] && [ "${FXT_VALGRIND:-0}" = 1 ]; then
+  if [ "$suite" = unit ] && [ "${FXT_VALGRIND:-0}" = 1 ] && [[ "$bin" != *.sh ]]; then
     cmd=(valgrind -q --leak-check=full --show-leak-kinds=definite,indirect --errors-for-leak-kinds=definite,indirect --error-exitcode=99 "$bin")
   fi
   timeout --signal=TERM --kill-after=10 "$TIMEOUT" "${cmd[@]}" >"$out" 2>&1
@@ -64,6 +65,11 @@ for suite in "${SUITES[@]}"; do
       for bin in "$BUILD"/tests/"$suite"/test_*; do
         [ -x "$bin" ] && [ -f "$bin" ] && [[ "$bin" != *.o ]] && [[ "$bin" != *.d ]] || continue
         run_prog "$suite" "$bin"
+      done
+      # Shell tests of the suite (tests/<suite>/test_*.sh), same cmocka-style output.
+      for sh in tests/"$suite"/test_*.sh; do
+        [ -x "$sh" ] || continue
+        run_prog "$suite" "$sh"
       done ;;
     e2e)
       if [ -x tests/e2e/run.sh ]; then
