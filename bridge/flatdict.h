@@ -1,6 +1,7 @@
 /* flatdict.h -- the Fluxon FlatDict codec and the MQ message record built on it.
  *
- * Wire format (fluxon-mq-notes §2.2, DESIGN.md §5), little endian, no padding:
+ * Wire format (Fluxon's FlatDict, as the reference implementation writes it), little endian,
+ * no padding:
  *     u32 count
  *     count x { u32 key_len, key bytes, u8 type, u32 val_len, value bytes }
  * Types: 1 int64 (val_len 8, two's complement), 3 float64 (val_len 8, IEEE-754 bits),

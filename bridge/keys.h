@@ -1,8 +1,9 @@
 /* keys.h -- every etcd key and KV payload key of Fluxon MQ: builders, prefixes, parsers.
  *
- * Layout (reference: shared/reference/fluxon-mq-notes.md §1.1-1.3, §2.1; DESIGN.md §4). Every
- * control-plane key lives under a configurable root R (default "/fluxon"), including the keys
- * that have no leading slash in the reference ("dist_id_allocator/...", "cluster_lease/..."):
+ * Layout (the key layout of the Fluxon MQ reference implementation, kept compatible; see
+ * docs/ARCHITECTURE.md "Keys and objects"). Every control-plane key lives under a configurable
+ * root R (default "/fluxon"), including the keys that have no leading slash in the reference
+ * implementation ("dist_id_allocator/...", "cluster_lease/..."):
  *
  *   MPSC (standalone or sub-MPSC of an MPMC)            value (meta.h)
  *     R/channels/meta/{chan}                              ChanGlobalMeta JSON
@@ -96,7 +97,7 @@ fx_err fx_mq_root_validate(const char *root);
 /* FX_OK if name is a valid channel name for unique keys, else FX_EINVAL. */
 fx_err fx_mq_name_validate(const char *name);
 
-/* ---- MPSC keys (§1.1) ---------------------------------------------------------------------- */
+/* ---- MPSC keys ------------------------------------------------------------------------------ */
 fx_err fx_mq_key_chan_meta(const fx_mq_keys *k, int64_t chan, fx_mq_key *out);
 fx_err fx_mq_key_producer_member(const fx_mq_keys *k, int64_t chan, int64_t pidx, fx_mq_key *out);
 fx_err fx_mq_key_producer_weight(const fx_mq_keys *k, int64_t chan, int64_t pidx, fx_mq_key *out);
@@ -118,7 +119,7 @@ fx_err fx_mq_prefix_produce_offsets(const fx_mq_keys *k, int64_t chan, fx_mq_key
 /* R/channels/{chan}/consumer_offset_of_all_producer/ */
 fx_err fx_mq_prefix_consume_offsets(const fx_mq_keys *k, int64_t chan, fx_mq_key *out);
 
-/* ---- MPMC keys (§1.2) ---------------------------------------------------------------------- */
+/* ---- MPMC keys ------------------------------------------------------------------------------ */
 fx_err fx_mq_key_mpmc_meta(const fx_mq_keys *k, int64_t mpmc, fx_mq_key *out);
 fx_err fx_mq_key_mpmc_next_channel_id(const fx_mq_keys *k, int64_t mpmc, fx_mq_key *out);
 fx_err fx_mq_key_mpmc_mpsc_channels(const fx_mq_keys *k, int64_t mpmc, fx_mq_key *out);
@@ -133,7 +134,7 @@ fx_err fx_mq_prefix_mpmc_role(const fx_mq_keys *k, fx_mq_role role, int64_t mpmc
 /* R/mpmc_channels/ready/{mpmc}/ : ready keys. */
 fx_err fx_mq_prefix_mpmc_ready(const fx_mq_keys *k, int64_t mpmc, fx_mq_key *out);
 
-/* ---- global and helper keys (§1.3, §4) ------------------------------------------------------ */
+/* ---- global and helper keys ------------------------------------------------------------------ */
 /* R/dist_id_allocator/channels : global chan id counter (never leased). */
 fx_err fx_mq_key_alloc_chan_ids(const fx_mq_keys *k, fx_mq_key *out);
 /* R/dist_id_allocator/channels/{chan} : producer idx counter (standalone MPSC). */
@@ -156,7 +157,7 @@ fx_err fx_mq_key_unique_lock(const fx_mq_keys *k, const char *name, fx_mq_key *o
 /* R/mq_unique_keys/ : every channel-name mapping (admin listing). */
 fx_err fx_mq_prefix_unique(const fx_mq_keys *k, fx_mq_key *out);
 
-/* ---- payload keys (§2.1, relative to the KV store prefix, no root) ------------------------- */
+/* ---- payload keys (relative to the KV store prefix, no root) -------------------------------- */
 /* mpmc/{mpmc}/mpsc_{chan}/producer/{pidx}/msg_{msgid:020}; msgid 0..INT64_MAX. */
 fx_err fx_mq_payload_key(int64_t mpmc, int64_t chan, int64_t pidx, int64_t msgid, fx_mq_key *out);
 /* mpmc/{mpmc}/ : every payload of one MPMC. */

@@ -1,6 +1,7 @@
 /* meta.h -- Fluxon MQ value codecs: metadata JSON, id lists, decimal counters and offsets.
  *
- * Schemas (shared/reference/fluxon-mq-notes.md §1.4), written exactly with these field names:
+ * Schemas (those of the Fluxon MQ reference implementation), written exactly with these field
+ * names:
  *   ChanGlobalMeta      {"capacity":N,"ttl_seconds":N,"global_lease_id":N,
  *                        "global_long_lease_id":N,"payload_lease_id":N}
  *                       read aliases: "meta_lease_id"/"cluster_lease_id" -> global_lease_id,
@@ -55,7 +56,7 @@
 #include "fx_err.h"
 #include "keys.h"
 
-/* Constants (fluxon-mq-notes §8, §10). */
+/* Constants. */
 #define FX_MQ_MIN_TTL_SECONDS 90          /* default product minimum (client opts.min_ttl_s) */
 #define FX_MQ_CODEC_MIN_TTL_SECONDS 1     /* smallest ttl_seconds the codecs accept */
 #define FX_MQ_MAX_TTL_SECONDS 9000000000LL /* etcd's MaxLeaseTTL */
@@ -103,7 +104,7 @@ typedef struct fx_mq_chan_meta {
     int64_t global_lease_id;
     int64_t global_long_lease_id;
     int64_t payload_lease_id;
-    /* Payload layout (DESIGN.md §4.2). false: one KV key per message (the reference layout; a
+    /* Payload layout (docs/ARCHITECTURE.md). false: one KV key per message (the reference layout; a
      * meta without the field). true: one segment per batch (bridge/segment.h), written as
      * "payload_format":"segment"; any other payload_format value is refused on decode. */
     bool segments;

@@ -1,5 +1,5 @@
 /* segment.h -- the payload segment: one KV value holding one producer batch back to back
- * (DESIGN.md §4.2). A segment of n messages with ids [first, last] is stored under the payload
+ * (docs/ARCHITECTURE.md, "One message"). A segment of n messages with ids [first, last] is stored under the payload
  * key of its LAST id, so
  *   - the segment holding id x is the first payload key >= key(x) (one range read, limit 1);
  *   - delete_range(key(0), key(c)) removes exactly the segments whose messages are all < c;

@@ -1,6 +1,6 @@
 /* etcd.h -- etcd v3 client over the JSON gateway (libcurl + cJSON).
  *
- * What it speaks: POST /v3/... on etcd 3.4+ (see shared/reference/etcd-notes.md). Keys and values
+ * What it speaks: POST /v3/... on etcd 3.4+ (the gRPC-gateway of the v3 API). Keys and values
  * are arbitrary bytes (base64 on the wire); int64 fields are sent as JSON strings and parsed from
  * strings; fields missing from a response mean zero/false/empty.
  *
@@ -53,7 +53,9 @@ typedef struct fx_etcd_opts {
     const char *username; /* optional: etcd auth */
     const char *password;
     const char *ca_file;   /* optional TLS: CA bundle */
-    const char *cert_file; /* optional TLS client certificate (no CN, see etcd-notes §5.4) */
+    const char *cert_file; /* optional TLS client certificate (without a CN: an etcd 3.4 gateway
+                            * refuses /v3 requests from a CN certificate when client-cert auth
+                            * and RBAC are on; authenticate with a token) */
     const char *key_file;
     bool insecure_skip_verify;
     int default_timeout_ms; /* 0 -> 5000 */
@@ -110,7 +112,8 @@ typedef struct fx_slice {
 } fx_slice;
 #define FX_SLICE_STR(s) ((fx_slice){(s), strlen(s)})
 
-/* Range end for "every key with this prefix" (etcd-notes §1.2); written into out, which needs
+/* Range end for "every key with this prefix" (the prefix with its last byte incremented, as etcd
+ * defines it); written into out, which needs
  * max(prefix.len, 1) bytes; returns the length (1 with out[0]=0 meaning "to the end of the
  * keyspace"). */
 size_t fx_prefix_end(fx_slice prefix, uint8_t *out);

@@ -1,6 +1,7 @@
-/* kv.h -- the KV payload store the MQ uses for message payloads (DESIGN.md §3.2).
+/* kv.h -- the KV payload store the MQ uses for message payloads (docs/ARCHITECTURE.md).
  *
- * The seed's payload plane is Fluxon KV. This is its interface, with two shipped backends:
+ * The payload plane is a KV store with Fluxon KV's lease semantics. This is its interface, with
+ * two shipped backends:
  *  - etcd (fx_kv_new_etcd), keeping payloads under the store's own key prefix, on its own
  *    endpoint list (may be a different etcd cluster than the control plane), with etcd leases as
  *    KV payload leases;
@@ -9,7 +10,7 @@
  *    the set's TTL is the lease, so expiry deletes every key of the lease at once. Keys must not
  *    contain NUL bytes there (FX_EINVAL). See kv_redis.c for the mapping and its costs.
  *
- * Semantics (from the KV seed):
+ * Semantics (Fluxon KV's):
  *  - Keys given to the store are relative to its prefix; keys returned are relative too.
  *  - opts->lease_id == 0 means a plain, non-lease put. It never falls back to "the last lease".
  *    A lease-bound key disappears when its lease expires.
@@ -81,7 +82,7 @@ fx_err fx_kv_new_etcd_shared(fx_etcd *client, const char *prefix, int default_ti
 void fx_kv_store_free(fx_kv_store *s); /* (named so: etcd.h owns fx_kv_free(fx_kv *)) */
 
 /* Lease backend identity: "kv(etcd(http://a:1,...))". Distinct from the control plane's
- * fx_etcd_uid() even on the same endpoints, as the seed keys leases by backend. */
+ * fx_etcd_uid() even on the same endpoints, as the LeaseManager keys leases by backend. */
 const char *fx_kv_backend_uid(const fx_kv_store *s);
 /* The store's key prefix (as given). */
 const char *fx_kv_prefix(const fx_kv_store *s);

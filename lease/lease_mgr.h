@@ -1,4 +1,4 @@
-/* lease_mgr.h -- the LeaseManager and lease handles (the seed's GeneralLease; DESIGN.md §3.3).
+/* lease_mgr.h -- the LeaseManager and lease handles (docs/ARCHITECTURE.md "Leases").
  *
  * Model:
  *  - A registry keyed by (ttl_s, backend uid, lease id). Registering a key that is already

@@ -3,7 +3,7 @@
 // and NO bridge runs for 3 x retention. Afterwards every key of orders' MPMC is gone from etcd (MPMC
 // meta and lists, role/ready keys, member-id counter, its sub-MPSCs' metas, memberships, offsets,
 // counters and cluster-lease keys) and so are its payload keys in the KV store (etcd, R/kv/), as
-// the seed's TTL rule says -- and so are those of orders-dlq (same settings). The "keep" channel,
+// the lease rule says (docs/ARCHITECTURE.md "Leases") -- and so are those of orders-dlq (same settings). The "keep" channel,
 // whose retention has not passed, still has its meta and every payload. The name mapping
 // R/mq_unique_keys/orders is unleased and may remain; it is reported, not asserted.
 import { test } from "./lib/runner.mjs";

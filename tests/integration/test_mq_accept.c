@@ -2325,7 +2325,7 @@ static void mq_no_id_gap(void **state)
     assert_true(dt < 8000);
 
     /* Retry the same batch: succeeds with the next ids (or the endpoint closed itself, and a new
-     * producer takes over: DESIGN §4.2 allows either). */
+     * producer takes over: the contract allows either). */
     fx_err re = put_seq(p, 0, 5, 5, 5000, &np, ids);
     if (re == FX_ECLOSED) {
         fprintf(stderr, "producer closed after the failed batch; retrying on a new producer\n");

@@ -43,7 +43,7 @@ static void std_alphabet_plus_slash(void **state)
     const uint8_t in[] = {0xfb, 0xff};
     char out[8];
     fx_b64_encode(in, 2, out);
-    assert_string_equal(out, "+/8="); /* the etcd-notes §1.2 sample */
+    assert_string_equal(out, "+/8="); /* bytes 0xfb 0xff: the standard alphabet, as etcd expects */
     uint8_t dec[4];
     size_t n = 0;
     assert_int_equal(fx_b64_decode("+/8=", 4, dec, &n), 0);

@@ -1,6 +1,6 @@
 /* Unit tests: fluxon-bridge configuration (plugin/config.h): defaults, overrides, durations,
  * every class of error with the field named in the message, overlap rules, DLQ generation, the
- * DESIGN.md §7 example and the example files under deploy/ (run with cwd = repo root). */
+ * documented example config and the example files under deploy/ (run with cwd = repo root). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -828,7 +828,7 @@ static void test_dlq_generation(void **state)
     fx_config_free(&c);
 }
 
-/* ---- the DESIGN.md §7 example, and the files under deploy/ -------------------------------- */
+/* ---- the documented example, and the files under deploy/ -------------------------------- */
 
 static const char k_design_example[] =
     "{\n"

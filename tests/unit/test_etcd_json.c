@@ -1,5 +1,5 @@
 /* Unit tests: etcd JSON gateway codecs (etcd_json.h), fed with the real captures of
- * shared/reference/etcd-notes.md (etcd 3.4.23). No network. */
+ * etcd 3.4.23's JSON gateway (requests and responses recorded from a real server). No network. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -443,7 +443,7 @@ static void body_over_the_cap_is_refused(void **state)
     free(big);
 }
 
-/* ---- errors: every row of etcd-notes §1.5 ----------------------------------------------------------- */
+/* ---- errors: every error shape the gateway was seen to return ----------------------------------------------------------- */
 
 #define EBODY(msg, code) "{\"error\":\"" msg "\",\"message\":\"" msg "\",\"code\":" #code "}"
 

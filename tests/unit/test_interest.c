@@ -15,12 +15,12 @@
 
 #include "interest.h"
 
-/* reference/nats-notes.md §2.1: the stats-only shape (no subs, or an empty page). */
+/* nats-server 2.9 /subsz: the stats-only shape (no subs, or an empty page). */
 static const char STATS_ONLY[] =
     "{\"num_subscriptions\":59,\"num_cache\":14,\"num_inserts\":59,\"num_removes\":0,\"num_matches\":19,\n"
     " \"cache_hit_rate\":0.263,\"max_fanout\":3,\"avg_fanout\":1.21}";
 
-/* reference/nats-notes.md §2.1: subs=1&acc=APP&test=orders.created, as the server printed it. */
+/* nats-server 2.9 /subsz?subs=1&acc=APP&test=orders.created, as the server printed it. */
 static const char CAPTURED[] =
     "{\n"
     "  \"server_id\": \"NDUDI6AU\xe2\x80\xa6\", \"now\": \"2026-11-30T11:08:19.08631577Z\",\n"

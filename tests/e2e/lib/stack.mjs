@@ -596,7 +596,7 @@ export const ORDERS = { name: "orders", subjects: ["orders.>"], deliver_prefix: 
  * deployed; a test may pass leaf: false to exercise the $FLUXON.ACK. client-connection path. */
 export const LEAF_DEFAULT = true;
 
-/** The config object of a bridge (DESIGN.md §7). leaf: set nats.leaf_url. */
+/** The config object of a bridge (deploy/README.md "Configuration fields"). leaf: set nats.leaf_url. */
 export function bridgeConfig({ name, nats, etcd, httpPort, prefix, defaults = {}, channels = [ORDERS], leaf = true }) {
   return {
     name,
