@@ -198,6 +198,24 @@ static void free_channel(fx_chan_config *ch)
     memset(ch, 0, sizeof *ch);
 }
 
+void fx_config_share(fx_config *c)
+{
+    if (c) atomic_store(&c->refs, 1);
+}
+
+fx_config *fx_config_ref(fx_config *c)
+{
+    if (c) atomic_fetch_add(&c->refs, 1);
+    return c;
+}
+
+void fx_config_unref(fx_config *c)
+{
+    if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
+    fx_config_free(c);
+    free(c);
+}
+
 void fx_config_free(fx_config *c)
 {
     if (!c) return;
