@@ -32,6 +32,7 @@
 
 #include "fx_log.h"
 #include "fx_time.h"
+#include "fx_url.h"
 #include "subject.h"
 
 #define RBUF_CAP (64 * 1024)     /* longest protocol line accepted from the server */
@@ -121,115 +122,54 @@ static int uerr(char *err, size_t errlen, const char *msg)
     return -1;
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-/* Percent-decode [s, s+n) into dst (cap bytes with NUL). */
-static bool pct_decode(const char *s, size_t n, char *dst, size_t cap)
-{
-    size_t j = 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (c == '%') {
-            if (i + 2 >= n) return false;
-            int h = hexval(s[i + 1]), l = hexval(s[i + 2]);
-            if (h < 0 || l < 0) return false;
-            c = (char)(h * 16 + l);
-            if (c == '\0') return false;
-            i += 2;
-        }
-        if (j + 1 >= cap) return false;
-        dst[j++] = c;
-    }
-    dst[j] = '\0';
-    return true;
-}
-
+/* lease/fx_url.h parses; this maps its refusals to the leaf's wording. */
 int fx_leaf_url_parse(const char *url, fx_leaf_url *out, char *err, size_t errlen)
 {
-    fx_leaf_url u;
-    memset(&u, 0, sizeof u);
     if (!url || !out) return uerr(err, errlen, "missing URL");
-    size_t len = strnlen(url, 4097);
-    if (len > 4096) return uerr(err, errlen, "longer than 4096 bytes");
-    for (size_t i = 0; i < len; i++)
-        if ((unsigned char)url[i] <= 0x20 || (unsigned char)url[i] == 0x7f)
-            return uerr(err, errlen, "must not contain whitespace or control characters");
     if (strncmp(url, "tls://", 6) == 0)
         return uerr(err, errlen,
                     "tls:// is not supported for the leaf connection (use a plain nats:// "
                     "leafnode listener on loopback)");
-    if (strncmp(url, "nats://", 7) != 0)
+    fx_url u;
+    char why[160];
+    fx_url_status st = fx_url_parse(url, FX_URL_USERINFO, &u, why, sizeof why);
+    if (st == FX_URL_OK && strcmp(u.scheme, "nats") != 0) st = FX_URL_ESCHEME;
+    if (st == FX_URL_ESCHEME && strncmp(url, "nats://", 7) != 0) {
+        fx_url_wipe(&u);
         return uerr(err, errlen, "must be a nats://host:port URL");
-    const char *a = url + 7;
-    if (strchr(a, ',')) return uerr(err, errlen, "one URL only (no comma-separated list)");
-    const char *slash = strchr(a, '/');
-    const char *aend = slash ? slash : url + len;
-    if (slash && slash[1] != '\0') return uerr(err, errlen, "must not have a path");
-    /* userinfo: up to the last '@' of the authority */
-    const char *at = NULL;
-    for (const char *p = a; p < aend; p++)
-        if (*p == '@') at = p;
-    const char *h = a;
-    if (at) {
-        const char *colon = memchr(a, ':', (size_t)(at - a));
-        size_t ul = colon ? (size_t)(colon - a) : (size_t)(at - a);
-        if (ul == 0) return uerr(err, errlen, "empty user name before '@'");
-        if (!pct_decode(a, ul, u.user, sizeof u.user))
-            return uerr(err, errlen, "invalid user name (bad %-escape or too long)");
-        if (colon && !pct_decode(colon + 1, (size_t)(at - colon - 1), u.pass, sizeof u.pass)) {
-            wipe_url(&u);
-            return uerr(err, errlen, "invalid password (bad %-escape or too long)");
-        }
-        u.has_user = true;
-        h = at + 1;
     }
-    /* host[:port] */
-    const char *hend, *port = NULL;
-    if (h < aend && *h == '[') {
-        const char *rb = memchr(h, ']', (size_t)(aend - h));
-        if (!rb || rb == h + 1) goto bad_host;
-        if (rb + 1 < aend) {
-            if (rb[1] != ':') goto bad_host;
-            port = rb + 2;
-        }
-        if ((size_t)(rb - h - 1) >= sizeof u.host) goto bad_host;
-        memcpy(u.host, h + 1, (size_t)(rb - h - 1));
-        if (strchr(u.host, '[') || !strchr(u.host, ':')) goto bad_host;
-    } else {
-        const char *colon = memchr(h, ':', (size_t)(aend - h));
-        hend = colon ? colon : aend;
-        if (hend == h || (size_t)(hend - h) >= sizeof u.host) goto bad_host;
-        memcpy(u.host, h, (size_t)(hend - h));
-        if (strpbrk(u.host, "[]@")) goto bad_host;
-        if (colon) port = colon + 1;
+    const char *msg = why;
+    switch (st) {
+    case FX_URL_OK: break;
+    case FX_URL_EHOST:
+    case FX_URL_ESCHEME: msg = "must be nats://host:port with a host (IPv6 in brackets)"; break;
+    case FX_URL_EPATH:
+    case FX_URL_EQUERY:
+    case FX_URL_EFRAGMENT: msg = "must not have a path"; break;
+    case FX_URL_EUSER: msg = "invalid user name (bad %-escape or too long)"; break;
+    case FX_URL_EPASSWORD: msg = "invalid password (bad %-escape or too long)"; break;
+    default: break;
     }
-    u.port = FX_LEAF_DEFAULT_PORT;
-    if (port) {
-        long v = 0;
-        size_t n = (size_t)(aend - port);
-        if (n == 0 || n > 5) goto bad_port;
-        for (size_t i = 0; i < n; i++) {
-            if (port[i] < '0' || port[i] > '9') goto bad_port;
-            v = v * 10 + (port[i] - '0');
-        }
-        if (v < 1 || v > 65535) goto bad_port;
-        u.port = (int)v;
+    if (st != FX_URL_OK) return uerr(err, errlen, msg);
+    if (u.has_user && !u.user[0]) {
+        fx_url_wipe(&u);
+        return uerr(err, errlen, "empty user name before '@'");
     }
-    *out = u;
-    wipe_url(&u);
-    return 0;
-bad_host:
-    wipe_url(&u);
-    return uerr(err, errlen, "must be nats://host:port with a host (IPv6 in brackets)");
-bad_port:
-    wipe_url(&u);
-    return uerr(err, errlen, "port must be 1..65535");
+    fx_leaf_url r;
+    memset(&r, 0, sizeof r);
+    bool fit = strlen(u.host) < sizeof r.host && strlen(u.user) < sizeof r.user &&
+               strlen(u.password) < sizeof r.pass;
+    if (fit) {
+        snprintf(r.host, sizeof r.host, "%s", u.host);
+        r.port = u.port ? u.port : FX_LEAF_DEFAULT_PORT;
+        r.has_user = u.has_user;
+        snprintf(r.user, sizeof r.user, "%s", u.user);
+        snprintf(r.pass, sizeof r.pass, "%s", u.password);
+        *out = r;
+    }
+    fx_url_wipe(&u);
+    wipe_url(&r);
+    return fit ? 0 : uerr(err, errlen, "user, password or host too long");
 }
 
 /* ---- small helpers --------------------------------------------------------------------------- */
