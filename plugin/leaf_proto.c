@@ -197,6 +197,7 @@ int fx_lp_next(fx_lp_reader *r, fx_lp_frame *out)
         size_t len = (size_t)(nl - start);
         if (len && start[len - 1] == '\r') len--;
         if (len > r->max_line) return fail(r, "protocol line longer than %zu bytes", r->max_line);
+        if (memchr(start, '\0', len)) return fail(r, "NUL byte in a protocol line");
         start[len] = '\0';
         r->pos += (size_t)(nl - start) + 1;
 

@@ -14,7 +14,7 @@
  *   LMSG/HMSG <args> <size>           msg_size: the last token; the reader then skips the
  *                                     payload and its CRLF (the caller never subscribed).
  * Errors (fx_lp_next returns -1 and the reader stays failed until fx_lp_reset): a line longer
- * than max_line bytes without its end, an unknown op, an LMSG/HMSG without a valid size (a
+ * than max_line bytes without its end, a NUL byte in a line, an unknown op, an LMSG/HMSG without a valid size (a
  * decimal of at most 10 digits, at most 1 GiB) or whose payload is not followed by CRLF.
  * fx_lp_error gives the reason (never more than 16 bytes of the offending input, sanitised).
  *
@@ -45,7 +45,8 @@ typedef enum fx_lp_kind {
 
 typedef struct fx_lp_frame {
     fx_lp_kind kind;
-    const char *arg;     /* after the op and its blanks, NUL-terminated ("" when none) */
+    const char *arg;     /* after the op and its blanks, NUL-terminated ("" when none); for
+                            LS+/LS- split into the tokens below (arg_len is the line's) */
     size_t arg_len;
     /* LS+ / LS- */
     bool malformed;

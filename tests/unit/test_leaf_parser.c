@@ -9,8 +9,8 @@
  * leaf_parser_oversized_line_refused: a line of max_line bytes passes; one byte more is refused
  *   with a clear error as soon as it cannot end in time (no newline needed), and the reader holds
  *   at most max_line + 1 bytes of it; the error is sticky until fx_lp_reset.
- * leaf_parser_malformed_frames: unknown op, empty line, LMSG/HMSG without a valid size, a payload
- *   not followed by CRLF: errors; malformed LS+/LS- lines are frames flagged `malformed`.
+ * leaf_parser_malformed_frames: unknown op, empty line, a NUL byte in a line, LMSG/HMSG without a
+ *   valid size, a payload not followed by CRLF: errors; malformed LS+/LS- lines are frames flagged `malformed`.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -222,6 +222,14 @@ static void leaf_parser_malformed_frames(void **state)
     expect_error("HMSG foo 1 1073741825\r\n", "bad message size"); /* over 1 GiB */
     expect_error("LMSG foo 3\r\nabcd\r\n", "not followed by CRLF");
     expect_error("LMSG foo 3\r\nabc\rX", "not followed by CRLF");
+    {
+        fx_lp_reader *r = fx_lp_reader_new(4096);
+        fx_lp_frame f;
+        assert_int_equal(fx_lp_feed(r, "INFO {\"a\0\"}\r\n", 14), 0);
+        assert_int_equal(fx_lp_next(r, &f), -1);
+        assert_non_null(strstr(fx_lp_error(r), "NUL byte"));
+        fx_lp_reader_free(r);
+    }
     /* an op is not fooled by a control byte */
     expect_error("PI\x01NG\r\n", "unexpected \"PI?NG\"");
 
