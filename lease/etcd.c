@@ -27,6 +27,7 @@
 #include "etcd_json.h"
 #include "fx_log.h"
 #include "fx_time.h"
+#include "fx_url.h"
 
 #define DEFAULT_TIMEOUT_MS 5000
 #define DEFAULT_CONNECT_MS 1000
@@ -83,8 +84,11 @@ fx_err fx_etcd_new(const fx_etcd_opts *o, fx_etcd **out)
         return fx_seterr(FX_EINVAL, "etcd: negative timeout or max_conns");
     for (size_t i = 0; i < o->n_endpoints; i++) {
         const char *e = o->endpoints[i];
-        if (!e || (strncmp(e, "http://", 7) && strncmp(e, "https://", 8)) ||
-            strlen(e) > MAX_ENDPOINT_LEN || strchr(e, '@'))
+        fx_url u;
+        static const char *const http[] = {"http", "https", NULL};
+        bool ok = e && strlen(e) <= MAX_ENDPOINT_LEN &&
+                  fx_url_parse(e, FX_URL_PATH, &u, NULL, 0) == FX_URL_OK && fx_url_scheme_is(&u, http);
+        if (!ok)
             return fx_seterr(FX_EINVAL, "etcd: bad endpoint #%zu (want http[s]://host:port, "
                                         "no credentials, at most %d chars)", i, MAX_ENDPOINT_LEN);
     }

@@ -39,6 +39,7 @@
 
 #include "fx_log.h"
 #include "fx_time.h"
+#include "fx_url.h"
 
 #define KR_DEFAULT_TIMEOUT_MS 5000
 #define KR_CONNECT_TIMEOUT_MS 2000
@@ -693,15 +694,6 @@ static const fx_kv_ops kv_redis_ops = {
 
 /* ---- url, construction ----------------------------------------------------------------------- */
 
-static char *dupn(const char *p, size_t n)
-{
-    char *d = malloc(n + 1);
-    if (!d) return NULL;
-    memcpy(d, p, n);
-    d[n] = 0;
-    return d;
-}
-
 static bool parse_db(const char *s, int *db)
 {
     char *end = NULL;
@@ -712,58 +704,42 @@ static bool parse_db(const char *s, int *db)
     return true;
 }
 
-/* Parse the url into k (host/port/path/user/pass/db). */
+/* Parse the url into k (host/port/path/user/pass/db) with the one URL parser (fx_url.h):
+ * redis://[[user]:password@]host[:port][/db] or unix:/path[?db=N]. Errors never quote the url. */
 static fx_err parse_url(kv_redis *k, const char *url)
 {
-    if (!strncmp(url, "unix:", 5)) {
-        const char *p = url + 5;
-        if (!strncmp(p, "//", 2)) p += 2;
-        const char *q = strchr(p, '?');
-        size_t n = q ? (size_t)(q - p) : strlen(p);
-        if (n == 0 || p[0] != '/') return fx_seterr(FX_EINVAL, "kv.url: unix: needs an absolute path");
-        if (q) {
-            if (strncmp(q, "?db=", 4) || !parse_db(q + 4, &k->db))
-                return fx_seterr(FX_EINVAL, "kv.url: unix: only ?db=N is understood");
-        }
-        if (!(k->path = dupn(p, n))) return fx_seterr(FX_ENOMEM, "kv: out of memory");
-        return FX_OK;
-    }
     if (!strncmp(url, "rediss://", 9))
         return fx_seterr(FX_EINVAL, "kv.url: rediss:// (TLS) is not supported: hiredis 0.14 "
                                     "(Debian 12) has no TLS; use a unix socket or a tunnel");
-    if (strncmp(url, "redis://", 8)) return fx_seterr(FX_EINVAL, "kv.url: must start with redis:// or unix:");
-    const char *p = url + 8;
-    const char *slash = strchr(p, '/');
-    const char *hend = slash ? slash : p + strlen(p);
-    const char *at = NULL;
-    for (const char *s = p; s < hend; s++)
-        if (*s == '@') at = s;
-    if (at) {
-        const char *colon = memchr(p, ':', (size_t)(at - p));
-        if (!colon) return fx_seterr(FX_EINVAL, "kv.url: credentials must be user:password@");
-        if (colon > p && !(k->user = dupn(p, (size_t)(colon - p))))
-            return fx_seterr(FX_ENOMEM, "kv: out of memory");
-        if (!(k->pass = dupn(colon + 1, (size_t)(at - colon - 1))))
-            return fx_seterr(FX_ENOMEM, "kv: out of memory");
-        p = at + 1;
+    fx_url u;
+    char why[160];
+    fx_url_status st = fx_url_parse(url, FX_URL_USERINFO | FX_URL_PATH | FX_URL_QUERY, &u, why, sizeof why);
+    static const char *const schemes[] = {"redis", "unix", NULL};
+    if (st == FX_URL_ESCHEME || (st == FX_URL_OK && !fx_url_scheme_is(&u, schemes))) {
+        fx_url_wipe(&u);
+        return fx_seterr(FX_EINVAL, "kv.url: must start with redis:// or unix:");
     }
-    const char *colon = memchr(p, ':', (size_t)(hend - p));
-    const char *host_end = colon ? colon : hend;
-    if (host_end == p) return fx_seterr(FX_EINVAL, "kv.url: empty host");
-    k->port = 6379;
-    if (colon) {
-        char ps[8] = {0};
-        size_t n = (size_t)(hend - colon - 1);
-        int port = 0;
-        if (n == 0 || n >= sizeof ps) return fx_seterr(FX_EINVAL, "kv.url: bad port");
-        memcpy(ps, colon + 1, n);
-        if (!parse_db(ps, &port) || port < 1) return fx_seterr(FX_EINVAL, "kv.url: bad port");
-        k->port = port;
+    if (st) return fx_seterr(st == FX_URL_ENOMEM ? FX_ENOMEM : FX_EINVAL, "kv.url: %s", why);
+    fx_err e = FX_OK;
+    if (!strcmp(u.scheme, "unix")) {
+        if (u.has_query && (strncmp(u.query, "db=", 3) || !parse_db(u.query + 3, &k->db)))
+            e = fx_seterr(FX_EINVAL, "kv.url: unix: only ?db=N is understood");
+        else if (!(k->path = strdup(u.path)))
+            e = fx_seterr(FX_ENOMEM, "kv: out of memory");
+        fx_url_wipe(&u);
+        return e;
     }
-    if (slash && slash[1] && !parse_db(slash + 1, &k->db))
-        return fx_seterr(FX_EINVAL, "kv.url: bad database number");
-    if (!(k->host = dupn(p, (size_t)(host_end - p)))) return fx_seterr(FX_ENOMEM, "kv: out of memory");
-    return FX_OK;
+    k->port = u.port ? u.port : 6379;
+    if (u.has_query) e = fx_seterr(FX_EINVAL, "kv.url: redis:// takes no ?query");
+    else if (u.has_user && !u.has_password)
+        e = fx_seterr(FX_EINVAL, "kv.url: credentials must be [user]:password@");
+    else if (u.path[0] && !parse_db(u.path + 1, &k->db))
+        e = fx_seterr(FX_EINVAL, "kv.url: bad database number");
+    else if (!(k->host = strdup(u.host)) || (u.has_user && u.user[0] && !(k->user = strdup(u.user))) ||
+             (u.has_password && !(k->pass = strdup(u.password))))
+        e = fx_seterr(FX_ENOMEM, "kv: out of memory");
+    fx_url_wipe(&u);
+    return e;
 }
 
 fx_err fx_kv_new_redis(const fx_kv_redis_opts *opts, fx_kv_store **out)

@@ -922,10 +922,13 @@ static fx_metric *cmetric(fx_daemon *d, const char *name, const char *help, fx_m
     return fx_metrics_add(d->metrics, name, help, k, label);
 }
 
+static void chan_free(dm_chan *ch);
+
 dm_chan *dm_chan_new(fx_daemon *d, const fx_chan_config *cc)
 {
     dm_chan *ch = calloc(1, sizeof *ch);
     if (!ch) return NULL;
+    atomic_init(&ch->refs, 1);
     ch->d = d;
     ch->name = dupstr(cc->name);
     ch->deliver_prefix = dupstr(cc->deliver_prefix);
@@ -943,7 +946,7 @@ dm_chan *dm_chan_new(fx_daemon *d, const fx_chan_config *cc)
     fx_cond_init_monotonic(&ch->q.cv);
     ch->mpmc = -1;
     if (!ok) {
-        dm_chan_free(ch);
+        chan_free(ch);
         return NULL;
     }
     const char *l = ch->name;
@@ -986,7 +989,21 @@ dm_chan *dm_chan_new(fx_daemon *d, const fx_chan_config *cc)
     return ch;
 }
 
-void dm_chan_free(dm_chan *ch)
+dm_chan *dm_chan_ref(dm_chan *ch)
+{
+    atomic_fetch_add(&ch->refs, 1);
+    return ch;
+}
+
+void dm_chan_unref(dm_chan *ch)
+{
+    if (ch && atomic_fetch_sub(&ch->refs, 1) == 1) chan_free(ch);
+}
+
+/* cnats: the capture subscription is closed and its last message callback has returned. */
+static void on_capture_complete(void *arg) { dm_chan_unref(arg); }
+
+static void chan_free(dm_chan *ch)
 {
     if (!ch) return;
     for (size_t i = 0; i < ch->n_subs; i++)
@@ -1059,6 +1076,13 @@ fx_err dm_chan_start(dm_chan *ch)
         natsSubscription_SetPendingLimits(sub, FX_DM_SUB_PENDING_MSGS, FX_DM_SUB_PENDING_BYTES);
         ch->subs[i] = sub;
         ch->n_subs = i + 1;
+        /* The subscription's reference: on_capture may run until the completion callback. */
+        dm_chan_ref(ch);
+        if (natsSubscription_SetOnCompleteCB(sub, on_capture_complete, ch) != NATS_OK) {
+            /* Not expected (a fresh async subscription): keep the channel until exit instead. */
+            FX_WRN("channel %s: no completion callback on %s: the channel is kept after a reload",
+                   ch->name, ch->subjects[i]);
+        }
     }
     if (ch->is_dlq)
         FX_INF("channel %s (dead letters): deliver %s.<claim>", ch->name, ch->deliver_prefix);

@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fx_url.h"
 #include "leaf.h"
 #include "subject.h"
 
@@ -196,6 +197,24 @@ static void free_channel(fx_chan_config *ch)
     free_strv(ch->subjects, ch->n_subjects);
     free_str(ch->deliver_prefix);
     memset(ch, 0, sizeof *ch);
+}
+
+void fx_config_share(fx_config *c)
+{
+    if (c) atomic_store(&c->refs, 1);
+}
+
+fx_config *fx_config_ref(fx_config *c)
+{
+    if (c) atomic_fetch_add(&c->refs, 1);
+    return c;
+}
+
+void fx_config_unref(fx_config *c)
+{
+    if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
+    fx_config_free(c);
+    free(c);
 }
 
 void fx_config_free(fx_config *c)
@@ -473,23 +492,24 @@ static bool has_bad_byte(const char *s)
     return false;
 }
 
-/* scheme://host[...]: a known scheme, a non-empty host part, no whitespace or control byte. */
+/* scheme://host[...]: a known scheme and a valid URL with a host (lease/fx_url.h). */
 static bool url_ok(const char *u, size_t len, const char *const *schemes)
 {
-    for (; *schemes; schemes++) {
-        size_t sl = strlen(*schemes);
-        if (len > sl && strncmp(u, *schemes, sl) == 0) {
-            if (strchr("/?#@:,", u[sl])) return false; /* empty host */
-            for (size_t i = 0; i < len; i++)
-                if ((unsigned char)u[i] <= 0x20 || (unsigned char)u[i] == 0x7f) return false;
-            return true;
-        }
-    }
-    return false;
+    if (len > FX_URL_MAX) return false;
+    char buf[FX_URL_MAX + 1];
+    memcpy(buf, u, len);
+    buf[len] = '\0';
+    fx_url pu;
+    bool ok = fx_url_parse(buf, FX_URL_USERINFO | FX_URL_PATH | FX_URL_QUERY, &pu, NULL, 0) ==
+                  FX_URL_OK &&
+              fx_url_scheme_is(&pu, schemes);
+    fx_url_wipe(&pu);
+    explicit_bzero(buf, len);
+    return ok;
 }
 
-static const char *const k_http_schemes[] = {"http://", "https://", NULL};
-static const char *const k_nats_schemes[] = {"nats://", "tls://", NULL};
+static const char *const k_http_schemes[] = {"http", "https", NULL};
+static const char *const k_nats_schemes[] = {"nats", "tls", NULL};
 
 /* Drop trailing '/' after the host ("http://h:2379/" -> "http://h:2379"): the users append
  * their own paths ("/v3/kv/range", "/subsz"). */
@@ -981,9 +1001,20 @@ static int check_sections(pctx *p, fx_config *c)
     if (redis && c->kv.endpoints) return fail(p, "kv.endpoints", "only with kv.backend \"etcd\"");
     if (!redis && (c->kv.url || c->kv.require_fsync))
         return fail(p, c->kv.url ? "kv.url" : "kv.require_fsync", "only with kv.backend \"redis\"");
-    if (c->kv.url && strncmp(c->kv.url, "redis://", 8) != 0 && strncmp(c->kv.url, "unix:", 5) != 0)
-        return fail(p, "kv.url", "must start with redis:// or unix: (rediss:// is not supported: "
-                                 "Debian 12's hiredis has no TLS)");
+    if (c->kv.url) {
+        static const char *const redis_schemes[] = {"redis", "unix", NULL};
+        fx_url u;
+        char why[160];
+        fx_url_status st = fx_url_parse(c->kv.url, FX_URL_USERINFO | FX_URL_PATH | FX_URL_QUERY,
+                                        &u, why, sizeof why);
+        bool scheme_ok =
+            st != FX_URL_ESCHEME && (st != FX_URL_OK || fx_url_scheme_is(&u, redis_schemes));
+        fx_url_wipe(&u);
+        if (!scheme_ok)
+            return fail(p, "kv.url", "must start with redis:// or unix: (rediss:// is not "
+                                     "supported: Debian 12's hiredis has no TLS)");
+        if (st != FX_URL_OK) return fail(p, "kv.url", "%s", why);
+    }
     for (size_t i = 0; i < c->kv.n_endpoints; i++) {
         char ip[CFG_PATH_CAP];
         path_idx(ip, "kv.endpoints", i);

@@ -9,6 +9,7 @@
 #ifndef FX_PLUGIN_CONFIG_H
 #define FX_PLUGIN_CONFIG_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -83,6 +84,7 @@ typedef struct fx_config {
     fx_chan_settings defaults;
     fx_chan_config *channels; /* configured channels, each followed by nothing: DLQ channels are */
     size_t n_channels;        /* appended after the configured ones (is_dlq = true) */
+    atomic_int refs;          /* shared configs only (fx_config_share); 0 otherwise */
 } fx_config;
 
 /* Parse and validate. On failure returns -1 and writes "field: reason" into err. On success
@@ -95,6 +97,13 @@ typedef struct fx_config {
 int fx_config_parse(const char *json, size_t len, fx_config *out, char *err, size_t errlen);
 int fx_config_load_file(const char *path, fx_config *out, char *err, size_t errlen);
 void fx_config_free(fx_config *c);
+/* Shared configurations (a running daemon's current one and every reader that may outlive a
+ * reload): c is heap-allocated and owned by the caller; fx_config_share gives it one reference
+ * (the caller's). fx_config_ref adds one (returns c); fx_config_unref drops one and, on the last,
+ * runs fx_config_free and frees c. Any thread. NULL is ignored. */
+void fx_config_share(fx_config *c);
+fx_config *fx_config_ref(fx_config *c);
+void fx_config_unref(fx_config *c);
 /* Parse a duration ("250ms", "30s", "5m", "1h", or a JSON number of seconds given as text). */
 int fx_parse_duration_ms(const char *s, int64_t *out_ms);
 /* Find a channel by name (configured or DLQ); NULL if none. */

@@ -581,17 +581,29 @@ static void hk_backlog(fx_daemon *d, bool all)
     pthread_rwlock_rdlock(&d->reg);
     for (size_t c = 0; c < d->n_chans && n < 256; c++) {
         bool due = atomic_exchange(&d->chans[c]->view_due, false);
-        if (all || due) list[n++] = d->chans[c];
+        if (all || due) list[n++] = dm_chan_ref(d->chans[c]); /* a reload may retire it */
     }
     pthread_rwlock_unlock(&d->reg);
-    const fx_config *cfg;
-    pthread_mutex_lock(&d->cfg_mu);
-    cfg = d->cfg;
-    pthread_mutex_unlock(&d->cfg_mu);
-    for (size_t i = 0; i < n; i++) { /* channels are never freed while the daemon lives */
+    fx_config *cfg = dm_cfg_get(d);
+    size_t i = 0;
+    for (; i < n; i++) {
         hk_chan_view(d, cfg, list[i]);
-        if (wait_flag(d, &d->stop_late, 0)) return;
+        dm_chan_unref(list[i]);
+        if (wait_flag(d, &d->stop_late, 0)) {
+            i++;
+            break;
+        }
     }
+    for (; i < n; i++) dm_chan_unref(list[i]);
+    fx_config_unref(cfg);
+}
+
+fx_config *dm_cfg_get(fx_daemon *d)
+{
+    pthread_mutex_lock(&d->cfg_mu);
+    fx_config *c = fx_config_ref(d->cfg);
+    pthread_mutex_unlock(&d->cfg_mu);
+    return c;
 }
 
 void dm_view_kick(fx_daemon *d, dm_chan *ch)
@@ -786,10 +798,7 @@ static char *info_json(fx_daemon *d)
 
 static void admin_answer(fx_daemon *d, dm_admin_req *r)
 {
-    const fx_config *cfg;
-    pthread_mutex_lock(&d->cfg_mu);
-    cfg = d->cfg; /* kept alive until fx_daemon_free */
-    pthread_mutex_unlock(&d->cfg_mu);
+    fx_config *cfg = dm_cfg_get(d); /* a reload may replace it meanwhile */
     const char *op = r->subject + (strncmp(r->subject, API_PREFIX, sizeof API_PREFIX - 1) == 0
                                        ? sizeof API_PREFIX - 1
                                        : 0);
@@ -800,6 +809,7 @@ static void admin_answer(fx_daemon *d, dm_admin_req *r)
         body = fx_admin_channel_list_json(d->mq, cfg);
     else if (strncmp(op, "CHANNEL.INFO.", 13) == 0)
         body = fx_admin_channel_info_json(d->mq, cfg, op + 13);
+    fx_config_unref(cfg);
     if (!body) {
         dm_reply_error(d, r->reply, strncmp(op, "CHANNEL.", 8) == 0 || strncmp(op, "INFO", 4) == 0
                                         ? 500
@@ -854,14 +864,15 @@ static fx_err chan_add(fx_daemon *d, const fx_chan_config *cc)
     bool ok = chans_append(&d->chans, &d->n_chans, ch);
     pthread_rwlock_unlock(&d->reg);
     if (!ok) {
-        dm_chan_free(ch);
+        dm_chan_unref(ch);
         return fx_seterr(FX_ENOMEM, "channel %s: out of memory", cc->name);
     }
     return dm_chan_start(ch);
 }
 
 /* Take channels out of the active list (no new claims, no ack routing) and drain them:
- * capture first, then claims, then the producer (which answers every queued publish). */
+ * capture first, then claims, then the producer (which answers every queued publish). Then the
+ * daemon's reference goes: each channel is freed once its capture subscriptions completed. */
 static void chans_retire(fx_daemon *d, dm_chan **list, size_t n)
 {
     pthread_rwlock_wrlock(&d->reg);
@@ -872,8 +883,6 @@ static void chans_retire(fx_daemon *d, dm_chan **list, size_t n)
                 break;
             }
         atomic_store(&list[i]->draining, true);
-        if (!chans_append(&d->retired, &d->n_retired, list[i]))
-            FX_ERR("channel %s: out of memory while retiring (leaked)", list[i]->name);
     }
     pthread_rwlock_unlock(&d->reg);
     for (size_t i = 0; i < n; i++) dm_chan_drain_capture_begin(list[i]);
@@ -885,6 +894,7 @@ static void chans_retire(fx_daemon *d, dm_chan **list, size_t n)
     for (size_t i = 0; i < n; i++) {
         dm_chan_stop_producer_wait(list[i]);
         FX_INF("channel %s: stopped", list[i]->name);
+        dm_chan_unref(list[i]);
     }
 }
 
@@ -968,18 +978,12 @@ static void reload(fx_daemon *d)
             added++;
         }
     }
+    fx_config_share(nc);
     pthread_mutex_lock(&d->cfg_mu);
-    fx_config **na = realloc(d->old_cfgs, (d->n_old_cfgs + 1) * sizeof *na);
-    if (na) {
-        d->old_cfgs = na;
-        d->old_cfgs[d->n_old_cfgs++] = d->cfg;
-        d->cfg = nc;
-    }
+    fx_config *old = d->cfg;
+    d->cfg = nc;
     pthread_mutex_unlock(&d->cfg_mu);
-    if (!na) {
-        fx_config_free(nc);
-        free(nc);
-    }
+    fx_config_unref(old); /* freed here unless a reader still holds it */
     pthread_rwlock_rdlock(&d->reg);
     size_t active = d->n_chans;
     pthread_rwlock_unlock(&d->reg);
@@ -1088,6 +1092,8 @@ fx_err fx_daemon_new(fx_config *cfg, const char *cfg_path, fx_daemon **out)
     }
     *d->cfg = *cfg;
     memset(cfg, 0, sizeof *cfg);
+    fx_config_share(d->cfg);
+    d->cfg_start = fx_config_ref(d->cfg);
     snprintf(d->name, sizeof d->name, "%s", d->cfg->name ? d->cfg->name : "fluxon");
     pthread_mutex_init(&d->cfg_mu, NULL);
     pthread_mutex_init(&d->mu, NULL);
@@ -1204,10 +1210,10 @@ void fx_daemon_free(fx_daemon *d)
     } else if (d->metrics) { /* fx_daemon_start ran (maybe in part); not after a check alone */
         drain(d);
     }
-    for (size_t i = 0; i < d->n_chans; i++) dm_chan_free(d->chans[i]);
-    for (size_t i = 0; i < d->n_retired; i++) dm_chan_free(d->retired[i]);
+    /* Each channel goes with its last reference (a capture subscription that has not completed
+     * yet frees it from its completion callback, before nats_CloseAndWait returns). */
+    for (size_t i = 0; i < d->n_chans; i++) dm_chan_unref(d->chans[i]);
     free(d->chans);
-    free(d->retired);
     if (d->ack_sub) natsSubscription_Destroy(d->ack_sub);
     if (d->js_ack_sub) natsSubscription_Destroy(d->js_ack_sub);
     if (d->nr_sub) natsSubscription_Destroy(d->nr_sub);
@@ -1226,15 +1232,8 @@ void fx_daemon_free(fx_daemon *d)
     if (d->opts) natsOptions_Destroy(d->opts);
     fx_mq_client_free(d->mq);
     fx_metrics_free(d->metrics);
-    for (size_t i = 0; i < d->n_old_cfgs; i++) {
-        fx_config_free(d->old_cfgs[i]);
-        free(d->old_cfgs[i]);
-    }
-    free(d->old_cfgs);
-    if (d->cfg) {
-        fx_config_free(d->cfg);
-        free(d->cfg);
-    }
+    fx_config_unref(d->cfg);
+    fx_config_unref(d->cfg_start);
     dm_claims_sched_stop(); /* every claim has ended: the claim workers go */
     if (d->nats_opened) nats_CloseAndWait(2000);
     close(d->done_fd);

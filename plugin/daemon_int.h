@@ -6,9 +6,13 @@
  *    (channels, drain). Readers: NATS callbacks (ack routing), house-keeping, admin.
  *    Lock order: reg -> claim.mu / pq.mu / chan.mu. Nobody takes reg while holding another lock.
  *  - dm_chan: one configured (or DLQ) channel. Its producer queue `q` is written by NATS capture
- *    callbacks and by claims (dead letters) and read by its producer thread only. Channels are
- *    never freed before fx_daemon_free (removed ones move to `retired`), so NATS callbacks may
- *    hold a dm_chan pointer for the daemon's lifetime.
+ *    callbacks and by claims (dead letters) and read by its producer thread only. Reference
+ *    counted (`refs`): the daemon while the channel is configured (dropped once a reload has
+ *    stopped it), each capture subscription until its completion callback (cnats
+ *    natsSubscription_SetOnCompleteCB: the last message callback has returned), and house-keeping
+ *    while it works on a snapshot. The last reference frees it (dm_chan_unref).
+ *  - fx_config: the current one is shared (fx_config_share); readers that use it outside cfg_mu
+ *    take a reference (dm_cfg_get), so a replaced config is freed when its last reader is done.
  *  - dm_claim: reference counted (registry, the claim scheduler, each dead-letter item in a
  *    producer queue). It has no thread: the scheduler's workers (claim.c, FX_DM_CLAIM_WORKERS per
  *    process) run its steps, one worker at a time. Its event queue is written by the ack
@@ -167,7 +171,8 @@ struct dm_chan {
     bool is_dlq;
     dm_chan_metrics m;
 
-    natsSubscription **subs; /* capture subs (kept until fx_daemon_free) */
+    atomic_int refs;         /* see the top of this file */
+    natsSubscription **subs; /* capture subs (destroyed with the channel) */
     int64_t *sub_dropped;    /* last natsSubscription_GetDropped seen (house-keeping) */
     size_t n_subs;
 
@@ -255,9 +260,9 @@ struct dm_claim {
 /* ---- daemon ----------------------------------------------------------------------------------- */
 struct fx_daemon {
     char *cfg_path;
-    fx_config *cfg; /* current; older ones stay in old_cfgs until free (admin may hold one) */
-    fx_config **old_cfgs;
-    size_t n_old_cfgs;
+    fx_config *cfg;       /* current (shared; one reference); replaced by reload under cfg_mu */
+    fx_config *cfg_start; /* the start config: a reference kept for the daemon's lifetime (the
+                             connections made at start were set up from it) */
     pthread_mutex_t cfg_mu;
     char name[128];
     int64_t start_ms;
@@ -280,10 +285,8 @@ struct fx_daemon {
         *g_etcd_req, *g_etcd_lat, *g_reconnects, *g_slow, *g_payload_missing, *g_claims_total, *g_leaf_up, *g_leaf_connects;
 
     pthread_rwlock_t reg;
-    dm_chan **chans; /* active */
+    dm_chan **chans; /* active (the daemon's reference each) */
     size_t n_chans;
-    dm_chan **retired;
-    size_t n_retired;
 
     /* background threads (interest, house-keeping, admin) */
     pthread_mutex_t mu;
@@ -315,7 +318,9 @@ struct fx_daemon {
 
 /* ---- capture.c ---------------------------------------------------------------------------------- */
 dm_chan *dm_chan_new(fx_daemon *d, const fx_chan_config *cc);
-void dm_chan_free(dm_chan *ch);
+/* A new channel holds one reference (the caller's). */
+dm_chan *dm_chan_ref(dm_chan *ch);
+void dm_chan_unref(dm_chan *ch); /* the last one frees it (any thread, NULL ignored) */
 bool dm_chan_same(const dm_chan *ch, const fx_chan_config *cc);
 fx_err dm_chan_start(dm_chan *ch);          /* producer thread + capture subscriptions */
 /* Drain the capture subscriptions (unsubscribe when NATS is down), then wait until deadline. */
@@ -377,6 +382,8 @@ dm_chan *dm_find_chan_locked(fx_daemon *d, const char *name);
 /* Interruptible wait on d->cv for ms; returns true when the interest thread must stop. */
 bool dm_bg_wait(fx_daemon *d, int64_t ms);
 bool dm_nats_connected(fx_daemon *d);
+/* The current config with a reference (release with fx_config_unref). Any thread. */
+fx_config *dm_cfg_get(fx_daemon *d);
 /* Ask house-keeping to refresh the sub-MPSC view of ch now (any thread; holds no lock, or reg). */
 void dm_view_kick(fx_daemon *d, dm_chan *ch);
 uint64_t dm_rand64(void);

@@ -33,6 +33,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "fx_url.h"
+
 #define PAGE_LIMIT 1024          /* first request; the server default page size */
 #define MAX_LIMIT (1u << 20)     /* largest page asked for (the body cap binds first) */
 #define MAX_PAGES 1000           /* requests per fetch (in practice <= 12) */
@@ -325,6 +327,18 @@ fx_err fx_interest_fetch(const char *monitor_url, const char *account,
 
     size_t ul = strnlen(monitor_url, 2048);
     if (ul >= 2048) return fx_seterr(FX_EINVAL, "interest: monitor_url too long");
+    {
+        static const char *const http[] = {"http", "https", NULL};
+        fx_url u;
+        char why[160];
+        fx_url_status st =
+            fx_url_parse(monitor_url, FX_URL_USERINFO | FX_URL_PATH, &u, why, sizeof why);
+        bool ok = st == FX_URL_OK && fx_url_scheme_is(&u, http);
+        fx_url_wipe(&u);
+        if (!ok)
+            return fx_seterr(FX_EINVAL, "interest: monitor_url: %s",
+                             st ? why : "must be an http:// or https:// URL");
+    }
     while (ul > 0 && monitor_url[ul - 1] == '/') ul--;
 
     CURL *h = curl_easy_init();

@@ -2,8 +2,8 @@
  *
  * State under l->mu: fd (writes), state, wbuf, want_out, broken, max_payload, ping/pong
  * counters, why, server_name. `stop` and `state` are also atomics so the I/O thread and
- * fx_leaf_connected can read them without the lock. The read side (rbuf, skip, handshake
- * flags) belongs to the I/O thread alone.
+ * fx_leaf_connected can read them without the lock. The read side (the protocol reader rd,
+ * handshake flags) belongs to the I/O thread alone.
  *
  * Queue interest (qlk, a rwlock): the hub's LS+/LS- lines for queue subscriptions, kept as
  * (subject pattern, queue name, weight) so that publishes can name the queue groups (see
@@ -32,16 +32,17 @@
 
 #include "fx_log.h"
 #include "fx_time.h"
+#include "fx_url.h"
+#include "leaf_proto.h"
 #include "subject.h"
 
-#define RBUF_CAP (64 * 1024)     /* longest protocol line accepted from the server */
+#define LINE_MAX_IN (64 * 1024)  /* longest protocol line accepted from the server */
 #define WBUF_INIT (64 * 1024)
 #define CTRL_RESERVE 4096        /* PING/PONG may go this far over max_pending */
 #define CTRL_LINE_MAX 4096       /* nats-server's default max_control_line */
 #define ERR_TEXT_MAX 200         /* -ERR text quoted in logs */
 #define LQ_MAX_ENTRIES 65536     /* (subject, queue) pairs remembered from LS+ */
 #define LQ_BUCKETS 4096          /* hash buckets over the subject (power of two) */
-#define LQ_NAME_MAX 1024         /* longest subject / queue name accepted from LS+ */
 
 /* Queue interest: one node per subject (pattern) with its queue groups. Literal subjects are
  * found through the hash; wildcard patterns are also on the `wild` list and matched one by one. */
@@ -95,8 +96,7 @@ struct fx_leaf {
     bool q_full_logged;
 
     /* I/O thread only */
-    char *rbuf;
-    size_t rlen, skip;
+    fx_lp_reader *rd; /* leaf_proto.h: what the server sends, framed */
     int hs_fd;          /* >= 0 during the handshake: PONG answers go straight to it */
     bool feed_info;     /* fx_leaf_feed: the INFO line was seen */
     bool hs_pong;       /* the handshake PONG arrived */
@@ -121,115 +121,54 @@ static int uerr(char *err, size_t errlen, const char *msg)
     return -1;
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-/* Percent-decode [s, s+n) into dst (cap bytes with NUL). */
-static bool pct_decode(const char *s, size_t n, char *dst, size_t cap)
-{
-    size_t j = 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (c == '%') {
-            if (i + 2 >= n) return false;
-            int h = hexval(s[i + 1]), l = hexval(s[i + 2]);
-            if (h < 0 || l < 0) return false;
-            c = (char)(h * 16 + l);
-            if (c == '\0') return false;
-            i += 2;
-        }
-        if (j + 1 >= cap) return false;
-        dst[j++] = c;
-    }
-    dst[j] = '\0';
-    return true;
-}
-
+/* lease/fx_url.h parses; this maps its refusals to the leaf's wording. */
 int fx_leaf_url_parse(const char *url, fx_leaf_url *out, char *err, size_t errlen)
 {
-    fx_leaf_url u;
-    memset(&u, 0, sizeof u);
     if (!url || !out) return uerr(err, errlen, "missing URL");
-    size_t len = strnlen(url, 4097);
-    if (len > 4096) return uerr(err, errlen, "longer than 4096 bytes");
-    for (size_t i = 0; i < len; i++)
-        if ((unsigned char)url[i] <= 0x20 || (unsigned char)url[i] == 0x7f)
-            return uerr(err, errlen, "must not contain whitespace or control characters");
     if (strncmp(url, "tls://", 6) == 0)
         return uerr(err, errlen,
                     "tls:// is not supported for the leaf connection (use a plain nats:// "
                     "leafnode listener on loopback)");
-    if (strncmp(url, "nats://", 7) != 0)
+    fx_url u;
+    char why[160];
+    fx_url_status st = fx_url_parse(url, FX_URL_USERINFO, &u, why, sizeof why);
+    if (st == FX_URL_OK && strcmp(u.scheme, "nats") != 0) st = FX_URL_ESCHEME;
+    if (st == FX_URL_ESCHEME && strncmp(url, "nats://", 7) != 0) {
+        fx_url_wipe(&u);
         return uerr(err, errlen, "must be a nats://host:port URL");
-    const char *a = url + 7;
-    if (strchr(a, ',')) return uerr(err, errlen, "one URL only (no comma-separated list)");
-    const char *slash = strchr(a, '/');
-    const char *aend = slash ? slash : url + len;
-    if (slash && slash[1] != '\0') return uerr(err, errlen, "must not have a path");
-    /* userinfo: up to the last '@' of the authority */
-    const char *at = NULL;
-    for (const char *p = a; p < aend; p++)
-        if (*p == '@') at = p;
-    const char *h = a;
-    if (at) {
-        const char *colon = memchr(a, ':', (size_t)(at - a));
-        size_t ul = colon ? (size_t)(colon - a) : (size_t)(at - a);
-        if (ul == 0) return uerr(err, errlen, "empty user name before '@'");
-        if (!pct_decode(a, ul, u.user, sizeof u.user))
-            return uerr(err, errlen, "invalid user name (bad %-escape or too long)");
-        if (colon && !pct_decode(colon + 1, (size_t)(at - colon - 1), u.pass, sizeof u.pass)) {
-            wipe_url(&u);
-            return uerr(err, errlen, "invalid password (bad %-escape or too long)");
-        }
-        u.has_user = true;
-        h = at + 1;
     }
-    /* host[:port] */
-    const char *hend, *port = NULL;
-    if (h < aend && *h == '[') {
-        const char *rb = memchr(h, ']', (size_t)(aend - h));
-        if (!rb || rb == h + 1) goto bad_host;
-        if (rb + 1 < aend) {
-            if (rb[1] != ':') goto bad_host;
-            port = rb + 2;
-        }
-        if ((size_t)(rb - h - 1) >= sizeof u.host) goto bad_host;
-        memcpy(u.host, h + 1, (size_t)(rb - h - 1));
-        if (strchr(u.host, '[') || !strchr(u.host, ':')) goto bad_host;
-    } else {
-        const char *colon = memchr(h, ':', (size_t)(aend - h));
-        hend = colon ? colon : aend;
-        if (hend == h || (size_t)(hend - h) >= sizeof u.host) goto bad_host;
-        memcpy(u.host, h, (size_t)(hend - h));
-        if (strpbrk(u.host, "[]@")) goto bad_host;
-        if (colon) port = colon + 1;
+    const char *msg = why;
+    switch (st) {
+    case FX_URL_OK: break;
+    case FX_URL_EHOST:
+    case FX_URL_ESCHEME: msg = "must be nats://host:port with a host (IPv6 in brackets)"; break;
+    case FX_URL_EPATH:
+    case FX_URL_EQUERY:
+    case FX_URL_EFRAGMENT: msg = "must not have a path"; break;
+    case FX_URL_EUSER: msg = "invalid user name (bad %-escape or too long)"; break;
+    case FX_URL_EPASSWORD: msg = "invalid password (bad %-escape or too long)"; break;
+    default: break;
     }
-    u.port = FX_LEAF_DEFAULT_PORT;
-    if (port) {
-        long v = 0;
-        size_t n = (size_t)(aend - port);
-        if (n == 0 || n > 5) goto bad_port;
-        for (size_t i = 0; i < n; i++) {
-            if (port[i] < '0' || port[i] > '9') goto bad_port;
-            v = v * 10 + (port[i] - '0');
-        }
-        if (v < 1 || v > 65535) goto bad_port;
-        u.port = (int)v;
+    if (st != FX_URL_OK) return uerr(err, errlen, msg);
+    if (u.has_user && !u.user[0]) {
+        fx_url_wipe(&u);
+        return uerr(err, errlen, "empty user name before '@'");
     }
-    *out = u;
-    wipe_url(&u);
-    return 0;
-bad_host:
-    wipe_url(&u);
-    return uerr(err, errlen, "must be nats://host:port with a host (IPv6 in brackets)");
-bad_port:
-    wipe_url(&u);
-    return uerr(err, errlen, "port must be 1..65535");
+    fx_leaf_url r;
+    memset(&r, 0, sizeof r);
+    bool fit = strlen(u.host) < sizeof r.host && strlen(u.user) < sizeof r.user &&
+               strlen(u.password) < sizeof r.pass;
+    if (fit) {
+        snprintf(r.host, sizeof r.host, "%s", u.host);
+        r.port = u.port ? u.port : FX_LEAF_DEFAULT_PORT;
+        r.has_user = u.has_user;
+        snprintf(r.user, sizeof r.user, "%s", u.user);
+        snprintf(r.pass, sizeof r.pass, "%s", u.password);
+        *out = r;
+    }
+    fx_url_wipe(&u);
+    wipe_url(&r);
+    return fit ? 0 : uerr(err, errlen, "user, password or host too long");
 }
 
 /* ---- small helpers --------------------------------------------------------------------------- */
@@ -646,90 +585,27 @@ static int lq_collect(fx_leaf *l, const char *subject, char *out, size_t cap, bo
     return count;
 }
 
-/* Split arg into at most max whitespace-separated tokens (in place). Returns the count, or
- * max + 1 when there are more. */
-static int split_args(char *arg, char **tok, int max)
-{
-    int n = 0;
-    char *p = arg;
-    for (;;) {
-        while (*p == ' ' || *p == '\t') p++;
-        if (!*p) return n;
-        if (n == max) return max + 1;
-        tok[n++] = p;
-        while (*p && *p != ' ' && *p != '\t') p++;
-        if (*p) *p++ = '\0';
-    }
-}
-
-static bool lq_name_ok(const char *s)
-{
-    size_t n = 0;
-    for (; s[n]; n++) {
-        if (n >= LQ_NAME_MAX) return false;
-        unsigned char c = (unsigned char)s[n];
-        if (c < 0x21 || c == 0x7f) return false;
-    }
-    return n > 0;
-}
-
 /* LS+ <subject> [<queue> <weight>] / LS- <subject> [<queue>] (server/leafnode.go writeLeafSub,
- * processLeafSub, processLeafUnsub: no account token on a leaf connection). Only queue
- * interest is kept: plain subscribers get every leaf message anyway. A malformed line is
- * counted and ignored. */
-static void handle_ls(fx_leaf *l, bool plus, char *arg)
+ * processLeafSub, processLeafUnsub: no account token on a leaf connection), parsed by
+ * leaf_proto.h. Only queue interest is kept: plain subscribers get every leaf message anyway. A
+ * malformed line is counted and ignored. */
+static void handle_ls(fx_leaf *l, const fx_lp_frame *f)
 {
-    char *t[4];
-    int n = split_args(arg, t, 3);
-    bool ok;
-    if (plus) {
-        ok = n == 1 || n == 3;
-        if (ok && n == 3) {
-            int64_t w = 0;
-            for (const char *p = t[2]; *p && ok; p++) {
-                if (*p < '0' || *p > '9' || w > (1LL << 40)) ok = false;
-                else w = w * 10 + (*p - '0');
-            }
-            ok = ok && lq_name_ok(t[0]) && lq_name_ok(t[1]);
-            if (ok) {
-                if (w < 1) w = 1; /* as the server does for a missing weight */
-                lq_set(l, t[0], t[1], w);
-            }
-        }
-    } else {
-        ok = n == 1 || n == 2;
-        if (ok && n == 2) lq_del(l, t[0], t[1]);
-    }
-    if (!ok) {
+    bool plus = f->kind == FX_LP_LS_ADD;
+    if (f->malformed) {
         atomic_fetch_add(&l->st_q_bad, 1);
         fx_log_ratelimited(&l->slot_q, 10000, FX_LOG_WRN, "nats leaf: malformed %s line ignored",
                            plus ? "LS+" : "LS-");
+        return;
     }
+    if (!f->queue) return;
+    if (plus)
+        lq_set(l, f->subject, f->queue, f->weight < 1 ? 1 : f->weight); /* as the server does */
+    else
+        lq_del(l, f->subject, f->queue);
 }
 
 /* ---- protocol input (I/O thread) --------------------------------------------------------------- */
-
-static const char *skip_ws(const char *p)
-{
-    while (*p == ' ' || *p == '\t') p++;
-    return p;
-}
-
-/* Last whitespace-separated token of a line as a size; -1 if not a number. */
-static int64_t last_size(const char *line, size_t len)
-{
-    size_t e = len;
-    while (e && (line[e - 1] == ' ' || line[e - 1] == '\t')) e--;
-    size_t b = e;
-    while (b && line[b - 1] != ' ' && line[b - 1] != '\t') b--;
-    if (b == e || e - b > 10) return -1;
-    int64_t v = 0;
-    for (size_t i = b; i < e; i++) {
-        if (line[i] < '0' || line[i] > '9') return -1;
-        v = v * 10 + (line[i] - '0');
-    }
-    return v;
-}
 
 static void handle_info(fx_leaf *l, const char *json, bool first, fx_err *hs_fail)
 {
@@ -760,24 +636,21 @@ static void handle_info(fx_leaf *l, const char *json, bool first, fx_err *hs_fai
     cJSON_Delete(j);
 }
 
-/* One protocol line (NUL-terminated, without CRLF). Returns 0, or -1 on a protocol error. */
-static int handle_line(fx_leaf *l, char *line, size_t len, bool *got_info, fx_err *hs_fail)
+/* One frame from the reader. Returns 0, or -1 on a protocol error (why / hs_fail set). */
+static int handle_frame(fx_leaf *l, const fx_lp_frame *f, bool *got_info, fx_err *hs_fail)
 {
-    size_t ol = 0;
-    while (ol < len && line[ol] != ' ' && line[ol] != '\t') ol++;
-    const char *arg = skip_ws(line + ol);
-#define OP(s) (ol == sizeof(s) - 1 && strncasecmp(line, s, ol) == 0)
     if (!*got_info) {
-        if (!OP("INFO")) {
+        if (f->kind != FX_LP_INFO) {
             *hs_fail = fx_seterr(FX_EPROTO, "the server did not start with INFO (not a leafnode "
                                             "port?)");
             return -1;
         }
         *got_info = true;
-        handle_info(l, arg, true, hs_fail);
+        handle_info(l, f->arg, true, hs_fail);
         return *hs_fail ? -1 : 0;
     }
-    if (OP("PING")) {
+    switch (f->kind) {
+    case FX_LP_PING: {
         atomic_fetch_add(&l->st_server_pings, 1);
         if (l->hs_fd >= 0)
             return write_all(l, l->hs_fd, "PONG\r\n", 6, fx_now_ms() + l->connect_timeout_ms) ? -1
@@ -788,7 +661,7 @@ static int handle_line(fx_leaf *l, char *line, size_t len, bool *got_info, fx_er
         if (!ok) set_why(l, "write buffer full (PONG)");
         return ok ? 0 : -1;
     }
-    if (OP("PONG")) {
+    case FX_LP_PONG:
         if (l->hs_fd >= 0 && !l->hs_pong) {
             l->hs_pong = true;
             return 0;
@@ -799,20 +672,14 @@ static int handle_line(fx_leaf *l, char *line, size_t len, bool *got_info, fx_er
         pthread_cond_broadcast(&l->cv);
         pthread_mutex_unlock(&l->mu);
         return 0;
-    }
-    if (OP("INFO")) {
-        handle_info(l, arg, false, hs_fail);
-        return 0;
-    }
-    if (OP("+OK")) return 0;
-    if (OP("LS+") || OP("LS-")) {
-        handle_ls(l, line[2] == '+', (char *)arg);
-        return 0;
-    }
-    if (OP("-ERR")) {
+    case FX_LP_INFO: handle_info(l, f->arg, false, hs_fail); return 0;
+    case FX_LP_OK: return 0;
+    case FX_LP_LS_ADD:
+    case FX_LP_LS_DEL: handle_ls(l, f); return 0;
+    case FX_LP_ERR: {
         atomic_fetch_add(&l->st_errors, 1);
         char txt[ERR_TEXT_MAX + 1];
-        sanitize(arg, strlen(arg), txt, sizeof txt);
+        sanitize(f->arg, f->arg_len, txt, sizeof txt);
         if (l->hs_fd >= 0) {
             snprintf(l->hs_err, sizeof l->hs_err, "%s", txt);
             return 0;
@@ -820,63 +687,39 @@ static int handle_line(fx_leaf *l, char *line, size_t len, bool *got_info, fx_er
         fx_log_ratelimited(&l->slot_err, 5000, FX_LOG_WRN, "nats leaf: server error: %s", txt);
         return 0;
     }
-    if (OP("LMSG") || OP("HMSG")) { /* never subscribed; skip the payload */
-        int64_t sz = last_size(line, len);
-        if (sz < 0 || sz > (1LL << 30)) {
-            set_why(l, "protocol error: bad message size");
-            return -1;
-        }
-        l->skip = (size_t)sz + 2;
-        return 0;
+    case FX_LP_MSG: return 0; /* never subscribed: the reader skips the payload */
     }
-#undef OP
-    char op[24];
-    sanitize(line, ol < 16 ? ol : 16, op, sizeof op);
-    set_why(l, "protocol error: unexpected \"%s\"", op);
-    return -1;
+    return 0;
 }
 
-/* Consume complete lines in rbuf. Returns 0, or -1 (why / hs_fail set). */
+/* Take every complete frame out of the reader. Returns 0, or -1 (why / hs_fail set). */
 static int process_input(fx_leaf *l, bool *got_info, fx_err *hs_fail)
 {
-    size_t pos = 0;
-    int rc = 0;
-    while (pos < l->rlen) {
-        if (l->skip) {
-            size_t n = l->rlen - pos < l->skip ? l->rlen - pos : l->skip;
-            pos += n;
-            l->skip -= n;
-            continue;
+    fx_lp_frame f;
+    for (;;) {
+        int r = fx_lp_next(l->rd, &f);
+        if (r == 0) return 0;
+        if (r < 0) {
+            set_why(l, "protocol error: %s", fx_lp_error(l->rd));
+            if (!*hs_fail) *hs_fail = fx_seterr(FX_EPROTO, "protocol error: %s", fx_lp_error(l->rd));
+            return -1;
         }
-        char *start = l->rbuf + pos;
-        char *nl = memchr(start, '\n', l->rlen - pos);
-        if (!nl) break;
-        size_t len = (size_t)(nl - start);
-        if (len && start[len - 1] == '\r') len--;
-        start[len] = '\0';
-        pos = (size_t)(nl - l->rbuf) + 1;
-        if (handle_line(l, start, len, got_info, hs_fail) != 0) {
-            rc = -1;
-            break;
-        }
+        if (handle_frame(l, &f, got_info, hs_fail) != 0) return -1;
     }
-    memmove(l->rbuf, l->rbuf + pos, l->rlen - pos);
-    l->rlen -= pos;
-    if (rc == 0 && l->rlen == RBUF_CAP) {
-        set_why(l, "protocol error: line longer than %d bytes", RBUF_CAP);
-        if (!*hs_fail) *hs_fail = fx_seterr(FX_EPROTO, "protocol line too long");
-        rc = -1;
-    }
-    return rc;
 }
 
-/* Read what is there. Returns >0 bytes, 0 nothing (EAGAIN), -1 closed or error (why set). */
+/* Read what is there into the reader. Returns >0 bytes, 0 nothing (EAGAIN), -1 closed or error
+ * (why set). */
 static ssize_t read_some(fx_leaf *l, int fd)
 {
+    char buf[16384];
     for (;;) {
-        ssize_t n = recv(fd, l->rbuf + l->rlen, RBUF_CAP - l->rlen, MSG_DONTWAIT);
+        ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
         if (n > 0) {
-            l->rlen += (size_t)n;
+            if (fx_lp_feed(l->rd, buf, (size_t)n) != 0) {
+                set_why(l, "read: %s", fx_lp_error(l->rd));
+                return -1;
+            }
             return n;
         }
         if (n == 0) {
@@ -897,14 +740,12 @@ int fx_leaf_feed(fx_leaf *l, const void *data, size_t len)
     const char *p = data;
     fx_err fail = FX_OK;
     while (len) {
-        size_t n = RBUF_CAP - l->rlen < len ? RBUF_CAP - l->rlen : len;
-        memcpy(l->rbuf + l->rlen, p, n);
-        l->rlen += n;
+        size_t n = len < 16384 ? len : 16384; /* as the I/O thread's reads */
+        int rc = fx_lp_feed(l->rd, p, n);
         p += n;
         len -= n;
-        if (process_input(l, &l->feed_info, &fail) != 0) {
-            l->rlen = 0;
-            l->skip = 0;
+        if (rc != 0 || process_input(l, &l->feed_info, &fail) != 0) {
+            fx_lp_reset(l->rd);
             l->feed_info = false;
             return -1;
         }
@@ -918,8 +759,7 @@ static fx_err handshake(fx_leaf *l, int fd, int64_t deadline)
 {
     bool got_info = false;
     fx_err fail = FX_OK;
-    l->rlen = 0;
-    l->skip = 0;
+    fx_lp_reset(l->rd);
     l->hs_fd = fd;
     l->hs_pong = false;
     l->hs_err[0] = '\0';
@@ -1046,7 +886,7 @@ static void run_connected(fx_leaf *l, int fd)
     fx_err unused = FX_OK;
     int64_t next_ping = fx_now_ms() + l->ping_interval_ms;
     /* bytes read after the handshake PONG */
-    if (l->rlen && process_input(l, &got_info, &unused) != 0) return;
+    if (fx_lp_buffered(l->rd) && process_input(l, &got_info, &unused) != 0) return;
     for (;;) {
         if (atomic_load(&l->stop)) return;
         pthread_mutex_lock(&l->mu);
@@ -1166,14 +1006,14 @@ fx_err fx_leaf_new(const fx_leaf_opts *o, fx_leaf **out)
     atomic_init(&l->stop, false);
     atomic_init(&l->state, ST_DOWN);
     snprintf(l->why, sizeof l->why, "not connected yet");
-    l->rbuf = malloc(RBUF_CAP + 1);
+    l->rd = fx_lp_reader_new(LINE_MAX_IN);
     l->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (getrandom(&l->rng, sizeof l->rng, GRND_NONBLOCK) != (ssize_t)sizeof l->rng)
         l->rng = (uint64_t)fx_now_us() ^ (uint64_t)(uintptr_t)l;
     l->rng |= 1;
-    if (!l->rbuf || l->wake_fd < 0) {
+    if (!l->rd || l->wake_fd < 0) {
         if (l->wake_fd >= 0) close(l->wake_fd);
-        free(l->rbuf);
+        fx_lp_reader_free(l->rd);
         wipe_url(&l->u);
         free(l);
         return fx_seterr(FX_ENOMEM, "leaf: out of resources");
@@ -1363,7 +1203,7 @@ void fx_leaf_free(fx_leaf *l)
     if (l->fd >= 0) close(l->fd);
     close(l->wake_fd);
     free(l->wbuf);
-    free(l->rbuf);
+    fx_lp_reader_free(l->rd);
     lq_clear(l);
     free(l->qb);
     pthread_rwlock_destroy(&l->qlk);

@@ -9,8 +9,10 @@
  *   deadline; a waiting put is released by close at once (FX_ECLOSED).
  * mpsc_gap_skipped: a payload deleted by hand below the produce offset: the consumer skips it with
  *   a counter and keeps going; the commit moves past it.
- * mpsc_put_retry_no_gap: etcd paused during a put: the put fails; after resume the next put
- *   re-reads the produce offset: the delivered ids are contiguous from 0 (no hole, no reuse).
+ * mpsc_put_retry_no_gap: through a proxy that loses chosen put txns in transit (the request: it
+ *   never lands; or only etcd's answer: it landed): a put retried within its deadline keeps its
+ *   ids either way; a put that gives up with its chunk unconfirmed makes the next put re-read the
+ *   produce offset. Delivered ids are contiguous from 0 with the values put (no hole, no reuse).
  * mpsc_payload_lease_revoked: revoking the payload lease: next put FX_ELEASE_LOST, then FX_ECLOSED.
  * mpsc_client_close_closes_endpoints: closing the client root with open endpoints (one get
  *   blocked) closes them (memberships deleted) and later calls return FX_ECLOSED.
@@ -51,6 +53,7 @@
 #include "mq_int.h"
 #include "segment.h"
 #include "tests/support/fxt.h"
+#include "tests/support/fxt_proxy.h"
 
 #define OP_MS 3000
 #define TTL 3
@@ -526,88 +529,124 @@ static void mpsc_gap_skipped(void **state)
     fx_mpsc_producer_free(p);
 }
 
-typedef struct bigput_arg {
-    fx_mpsc_producer *p;
-    const fx_slice *v;
-    size_t n;
-    fx_err result;
-    size_t n_put;
-} bigput_arg;
+/* Put one chunk of `n` values "<tag>-<i>" (remembered in vals[id] for the final check); returns
+ * the put's result and the first id it was given (-1: none). */
+#define RETRY_IDS 64
+typedef struct retry_vals {
+    char v[RETRY_IDS][32];
+    bool set[RETRY_IDS];
+} retry_vals;
 
-static void *bigput_thread(void *a_)
+static fx_err retry_put(fx_mpsc_producer *p, retry_vals *rv, const char *tag, size_t n,
+                        int64_t *first_id)
 {
-    bigput_arg *a = a_;
-    a->result = fx_mpsc_put(a->p, a->v, a->n, 1500, &a->n_put, NULL);
-    return NULL;
-}
-
-static bool first_txn_landed(void *arg)
-{
-    fx__mpsc_stats st;
-    fx__mpsc_producer_stats(arg, &st);
-    return st.put_txns >= 2; /* the 2-value warm-up put + the first chunk of the big put */
+    char b[8][32];
+    fx_slice v[8];
+    fx_mq_msg_id ids[8];
+    size_t np = 0;
+    assert_true(n <= 8);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(b[i], sizeof b[i], "%s-%zu", tag, i);
+        v[i] = (fx_slice){b[i], strlen(b[i])};
+    }
+    fx_err e = fx_mpsc_put(p, v, n, 1500, &np, ids);
+    *first_id = np ? ids[0].msg : -1;
+    for (size_t i = 0; i < np; i++) {
+        assert_int_equal(ids[i].msg, ids[0].msg + (int64_t)i);
+        assert_true(ids[i].msg >= 0 && ids[i].msg < RETRY_IDS);
+        snprintf(rv->v[ids[i].msg], sizeof rv->v[0], "%s", b[i]);
+        rv->set[ids[i].msg] = true;
+    }
+    return e;
 }
 
 static void mpsc_put_retry_no_gap(void **state)
 {
     ctx *x = *state;
-    /* a client with short op deadlines for this test */
-    fx_mq_client *cl = new_client(x, 700);
-    int64_t chan = create_chan(cl, 100000);
+    /* Every etcd call of this client goes through the proxy, which loses chosen put txns in
+     * transit: either the request (it never lands) or only etcd's answer (it landed). The producer
+     * sees the same transport error both ways and must find out which before choosing ids. */
+    fxt_proxy *px = fxt_proxy_start(x->etcd.client_port);
+    assert_non_null(px);
+    fx_mq_client_opts o = {.etcd = {.endpoints = fxt_proxy_eps(px), .n_endpoints = 1,
+                                    .connect_timeout_ms = 500},
+                           .min_ttl_s = 2,
+                           .op_timeout_ms = 700,
+                           .close_timeout_ms = 1000,
+                           .per_message_keys = x->per_key};
+    fx_mq_client *cl = NULL;
+    CHECK(fx_mq_client_new(&o, &cl));
+    int64_t chan = create_chan(cl, 1000);
     fx_mpsc_producer *p = NULL;
     CHECK(fx_mpsc_producer_open(cl, chan, 0, &p));
-    /* 4000-byte values: a chunk is 127 of them with one key each, 261 in a segment (1 MiB) */
-    enum { N = 2000, VLEN = 4000 };
-    const size_t C = x->per_key ? 127 : 261;
-    static char b[N][VLEN];
-    static fx_slice v[N];
-    for (size_t i = 0; i < N; i++) {
-        memset(b[i], 'r', VLEN);
-        snprintf(b[i], 32, "r-%zu", i);
-        v[i] = (fx_slice){b[i], VLEN};
-    }
-    size_t np = 0;
-    CHECK(fx_mpsc_put(p, v, 2, 1000, &np, NULL)); /* ids 0, 1 */
-    /* A multi-chunk put; etcd is paused right after its first chunk landed, so a later chunk's txn
-     * is sent and never answered (an ambiguous failure). */
-    bigput_arg a = {.p = p, .v = v + 2, .n = N - 2};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, bigput_thread, &a), 0);
-    bool landed = fxt_wait_until(first_txn_landed, p, 5000);
-    assert_int_equal(fxt_etcd_pause(&x->etcd), 0);
-    pthread_join(th, NULL);
-    assert_int_equal(fxt_etcd_resume(&x->etcd), 0);
-    assert_true(landed);
+    fx_mq_key off;
+    CHECK(fx_mq_key_produce_offset(&cl->keys, chan, fx_mpsc_producer_idx(p), &off));
+    char off64[FXT_PROXY_NEEDLE_MAX];
+    fxt_proxy_b64(off.s, off64, sizeof off64);
+    const char *put_txn[2] = {off64, "\"compare\""}; /* a put txn (an offset read has no compare) */
+    static retry_vals rv;
+    memset(&rv, 0, sizeof rv);
+    int64_t id = -1;
     fx__mpsc_stats st;
+
+    CHECK(retry_put(p, &rv, "warm", 2, &id)); /* ids 0, 1 */
+    assert_int_equal(id, 0);
+
+    /* 1. The answer of the next put txn is lost; the txn landed. Within the same put the retry
+     * must see the offset already at the chunk's last id: success, ids 2..4, stored once. */
+    fxt_proxy_fail_next(px, FXT_PROXY_DROP_ANSWER, put_txn, 2, 1);
+    CHECK(retry_put(p, &rv, "landed", 3, &id));
+    assert_int_equal(fxt_proxy_failed(px, FXT_PROXY_DROP_ANSWER), 1);
+    assert_int_equal(id, 2);
+
+    /* 2. The next put txn never reaches etcd: the retry writes the same ids 5..7. */
+    fxt_proxy_fail_next(px, FXT_PROXY_DROP_REQUEST, put_txn, 2, 1);
+    CHECK(retry_put(p, &rv, "lost", 3, &id));
+    assert_int_equal(fxt_proxy_failed(px, FXT_PROXY_DROP_REQUEST), 1);
+    assert_int_equal(id, 5);
+
+    /* 3. Every answer is lost until the put gives up: its chunk (ids 8..10) landed unconfirmed.
+     * The next put re-reads the produce offset and continues at 11: no reuse of 8..10. */
+    fxt_proxy_fail_next(px, FXT_PROXY_DROP_ANSWER, put_txn, 2, -1);
+    fx_err e = retry_put(p, &rv, "unconfirmed", 3, &id);
+    fxt_proxy_fail_next(px, FXT_PROXY_DROP_ANSWER, NULL, 0, 0);
+    print_message("put with every answer lost: %s\n", fx_errname(e));
+    assert_true(e == FX_ETIMEDOUT || e == FX_EUNAVAIL);
+    assert_int_equal(id, -1);
+    assert_true(fxt_proxy_failed(px, FXT_PROXY_DROP_ANSWER) >= 2);
+    for (int i = 0; i < 3; i++) { /* what landed: the first attempt's values */
+        snprintf(rv.v[8 + i], sizeof rv.v[0], "unconfirmed-%d", i);
+        rv.set[8 + i] = true;
+    }
     fx__mpsc_producer_stats(p, &st);
-    print_message("put while etcd paused: %s, %zu of %d stored; %llu retries\n",
-                  fx_errname(a.result), a.n_put, N - 2, (unsigned long long)st.put_retries);
-    if (a.result == FX_OK) skip(); /* the put finished before the pause took effect */
-    assert_true(a.result == FX_ETIMEDOUT || a.result == FX_EUNAVAIL);
-    assert_true(a.n_put >= C && a.n_put < N - 2 && a.n_put % C == 0);
-    assert_true(st.put_retries >= 1);
-    /* next put: re-reads the offset first, then continues without a hole */
-    fx_mq_msg_id id;
-    int64_t dl = fx_now_ms() + 10000;
-    fx_err r;
-    do {
-        r = fx_mpsc_put(p, v, 1, 2000, &np, &id);
-    } while (r != FX_OK && fx_now_ms() < dl);
-    CHECK(r);
+    uint64_t rereads = st.offset_rereads;
+    CHECK(retry_put(p, &rv, "after-unconfirmed", 2, &id));
     fx__mpsc_producer_stats(p, &st);
-    assert_true(st.offset_rereads >= 1);
-    int64_t base = 2 + (int64_t)a.n_put;
-    print_message("next id after the failure: %lld (%lld confirmed before)\n", (long long)id.msg,
-                  (long long)base);
-    /* the unconfirmed chunk either landed after the resume (id moves past it) or not */
-    assert_true(id.msg == base || id.msg == base + (int64_t)C);
+    assert_true(st.offset_rereads > rereads);
+    assert_int_equal(id, 11);
+
+    /* 4. Every request is lost until the put gives up: nothing landed. The next put re-reads the
+     * offset and writes ids 13.. (no hole where the lost chunk would have been). */
+    fxt_proxy_fail_next(px, FXT_PROXY_DROP_REQUEST, put_txn, 2, -1);
+    e = retry_put(p, &rv, "never", 3, &id);
+    fxt_proxy_fail_next(px, FXT_PROXY_DROP_REQUEST, NULL, 0, 0);
+    assert_true(e == FX_ETIMEDOUT || e == FX_EUNAVAIL);
+    assert_int_equal(id, -1);
+    CHECK(retry_put(p, &rv, "after-never", 2, &id));
+    assert_int_equal(id, 13);
+
+    /* Every id 0..14 delivered once, contiguous, each with the value its put wrote. */
+    enum { WANT = 15 };
     fx_mpsc_consumer *cs = NULL;
     CHECK(fx_mpsc_consumer_open(cl, chan, &cs));
-    static fx_mq_delivery out[N];
-    size_t got = drain(cs, out, N, (size_t)id.msg + 1);
-    assert_int_equal(got, (size_t)id.msg + 1);
+    static fx_mq_delivery out[RETRY_IDS];
+    size_t got = drain(cs, out, RETRY_IDS, WANT);
+    assert_int_equal(got, WANT);
     for (size_t i = 0; i < got; i++) {
         assert_int_equal(out[i].id.msg, (int64_t)i); /* contiguous: no hole, no reuse */
+        assert_true(rv.set[i]);
+        assert_int_equal(out[i].value.len, strlen(rv.v[i]));
+        assert_memory_equal(out[i].value.data, rv.v[i], strlen(rv.v[i]));
         fx_mq_delivery_free(&out[i]);
     }
     fx__mpsc_consumer_stats(cs, &st);
@@ -615,6 +654,7 @@ static void mpsc_put_retry_no_gap(void **state)
     fx_mpsc_consumer_free(cs);
     fx_mpsc_producer_free(p);
     fx_mq_client_free(cl);
+    fxt_proxy_stop(px);
 }
 
 static void mpsc_payload_lease_revoked(void **state)

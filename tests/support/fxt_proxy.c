@@ -22,6 +22,7 @@ typedef struct px_conn {
     int cfd, sfd;
     pthread_t t_c2s, t_s2c;
     bool started;
+    atomic_bool swallow; /* FXT_PROXY_DROP_ANSWER: the next bytes from etcd are dropped */
 } px_conn;
 
 typedef struct px_rule {
@@ -36,6 +37,10 @@ struct fxt_proxy {
     pthread_mutex_t mu; /* rules, conns */
     px_rule rules[FXT_PROXY_RULES];
     size_t n_rules;
+    px_rule counted; /* fxt_proxy_fail_next (under mu) */
+    fxt_proxy_mode counted_mode;
+    int counted_left;
+    atomic_int failed[2];
     atomic_int blocked;
     px_conn *conns[PX_MAXCONN];
     int nconn;
@@ -69,10 +74,33 @@ static void *px_s2c(void *arg)
     for (;;) {
         ssize_t n = recv(c->sfd, buf, sizeof buf, 0);
         if (n < 0 && errno == EINTR) continue;
+        if (n > 0 && atomic_load(&c->swallow)) break; /* etcd answered: the client never sees it */
         if (n <= 0 || !px_write_all(c->cfd, buf, (size_t)n)) break;
     }
     px_kill(c);
     return NULL;
+}
+
+static bool rule_hit(const px_rule *ru, const char *body, size_t len)
+{
+    bool all = ru->n > 0;
+    for (size_t i = 0; i < ru->n && all; i++)
+        all = memmem(body, len, ru->needle[i], strlen(ru->needle[i])) != NULL;
+    return all;
+}
+
+/* Does the body match the counted rule? Consumes one count; -1: no, else the mode. */
+static int px_match_counted(struct fxt_proxy *px, const char *body, size_t len)
+{
+    int mode = -1;
+    pthread_mutex_lock(&px->mu);
+    if (px->counted_left != 0 && rule_hit(&px->counted, body, len)) {
+        mode = (int)px->counted_mode;
+        if (px->counted_left > 0) px->counted_left--;
+        atomic_fetch_add(&px->failed[mode], 1);
+    }
+    pthread_mutex_unlock(&px->mu);
+    return mode;
 }
 
 /* Does the body match an armed rule? */
@@ -80,13 +108,7 @@ static bool px_match(struct fxt_proxy *px, const char *body, size_t len)
 {
     bool hit = false;
     pthread_mutex_lock(&px->mu);
-    for (size_t r = 0; r < px->n_rules && !hit; r++) {
-        const px_rule *ru = &px->rules[r];
-        bool all = ru->n > 0;
-        for (size_t i = 0; i < ru->n && all; i++)
-            all = memmem(body, len, ru->needle[i], strlen(ru->needle[i])) != NULL;
-        hit = all;
-    }
+    for (size_t r = 0; r < px->n_rules && !hit; r++) hit = rule_hit(&px->rules[r], body, len);
     pthread_mutex_unlock(&px->mu);
     return hit;
 }
@@ -114,6 +136,16 @@ static void *px_c2s(void *arg)
                 hdr_sent = hlen;
             }
             if (len < hlen + clen) break; /* body incomplete */
+            int mode = clen ? px_match_counted(px, buf + hlen, clen) : -1;
+            if (mode == FXT_PROXY_DROP_REQUEST) goto out;
+            if (mode == FXT_PROXY_DROP_ANSWER) {
+                /* Forward, then read nothing more from the client: px_s2c drops the answer and
+                 * closes the connection once etcd has applied the request and answered. */
+                atomic_store(&c->swallow, true);
+                if (!px_write_all(c->sfd, buf + hdr_sent, hlen + clen - hdr_sent)) goto out;
+                free(buf);
+                return NULL;
+            }
             if (clen && px_match(px, buf + hlen, clen)) {
                 atomic_fetch_add(&px->blocked, 1);
                 goto out;
@@ -169,6 +201,7 @@ static void *px_accept(void *arg)
             continue;
         }
         c->px = px;
+        atomic_init(&c->swallow, false);
         c->cfd = cfd;
         c->sfd = sfd;
         c->started = pthread_create(&c->t_c2s, NULL, px_c2s, c) == 0;
@@ -189,6 +222,8 @@ fxt_proxy *fxt_proxy_start(int up_port)
     pthread_mutex_init(&px->mu, NULL);
     atomic_init(&px->stop, false);
     atomic_init(&px->blocked, 0);
+    atomic_init(&px->failed[0], 0);
+    atomic_init(&px->failed[1], 0);
     px->up_port = up_port;
     px->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0,
@@ -219,6 +254,11 @@ const char *const *fxt_proxy_eps(fxt_proxy *px) { return px->eps; }
 
 int fxt_proxy_blocked(fxt_proxy *px) { return atomic_load(&px->blocked); }
 
+int fxt_proxy_failed(fxt_proxy *px, fxt_proxy_mode mode)
+{
+    return atomic_load(&px->failed[mode == FXT_PROXY_DROP_ANSWER ? 1 : 0]);
+}
+
 static void rule_set(px_rule *r, const char *const *needles, size_t n)
 {
     if (n > FXT_PROXY_NEEDLES) n = FXT_PROXY_NEEDLES;
@@ -242,6 +282,20 @@ void fxt_proxy_block_add(fxt_proxy *px, const char *const *needles, size_t n)
         rule_set(&px->rules[px->n_rules++], needles, n);
     else
         fprintf(stderr, "fxt_proxy: %d rules armed already; rule ignored\n", FXT_PROXY_RULES);
+    pthread_mutex_unlock(&px->mu);
+}
+
+void fxt_proxy_fail_next(fxt_proxy *px, fxt_proxy_mode mode, const char *const *needles, size_t n,
+                         int count)
+{
+    pthread_mutex_lock(&px->mu);
+    px->counted_left = 0;
+    if (needles && n && count) {
+        rule_set(&px->counted, needles, n);
+        px->counted_mode = mode == FXT_PROXY_DROP_ANSWER ? FXT_PROXY_DROP_ANSWER
+                                                         : FXT_PROXY_DROP_REQUEST;
+        px->counted_left = count;
+    }
     pthread_mutex_unlock(&px->mu);
 }
 

@@ -40,6 +40,19 @@ void fxt_proxy_block_key(fxt_proxy *px, const char *key);
 /* Requests dropped so far. */
 int fxt_proxy_blocked(fxt_proxy *px);
 
+/* Counted rules, checked before the rules above: the next `count` requests (count < 0: every one
+ * until replaced) whose body holds ALL `n` needles fail in transit, in one of two ways the client
+ * cannot tell apart (a transport error either way):
+ *  FXT_PROXY_DROP_REQUEST  the request is not forwarded; the connection is closed.
+ *  FXT_PROXY_DROP_ANSWER   the request is forwarded and etcd applies it; the proxy waits for the
+ *                          first bytes of etcd's answer, drops them and closes the connection.
+ * Replaces the previous counted rule; needles NULL or count 0 disarms it. */
+typedef enum { FXT_PROXY_DROP_REQUEST = 0, FXT_PROXY_DROP_ANSWER = 1 } fxt_proxy_mode;
+void fxt_proxy_fail_next(fxt_proxy *px, fxt_proxy_mode mode, const char *const *needles, size_t n,
+                         int count);
+/* Requests failed by the counted rules so far (each mode). */
+int fxt_proxy_failed(fxt_proxy *px, fxt_proxy_mode mode);
+
 /* Base64 of a string into out (cap >= 4/3 strlen + 5). */
 void fxt_proxy_b64(const char *s, char *out, size_t cap);
 

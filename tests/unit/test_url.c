@@ -1,0 +1,211 @@
+/* test_url.c -- lease/fx_url.h: the one URL parser.
+ *
+ * url_parts: scheme (lower-cased), user/password (percent-decoded, last '@' ends the userinfo),
+ *   host (IPv6 without brackets), port (0 when absent), path (decoded, "" for "/"), query.
+ * url_unix: unix:/path and unix:///path, ?query only when allowed.
+ * url_refused: each malformed form gets its status and a reason.
+ * url_flags: userinfo, path and query only when the caller allows them.
+ * url_bounds: 4096 bytes accepted, 4097 refused; over-long parts refused.
+ * url_no_secret_in_errors: no error text holds the password or the user.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fx_url.h"
+
+#define ALL (FX_URL_USERINFO | FX_URL_PATH | FX_URL_QUERY)
+
+static void url_parts(void **state)
+{
+    (void)state;
+    fx_url u;
+    char err[200];
+    assert_int_equal(fx_url_parse("NATS://leaf:p%40ss%3A@127.0.0.1:7422", ALL, &u, err, sizeof err), FX_URL_OK);
+    assert_string_equal(u.scheme, "nats");
+    assert_true(u.has_user);
+    assert_true(u.has_password);
+    assert_string_equal(u.user, "leaf");
+    assert_string_equal(u.password, "p@ss:");
+    assert_string_equal(u.host, "127.0.0.1");
+    assert_int_equal(u.port, 7422);
+    assert_string_equal(u.path, "");
+    assert_false(u.has_query);
+
+    assert_int_equal(fx_url_parse("redis://:pw@db.example:6380/3", ALL, &u, err, sizeof err), FX_URL_OK);
+    assert_true(u.has_user);
+    assert_string_equal(u.user, "");
+    assert_string_equal(u.password, "pw");
+    assert_string_equal(u.host, "db.example");
+    assert_int_equal(u.port, 6380);
+    assert_string_equal(u.path, "/3");
+
+    assert_int_equal(fx_url_parse("nats://[::1]", ALL, &u, err, sizeof err), FX_URL_OK);
+    assert_string_equal(u.host, "::1");
+    assert_int_equal(u.port, 0);
+    assert_false(u.has_user);
+
+    assert_int_equal(fx_url_parse("http://h:2379/", 0, &u, err, sizeof err), FX_URL_OK); /* "/" is no path */
+    assert_string_equal(u.path, "");
+
+    assert_int_equal(fx_url_parse("nats://a@b@h:5", ALL, &u, err, sizeof err), FX_URL_OK); /* last '@' */
+    assert_string_equal(u.user, "a@b");
+    assert_false(u.has_password);
+    assert_string_equal(u.host, "h");
+    assert_int_equal(u.port, 5);
+
+    assert_int_equal(fx_url_parse("https://mon:8222/a%20b?x=1", ALL, &u, err, sizeof err), FX_URL_OK);
+    assert_string_equal(u.path, "/a b");
+    assert_true(u.has_query);
+    assert_string_equal(u.query, "x=1");
+    const char *const http[] = {"http", "https", NULL};
+    assert_true(fx_url_scheme_is(&u, http));
+    const char *const nats[] = {"nats", NULL};
+    assert_false(fx_url_scheme_is(&u, nats));
+}
+
+static void url_unix(void **state)
+{
+    (void)state;
+    fx_url u;
+    char err[200];
+    assert_int_equal(fx_url_parse("unix:/run/redis.sock", 0, &u, err, sizeof err), FX_URL_OK);
+    assert_string_equal(u.scheme, "unix");
+    assert_string_equal(u.path, "/run/redis.sock");
+    assert_string_equal(u.host, "");
+    assert_int_equal(fx_url_parse("unix:///run/r.sock?db=2", FX_URL_QUERY, &u, err, sizeof err), FX_URL_OK);
+    assert_string_equal(u.path, "/run/r.sock");
+    assert_string_equal(u.query, "db=2");
+    assert_int_equal(fx_url_parse("unix:/r.sock?db=2", 0, &u, err, sizeof err), FX_URL_EQUERY);
+    assert_int_equal(fx_url_parse("unix:r.sock", 0, &u, err, sizeof err), FX_URL_EPATH);
+    assert_non_null(strstr(err, "absolute"));
+    assert_int_equal(fx_url_parse("unix:", 0, &u, err, sizeof err), FX_URL_EPATH);
+    assert_int_equal(fx_url_parse("unix:/r#x", 0, &u, err, sizeof err), FX_URL_EFRAGMENT);
+}
+
+static void url_refused(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *url;
+        fx_url_status st;
+        const char *why;
+    } cases[] = {
+        {"", FX_URL_EMISSING, "missing"},
+        {"127.0.0.1:4222", FX_URL_ESCHEME, "scheme://"},
+        {"nats:/h", FX_URL_ESCHEME, "scheme://"},
+        {"1nats://h", FX_URL_ESCHEME, "scheme://"},
+        {"nats://", FX_URL_EHOST, "host"},
+        {"nats://:4222", FX_URL_EHOST, "host"},
+        {"nats://u:p@", FX_URL_EHOST, "host"},
+        {"nats://[::1", FX_URL_EHOST, "host"},
+        {"nats://::1:7422", FX_URL_EHOST, "host"},
+        {"nats://h:0", FX_URL_EPORT, "1..65535"},
+        {"nats://h:65536", FX_URL_EPORT, "1..65535"},
+        {"nats://h:", FX_URL_EPORT, "1..65535"},
+        {"nats://[::1]:", FX_URL_EPORT, "1..65535"},
+        {"nats://h:74x", FX_URL_EPORT, "1..65535"},
+        {"nats://h:1:2", FX_URL_EHOST, "host"},
+        {"nats://h:1,nats://g:1", FX_URL_ELIST, "one URL"},
+        {"nats://h 1", FX_URL_ESPACE, "whitespace"},
+        {"nats://h\t1", FX_URL_ESPACE, "whitespace"},
+        {"nats://u:p%zz@h:1", FX_URL_EPASSWORD, "password"},
+        {"nats://u:p%4@h:1", FX_URL_EPASSWORD, "password"},
+        {"nats://u:p%00@h:1", FX_URL_EPASSWORD, "password"},
+        {"nats://u%g1@h:1", FX_URL_EUSER, "user"},
+        {"nats://h:1#frag", FX_URL_EFRAGMENT, "fragment"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fx_url u;
+        char err[200] = "";
+        fx_url_status st = fx_url_parse(cases[i].url, ALL, &u, err, sizeof err);
+        if (st != cases[i].st || !strstr(err, cases[i].why))
+            fail_msg("case %zu: got status %d (%s), want %d with \"%s\"", i, (int)st, err,
+                     (int)cases[i].st, cases[i].why);
+        assert_string_equal(u.password, ""); /* wiped */
+    }
+    fx_url u;
+    assert_int_equal(fx_url_parse(NULL, ALL, &u, NULL, 0), FX_URL_EMISSING);
+    assert_int_equal(fx_url_parse("nats://h", ALL, NULL, NULL, 0), FX_URL_EMISSING);
+}
+
+static void url_flags(void **state)
+{
+    (void)state;
+    fx_url u;
+    char err[200];
+    assert_int_equal(fx_url_parse("http://u:p@h:1", 0, &u, err, sizeof err), FX_URL_EUSER);
+    assert_non_null(strstr(err, "credentials"));
+    assert_int_equal(fx_url_parse("http://h:1/x", 0, &u, err, sizeof err), FX_URL_EPATH);
+    assert_non_null(strstr(err, "path"));
+    assert_int_equal(fx_url_parse("http://h:1/?a=b", FX_URL_PATH, &u, err, sizeof err), FX_URL_EQUERY);
+    assert_int_equal(fx_url_parse("http://h:1/x?a=b", FX_URL_PATH | FX_URL_QUERY, &u, err, sizeof err),
+                     FX_URL_OK);
+    assert_string_equal(u.path, "/x");
+}
+
+static void url_bounds(void **state)
+{
+    (void)state;
+    fx_url u;
+    char err[200];
+    char *big = malloc(FX_URL_MAX + 2);
+    assert_non_null(big);
+    /* 4096 bytes: "http://h/" + a path of 4087 'a' -> over the path cap (1023), refused as such */
+    memcpy(big, "http://h/", 9);
+    memset(big + 9, 'a', FX_URL_MAX - 9);
+    big[FX_URL_MAX] = '\0';
+    assert_int_equal(fx_url_parse(big, ALL, &u, err, sizeof err), FX_URL_EPATH);
+    assert_non_null(strstr(err, "too long"));
+    big[FX_URL_MAX] = 'a';
+    big[FX_URL_MAX + 1] = '\0';
+    assert_int_equal(fx_url_parse(big, ALL, &u, err, sizeof err), FX_URL_ELONG);
+    /* a host of 255 bytes is fine, 256 is not */
+    memcpy(big, "nats://", 7);
+    memset(big + 7, 'h', 255);
+    big[7 + 255] = '\0';
+    assert_int_equal(fx_url_parse(big, ALL, &u, err, sizeof err), FX_URL_OK);
+    assert_int_equal(strlen(u.host), 255);
+    big[7 + 255] = 'h';
+    big[7 + 256] = '\0';
+    assert_int_equal(fx_url_parse(big, ALL, &u, err, sizeof err), FX_URL_EHOST);
+    /* a password of 256 bytes does not fit */
+    memcpy(big, "nats://u:", 9);
+    memset(big + 9, 'p', 256);
+    memcpy(big + 9 + 256, "@h", 3);
+    assert_int_equal(fx_url_parse(big, ALL, &u, err, sizeof err), FX_URL_EPASSWORD);
+    free(big);
+}
+
+static void url_no_secret_in_errors(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "nats://usr:s3cret@h:99999", "nats://usr:s3cret@:1", "nats://usr:s3cret@h:1/p",
+        "nats://usr:s3cret@h:1#f", "nats://usr:s3cret%zz@h", "tls:/usr:s3cret@h",
+        "nats://usr:s3cret@h:1?q", "nats://usr:s3cret@[::1:1",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fx_url u;
+        char err[300] = "";
+        assert_int_not_equal(fx_url_parse(bad[i], FX_URL_USERINFO, &u, err, sizeof err), FX_URL_OK);
+        assert_true(err[0] != '\0');
+        if (strstr(err, "s3cret") || strstr(err, "usr")) fail_msg("case %zu: error text leaks: %s", i, err);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(url_parts),  cmocka_unit_test(url_unix),
+        cmocka_unit_test(url_refused), cmocka_unit_test(url_flags),
+        cmocka_unit_test(url_bounds), cmocka_unit_test(url_no_secret_in_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
