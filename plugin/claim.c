@@ -1933,7 +1933,6 @@ static void reap(fx_daemon *d)
             dm_claim *cl = *pp;
             if (atomic_load(&cl->finished)) {
                 *pp = cl->next;
-                if (cl->started) pthread_join(cl->thr, NULL);
                 dm_claim_unref(cl);
             } else {
                 pp = &cl->next;
@@ -2012,10 +2011,6 @@ void dm_claims_stop_all(fx_daemon *d, dm_chan *ch, int mode)
     dm_claims_request_stop(d, ch, mode);
     /* Only this thread changes ch->claims now (the interest thread is stopped or ch is retired). */
     for (dm_claim *cl = ch->claims; cl; cl = cl->next) {
-        if (cl->started) {
-            pthread_join(cl->thr, NULL);
-            cl->started = false;
-        }
         /* run by the scheduler: wait for its last step (its release is bounded) */
         pthread_mutex_lock(&sched.mu);
         while (!atomic_load(&cl->finished)) {
