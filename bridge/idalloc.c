@@ -168,11 +168,8 @@ fx_err fx__mq_hold(fx_mq_client *c, bool kv_backend, int64_t ttl_s, int64_t id, 
     fx_lease_reg_opts o = {.skip_probe = skip_probe, .on_expired = on_expired, .arg = arg};
     fx_err e = fx_lease_register(c->leases, kv_backend ? &c->kv_backend : &c->etcd_backend, ttl_s,
                                  id, &o, out);
-    if (e) {
-        char d[300];
-        snprintf(d, sizeof d, "%s", fx_err_detail());
-        return fx_seterr(e, "%s lease %lld (ttl %lld s): %s", kv_backend ? "kv" : "etcd",
-                         (long long)id, (long long)ttl_s, d);
-    }
+    if (e)
+        return fx_err_wrap(e, "%s lease %lld (ttl %lld s): ", kv_backend ? "kv" : "etcd",
+                           (long long)id, (long long)ttl_s);
     return FX_OK;
 }

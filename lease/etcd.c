@@ -255,18 +255,6 @@ static void pool_put(fx_etcd *c, conn *k)
     pthread_mutex_unlock(&c->pool_mu);
 }
 
-/* Prepend a formatted prefix to the calling thread's error detail; returns e. */
-fx_err fx__etcd_prefix_detail(fx_err e, const char *fmt, ...)
-{
-    char prev[512], pre[256];
-    snprintf(prev, sizeof prev, "%s", fx_err_detail());
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(pre, sizeof pre, fmt, ap);
-    va_end(ap);
-    return fx_seterr(e, "%s%s", pre, prev);
-}
-
 /* ==== 3. one exchange ============================================================================= */
 
 size_t fx__etcd_rbuf_write(char *ptr, size_t size, size_t nmemb, void *ud)
@@ -518,7 +506,7 @@ static fx_err run_call(fx_etcd *c, call *s)
         if (e != FX_OK) break;
         if (status == 200) {
             e = s->parse(rb.data, rb.len, s->out);
-            if (e != FX_OK) fx__etcd_prefix_detail(e, "etcd %s%s: ", c->eps[ep], s->path);
+            if (e != FX_OK) fx_err_wrap(e, "etcd %s%s: ", c->eps[ep], s->path);
             break;
         }
         e = fx_ej_parse_error((int)status, rb.data, rb.len, &s->srv);

@@ -79,7 +79,5 @@ size_t fx__etcd_rbuf_write(char *ptr, size_t size, size_t nmemb, void *ud);
 fx_err fx__etcd_auth_header(fx_etcd *c, conn *k, int64_t deadline, char **hdr, uint64_t *gen);
 /* Drop the cached token if it is still the one of generation gen (a 401 said it expired). */
 void fx__etcd_auth_invalidate(fx_etcd *c, uint64_t gen);
-/* Prefix the current fx_err_detail() with a formatted text; returns e. */
-fx_err fx__etcd_prefix_detail(fx_err e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

@@ -214,7 +214,7 @@ static fx_err handle_line(fx_watch *w, const char *line, size_t len, bool *creat
 {
     fx_ej_watch_line l;
     fx_err e = fx_ej_parse_watch_line(line, len, &l);
-    if (e != FX_OK) return fx__etcd_prefix_detail(e, "etcd watch: bad stream line: ");
+    if (e != FX_OK) return fx_err_wrap(e, "etcd watch: bad stream line: ");
     switch (l.kind) {
     case FX_WL_CREATED:
         *created = true;

@@ -1,6 +1,7 @@
 #include "fx_err.h"
 
 #include <stdio.h>
+#include <string.h>
 
 static const struct {
     const char *name;
@@ -35,6 +36,7 @@ _Static_assert(sizeof fx_err_tbl / sizeof fx_err_tbl[0] == FX__COUNT,
                "fx_err_tbl must have one entry per fx_err code");
 
 static _Thread_local char fx_detail[512];
+static _Thread_local bool fx_held;
 
 const char *fx_strerror(fx_err e)
 {
@@ -52,11 +54,44 @@ const char *fx_err_detail(void) { return fx_detail; }
 
 fx_err fx_seterr(fx_err e, const char *fmt, ...)
 {
+    if (fx_held) return e;
+    char buf[sizeof fx_detail]; /* the arguments may point into fx_detail */
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(fx_detail, sizeof fx_detail, fmt, ap);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    if (n < 0) buf[0] = '\0';
+    memcpy(fx_detail, buf, strlen(buf) + 1);
     return e;
 }
 
-void fx_clearerr(void) { fx_detail[0] = '\0'; }
+fx_err fx_err_wrap(fx_err e, const char *fmt, ...)
+{
+    if (fx_held) return e;
+    char buf[sizeof fx_detail];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    size_t used = n < 0 ? 0 : strlen(buf);
+    size_t old = strlen(fx_detail);
+    if (old > sizeof buf - 1 - used) old = sizeof buf - 1 - used;
+    memcpy(buf + used, fx_detail, old);
+    buf[used + old] = '\0';
+    memcpy(fx_detail, buf, used + old + 1);
+    return e;
+}
+
+void fx_clearerr(void)
+{
+    if (!fx_held) fx_detail[0] = '\0';
+}
+
+bool fx_err_hold(void)
+{
+    bool prev = fx_held;
+    fx_held = true;
+    return prev;
+}
+
+void fx_err_release(bool prev) { fx_held = prev; }

@@ -7,12 +7,16 @@
  *  - The human detail of the last failure (server message, URL, HTTP status) is kept
  *    per thread: fx_err_detail() returns it for the calling thread until that thread's
  *    next failing call overwrites it. It never contains credentials.
- * Thread rules: all functions are thread-safe.
+ *  - A thread can hold its detail (fx_err_hold) across cleanup that may fail on its own: while
+ *    held, fx_seterr, fx_err_wrap and fx_clearerr on that thread return their code but leave the
+ *    text as it is. Holds nest; each thread has its own.
+ * Thread rules: all functions are thread-safe; the detail and the hold are per thread.
  */
 #ifndef FX_ERR_H
 #define FX_ERR_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 
 typedef enum fx_err {
     FX_OK = 0,
@@ -51,10 +55,28 @@ const char *fx_errname(fx_err e);
 const char *fx_err_detail(void);
 
 /* Record a detail text for the calling thread and return e (for `return fx_seterr(...)`).
- * The text is truncated to 511 bytes. */
+ * The text is truncated to 511 bytes. The arguments may include fx_err_detail(). */
 fx_err fx_seterr(fx_err e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Put a formatted context in front of the calling thread's detail text and return e:
+ *     return fx_err_wrap(e, "lease %lld: ", (long long)id);
+ * turns "etcd ...: lease not found" into "lease 7: etcd ...: lease not found". The whole text is
+ * truncated to 511 bytes (the context first, so a long context shortens the old text). The
+ * arguments may include fx_err_detail(). */
+fx_err fx_err_wrap(fx_err e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Clear the calling thread's detail text. */
 void fx_clearerr(void);
+
+/* Hold the calling thread's detail text until the matching fx_err_release: the detail of a
+ * failure survives cleanup calls that record their own. Returns the previous hold state, which
+ * fx_err_release restores (so holds nest):
+ *     bool held = fx_err_hold();
+ *     producer_free(p);          // may call fx_seterr: the text stays
+ *     fx_err_release(held);
+ *     return e;                  // with the detail of the original failure
+ */
+bool fx_err_hold(void);
+void fx_err_release(bool prev);
 
 #endif

@@ -422,12 +422,8 @@ static fx_err kv_etcd_put_many(void *self, const fx_kv_item *items, size_t n,
         free(ops);
         free(keys);
     }
-    if (o->lease_id != 0 && (e == FX_ENOTFOUND || e == FX_ELEASE_EXPIRED)) {
-        char detail[512];
-        snprintf(detail, sizeof detail, "%s", fx_err_detail());
-        e = fx_seterr(FX_ELEASE_EXPIRED, "kv: put with lease %lld: %s",
-                      (long long)o->lease_id, detail);
-    }
+    if (o->lease_id != 0 && (e == FX_ENOTFOUND || e == FX_ELEASE_EXPIRED))
+        e = fx_err_wrap(FX_ELEASE_EXPIRED, "kv: put with lease %lld: ", (long long)o->lease_id);
     return e;
 }
 

@@ -45,6 +45,7 @@
 #include <time.h>
 
 #include "attempts.h"
+#include "claim_table.h"
 #include "daemon_int.h"
 #include "flatdict.h"
 #include "fx_time.h"
@@ -52,26 +53,9 @@
 #include "jsack.h"
 #include "subject.h"
 
-#define NIL UINT32_MAX
+#define NIL CTAB_NIL
 
-enum { E_FREE = 0, E_WAIT_SEND, E_WAIT_ACK, E_WAIT_DLQ, E_DLQ_RETRY };
-
-typedef struct ent {
-    uint8_t state;
-    bool hashed;
-    uint64_t gen;
-    fx_mq_delivery dv;
-    fx_mq_msg msg;
-    uint64_t delivered; /* attempts published (by earlier consumers too: bridge/attempts.h) */
-    bool planned;       /* persist_attempts: to be published in this round */
-    uint32_t rec_n;     /* attempt count the record of generation rec_gen holds for it */
-    uint64_t rec_gen;
-    uint64_t claim_seq, nonce;
-    int64_t due_ms;
-    int32_t heap_pos; /* -1: not in the heap */
-    uint32_t hnext;
-    const char *dead_reason;
-} ent;
+typedef ctab_ent ent; /* an in-flight entry (claim_table.h) */
 
 /* The persisted attempt record of one sub-MPSC the claim consumes (explicit ack): the record,
  * its writer thread and the generation of the last record built. */
@@ -102,18 +86,10 @@ typedef struct cst {
     fx_attempt *attbuf;
     bool explicit_ack;
     bool use_leaf; /* explicit ack and d->leaf: deliveries over the leaf connection */
-    uint32_t max_ents;
-    ent *ents;
-    uint32_t n_ents, n_used;
-    uint32_t *freel;
-    uint32_t n_free;
-    uint32_t *buckets;
-    uint32_t nb_mask;
-    uint32_t *heap;
-    uint32_t heap_n;
+    ctab t; /* the in-flight table */
     uint32_t *sendq;
     uint32_t n_send;
-    uint64_t next_cseq, gen_ctr;
+    uint64_t next_cseq;
     fx_mq_msg_id *acks;
     size_t n_acks;
     dm_ackreply **replies; /* AckSync replies of the acks in `acks`, answered after flush_acks */
@@ -129,126 +105,12 @@ typedef struct cst {
     fx_log_slot slot_get, slot_pub, slot_open, slot_ack, slot_att;
 } cst;
 
-/* ---- in-flight table ------------------------------------------------------------------------ */
+/* ---- in-flight table (claim_table.h) --------------------------------------------------------- */
 
-static void heap_swap(cst *s, uint32_t a, uint32_t b)
+/* Grow hook of the table: the arrays holding up to one item per in-flight entry follow its size. */
+static bool table_grow(void *arg, uint32_t nn)
 {
-    uint32_t ia = s->heap[a], ib = s->heap[b];
-    s->heap[a] = ib;
-    s->heap[b] = ia;
-    s->ents[ib].heap_pos = (int32_t)a;
-    s->ents[ia].heap_pos = (int32_t)b;
-}
-
-static void heap_up(cst *s, uint32_t i)
-{
-    while (i > 0) {
-        uint32_t p = (i - 1) / 2;
-        if (s->ents[s->heap[p]].due_ms <= s->ents[s->heap[i]].due_ms) break;
-        heap_swap(s, i, p);
-        i = p;
-    }
-}
-
-static void heap_down(cst *s, uint32_t i)
-{
-    for (;;) {
-        uint32_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < s->heap_n && s->ents[s->heap[l]].due_ms < s->ents[s->heap[m]].due_ms) m = l;
-        if (r < s->heap_n && s->ents[s->heap[r]].due_ms < s->ents[s->heap[m]].due_ms) m = r;
-        if (m == i) break;
-        heap_swap(s, i, m);
-        i = m;
-    }
-}
-
-static void heap_del(cst *s, uint32_t idx)
-{
-    ent *e = &s->ents[idx];
-    if (e->heap_pos < 0) return;
-    uint32_t i = (uint32_t)e->heap_pos;
-    e->heap_pos = -1;
-    s->heap_n--;
-    if (i == s->heap_n) return;
-    s->heap[i] = s->heap[s->heap_n];
-    s->ents[s->heap[i]].heap_pos = (int32_t)i;
-    heap_down(s, i);
-    heap_up(s, i);
-}
-
-static void heap_set(cst *s, uint32_t idx, int64_t due)
-{
-    ent *e = &s->ents[idx];
-    heap_del(s, idx);
-    e->due_ms = due;
-    s->heap[s->heap_n] = idx;
-    e->heap_pos = (int32_t)s->heap_n;
-    s->heap_n++;
-    heap_up(s, (uint32_t)e->heap_pos);
-}
-
-static void hash_del(cst *s, uint32_t idx)
-{
-    ent *e = &s->ents[idx];
-    if (!e->hashed) return;
-    uint32_t *pp = &s->buckets[e->claim_seq & s->nb_mask];
-    while (*pp != NIL) {
-        if (*pp == idx) {
-            *pp = e->hnext;
-            break;
-        }
-        pp = &s->ents[*pp].hnext;
-    }
-    e->hashed = false;
-    e->hnext = NIL;
-}
-
-static void hash_add(cst *s, uint32_t idx)
-{
-    ent *e = &s->ents[idx];
-    uint32_t *b = &s->buckets[e->claim_seq & s->nb_mask];
-    e->hnext = *b;
-    *b = idx;
-    e->hashed = true;
-}
-
-static uint32_t hash_find(cst *s, uint64_t cseq)
-{
-    for (uint32_t i = s->buckets[cseq & s->nb_mask]; i != NIL; i = s->ents[i].hnext)
-        if (s->ents[i].claim_seq == cseq) return i;
-    return NIL;
-}
-
-static bool table_init(cst *s)
-{
-    uint64_t m = (uint64_t)s->ch->s.max_ack_pending;
-    if (m < 1) m = 1;
-    if (m > (1u << 24)) m = 1u << 24;
-    s->max_ents = (uint32_t)m;
-    uint32_t nb = 64;
-    while (nb < 2 * s->max_ents && nb < (1u << 17)) nb <<= 1;
-    s->nb_mask = nb - 1;
-    s->buckets = malloc(nb * sizeof *s->buckets);
-    s->getbuf = calloc(FX_DM_FETCH_MAX, sizeof *s->getbuf);
-    if (!s->buckets || !s->getbuf) return false;
-    for (uint32_t i = 0; i < nb; i++) s->buckets[i] = NIL;
-    return true;
-}
-
-static bool table_grow(cst *s)
-{
-    if (s->n_ents >= s->max_ents) return false;
-    uint32_t nn = s->n_ents ? s->n_ents * 2 : 64;
-    if (nn > s->max_ents) nn = s->max_ents;
-    ent *ne = realloc(s->ents, nn * sizeof *ne);
-    if (!ne) return false;
-    s->ents = ne;
-    uint32_t *nf = realloc(s->freel, nn * sizeof *nf);
-    if (!nf) return false;
-    s->freel = nf;
-    uint32_t *nh = realloc(s->heap, nn * sizeof *nh);
-    if (!nh) return false;
-    s->heap = nh;
+    cst *s = arg;
     uint32_t *ns = realloc(s->sendq, nn * sizeof *ns);
     if (!ns) return false;
     s->sendq = ns;
@@ -261,44 +123,18 @@ static bool table_grow(cst *s)
     fx_attempt *nab = realloc(s->attbuf, nn * sizeof *nab);
     if (!nab) return false;
     s->attbuf = nab;
-    for (uint32_t i = nn; i > s->n_ents; i--) {
-        memset(&s->ents[i - 1], 0, sizeof(ent));
-        s->ents[i - 1].heap_pos = -1;
-        s->ents[i - 1].hnext = NIL;
-        s->freel[s->n_free++] = i - 1;
-    }
-    s->n_ents = nn;
     return true;
 }
 
-static uint32_t ent_alloc(cst *s)
+static bool table_init(cst *s)
 {
-    if (s->n_free == 0 && !table_grow(s)) return NIL;
-    uint32_t idx = s->freel[--s->n_free];
-    ent *e = &s->ents[idx];
-    memset(e, 0, sizeof *e);
-    e->heap_pos = -1;
-    e->hnext = NIL;
-    e->gen = ++s->gen_ctr;
-    s->n_used++;
-    return idx;
-}
-
-static void ent_release(cst *s, uint32_t idx)
-{
-    ent *e = &s->ents[idx];
-    if (e->state == E_FREE) return;
-    hash_del(s, idx);
-    heap_del(s, idx);
-    fx_mq_delivery_free(&e->dv);
-    e->state = E_FREE;
-    s->freel[s->n_free++] = idx;
-    s->n_used--;
+    s->getbuf = calloc(FX_DM_FETCH_MAX, sizeof *s->getbuf);
+    return ctab_init(&s->t, s->ch->s.max_ack_pending, table_grow, s) && s->getbuf;
 }
 
 static void release_all(cst *s)
 {
-    for (uint32_t i = 0; i < s->n_ents; i++) ent_release(s, i);
+    ctab_release_all(&s->t);
     s->n_send = 0;
 }
 
@@ -700,8 +536,8 @@ static void persist_one(cst *s, att_stream *st, int64_t chan)
 {
     if (!st->att || !st->w) return;
     size_t k = 0;
-    for (uint32_t i = 0; i < s->n_ents; i++) {
-        ent *e = &s->ents[i];
+    for (uint32_t i = 0; i < s->t.n_ents; i++) {
+        ent *e = &s->t.ents[i];
         if (e->state == E_FREE || e->dv.id.chan != chan) continue;
         uint64_t n = e->delivered + (e->planned ? 1 : 0);
         s->attbuf[k++] = (fx_attempt){e->dv.id.pidx, e->dv.id.msg, n > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)n};
@@ -711,8 +547,8 @@ static void persist_one(cst *s, att_stream *st, int64_t chan)
     if (fx_attempts_build(st->att, s->attbuf, k, &val, &len)) {
         if (attw_submit(st->w, st->att, val, len, st->att_gen + 1)) st->att_gen++;
     }
-    for (uint32_t i = 0; i < s->n_ents; i++) {
-        ent *e = &s->ents[i];
+    for (uint32_t i = 0; i < s->t.n_ents; i++) {
+        ent *e = &s->t.ents[i];
         if (!e->planned || e->dv.id.chan != chan) continue;
         e->planned = false;
         uint32_t n = (uint32_t)(e->delivered + 1);
@@ -729,10 +565,10 @@ static void persist_attempts(cst *s)
 {
     if (!s->own.w) return;
     for (uint32_t i = 0; i < s->n_send; i++)
-        if (s->ents[s->sendq[i]].state == E_WAIT_SEND) s->ents[s->sendq[i]].planned = true;
+        if (s->t.ents[s->sendq[i]].state == E_WAIT_SEND) s->t.ents[s->sendq[i]].planned = true;
     if (s->cons) persist_one(s, &s->own, fx_mpmc_consumer_chan(s->cons));
     for (size_t a = 0; a < s->n_adopt; a++) persist_one(s, &s->adopt[a].as, s->adopt[a].chan);
-    for (uint32_t i = 0; i < s->n_ents; i++) s->ents[i].planned = false;
+    for (uint32_t i = 0; i < s->t.n_ents; i++) s->t.ents[i].planned = false;
 }
 
 /* May this entry be published now (its attempt count durable)? */
@@ -800,12 +636,12 @@ static bool publish_ent(cst *s, uint32_t idx)
 {
     fx_daemon *d = s->d;
     dm_chan *ch = s->ch;
-    ent *e = &s->ents[idx];
-    hash_del(s, idx);
+    ent *e = &s->t.ents[idx];
+    ctab_unhash(&s->t, idx);
     e->claim_seq = ++s->next_cseq;
     e->nonce = dm_rand64() & INT64_MAX;
     if (!e->nonce) e->nonce = 1;
-    hash_add(s, idx);
+    ctab_hash(&s->t, idx);
     uint64_t attempt = e->delivered + 1;
 
     char reply[FX_JSACK_SUBJECT_MAX + 64];
@@ -820,7 +656,7 @@ static bool publish_ent(cst *s, uint32_t idx)
         /* JetStream's metadata timestamp is the time the message was stored */
         meta.ts_ns = e->msg.publish_ns > 0 ? e->msg.publish_ns : fx_wall_ns();
         /* JetStream's pending: stored, not yet handed to this claim (house-keeping view) */
-        meta.pending = s->backlog > (int64_t)s->n_used ? (uint64_t)(s->backlog - (int64_t)s->n_used) : 0;
+        meta.pending = s->backlog > (int64_t)s->t.n_used ? (uint64_t)(s->backlog - (int64_t)s->t.n_used) : 0;
         meta.nonce = e->nonce;
         char js[FX_JSACK_SUBJECT_MAX];
         if (fx_ack_subject_build(&meta, js, sizeof js) < 0 ||
@@ -914,23 +750,23 @@ static void do_sends(cst *s)
     bool blocked = false; /* explicit ack only: waiting for the attempt record to be durable */
     for (uint32_t i = 0; i < s->n_send; i++) {
         uint32_t idx = s->sendq[i];
-        ent *e = &s->ents[idx];
+        ent *e = &s->t.ents[idx];
         if (e->state != E_WAIT_SEND) continue;
         if (ok_to_send && (blocked || !attempt_durable(s, e))) {
             /* this one and every later one wait, in order (per-producer FIFO), at the head of
              * the send queue; the writer wakes the claim thread when the record is durable */
             blocked = true;
-            heap_del(s, idx);
+            ctab_unschedule(&s->t, idx);
             s->sendq[keep++] = idx;
             continue;
         }
         if (!ok_to_send || !publish_ent(s, idx)) {
-            heap_set(s, idx, now + (ok_to_send ? 200 : 100));
+            ctab_schedule(&s->t, idx, now + (ok_to_send ? 200 : 100));
             continue;
         }
         e->state = E_WAIT_ACK;
         if (s->explicit_ack)
-            heap_set(s, idx, now + s->ch->s.ack_wait_ms);
+            ctab_schedule(&s->t, idx, now + s->ch->s.ack_wait_ms);
         else
             s->sendq[n_pub++] = idx; /* reuse the array: published this round */
     }
@@ -940,27 +776,27 @@ static void do_sends(cst *s)
          * them is then already in our ack-none subscription. Ack after a short grace. */
         natsConnection_FlushTimeout(s->d->nc, 1000);
         int64_t due = fx_now_ms() + FX_DM_NONE_GRACE_MS;
-        for (uint32_t i = 0; i < n_pub; i++) heap_set(s, s->sendq[i], due);
+        for (uint32_t i = 0; i < n_pub; i++) ctab_schedule(&s->t, s->sendq[i], due);
     }
 }
 
 static void sendq_push(cst *s, uint32_t idx)
 {
-    if (s->n_send < s->n_ents)
+    if (s->n_send < s->t.n_ents)
         s->sendq[s->n_send++] = idx;
     else
-        heap_set(s, idx, fx_now_ms()); /* defensive: picked up by the next round */
+        ctab_schedule(&s->t, idx, fx_now_ms()); /* defensive: picked up by the next round */
 }
 
 static void schedule_send(cst *s, uint32_t idx, int64_t delay_ms)
 {
-    ent *e = &s->ents[idx];
+    ent *e = &s->t.ents[idx];
     e->state = E_WAIT_SEND;
     if (delay_ms <= 0) {
-        heap_del(s, idx);
+        ctab_unschedule(&s->t, idx);
         sendq_push(s, idx);
     } else {
-        heap_set(s, idx, fx_now_ms() + delay_ms);
+        ctab_schedule(&s->t, idx, fx_now_ms() + delay_ms);
     }
 }
 
@@ -970,7 +806,7 @@ static void dead_letter(cst *s, uint32_t idx, const char *reason)
 {
     fx_daemon *d = s->d;
     dm_chan *ch = s->ch;
-    ent *e = &s->ents[idx];
+    ent *e = &s->t.ents[idx];
     e->dead_reason = reason;
     if (ch->is_dlq) {
         /* A dead letter's own channel has no DLQ: +TERM discards it, max_deliver never drops it. */
@@ -979,7 +815,7 @@ static void dead_letter(cst *s, uint32_t idx, const char *reason)
                    s->cl->subject, e->dv.id.chan, e->dv.id.pidx, e->dv.id.msg);
             fx_metric_inc(ch->m.acked, 1);
             ack_add(s, &e->dv.id);
-            ent_release(s, idx);
+            ctab_release(&s->t, idx);
         } else {
             int64_t delay = ch->s.n_backoff ? ch->s.backoff_ms[ch->s.n_backoff - 1] : ch->s.ack_wait_ms;
             schedule_send(s, idx, delay);
@@ -1030,7 +866,7 @@ static void dead_letter(cst *s, uint32_t idx, const char *reason)
         free(it);
     }
     if (queued) {
-        heap_del(s, idx);
+        ctab_unschedule(&s->t, idx);
         e->state = E_WAIT_DLQ;
         s->dlq_pending++;
         return;
@@ -1040,20 +876,20 @@ static void dead_letter(cst *s, uint32_t idx, const char *reason)
                dlq_name, fid, reason);
         fx_metric_inc(ch->m.dropped, 1);
         ack_add(s, &e->dv.id);
-        ent_release(s, idx);
+        ctab_release(&s->t, idx);
         return;
     }
     static fx_log_slot slot;
     fx_log_ratelimited(&slot, 5000, FX_LOG_WRN, "claim %s: cannot queue dead letter %s (%s): retrying",
                        s->cl->subject, fid, err ? fx_strerror(err) : "queue full");
     e->state = E_DLQ_RETRY;
-    heap_set(s, idx, fx_now_ms() + 1000);
+    ctab_schedule(&s->t, idx, fx_now_ms() + 1000);
 }
 
 /* Redeliver now / after delay, or dead-letter when the attempts are used up. */
 static void redeliver_or_dlq(cst *s, uint32_t idx, int64_t delay_ms)
 {
-    ent *e = &s->ents[idx];
+    ent *e = &s->t.ents[idx];
     if ((int64_t)e->delivered >= s->ch->s.max_deliver && !s->ch->is_dlq) {
         dead_letter(s, idx, "max_deliver");
         return;
@@ -1067,8 +903,8 @@ static void redeliver_or_dlq(cst *s, uint32_t idx, int64_t delay_ms)
 static bool apply_ev(cst *s, const dm_ev *ev)
 {
     fx_daemon *d = s->d;
-    uint32_t idx = hash_find(s, ev->claim_seq);
-    ent *e = idx == NIL ? NULL : &s->ents[idx];
+    uint32_t idx = ctab_find(&s->t, ev->claim_seq);
+    ent *e = idx == NIL ? NULL : &s->t.ents[idx];
     /* Did the bridge cause this message? (see the header comment) */
     bool issued = ev->nonce != 0 && ev->claim_seq != 0 && ev->claim_seq <= s->next_cseq;
     if (ev->kind == EV_NORESP) {
@@ -1093,7 +929,7 @@ static bool apply_ev(cst *s, const dm_ev *ev)
         if (e->state != E_WAIT_ACK && e->state != E_WAIT_SEND) return false;
         fx_metric_inc(s->ch->m.acked, 1);
         ack_add(s, &e->dv.id);
-        ent_release(s, idx);
+        ctab_release(&s->t, idx);
         return true;
     case EV_NAK:
         if (e->state != E_WAIT_ACK) return false;
@@ -1114,7 +950,7 @@ static bool apply_ev(cst *s, const dm_ev *ev)
         return true;
     case EV_WPI:
         if (e->state != E_WAIT_ACK) return false;
-        heap_set(s, idx, fx_now_ms() + s->ch->s.ack_wait_ms);
+        ctab_schedule(&s->t, idx, fx_now_ms() + s->ch->s.ack_wait_ms);
         return true;
     case EV_TERM:
         if (e->state != E_WAIT_ACK && e->state != E_WAIT_SEND) return false;
@@ -1140,20 +976,20 @@ static void handle_dlq_done(cst *s, pq_item *it)
 {
     uint32_t idx = it->ent_idx;
     if (s->dlq_pending) s->dlq_pending--;
-    if (idx < s->n_ents && s->ents[idx].state == E_WAIT_DLQ && s->ents[idx].gen == it->ent_gen) {
-        ent *e = &s->ents[idx];
+    if (idx < s->t.n_ents && s->t.ents[idx].state == E_WAIT_DLQ && s->t.ents[idx].gen == it->ent_gen) {
+        ent *e = &s->t.ents[idx];
         if (it->result == FX_OK) {
             FX_INF("claim %s: message %" PRId64 ".%" PRId64 ".%" PRId64 " dead-lettered (%s)",
                    s->cl->subject, e->dv.id.chan, e->dv.id.pidx, e->dv.id.msg, e->dead_reason);
             fx_metric_inc(s->ch->m.dead, 1);
             ack_add(s, &e->dv.id);
-            ent_release(s, idx);
+            ctab_release(&s->t, idx);
         } else {
             static fx_log_slot slot;
             fx_log_ratelimited(&slot, 5000, FX_LOG_WRN, "claim %s: dead letter not stored (%s): retrying",
                                s->cl->subject, fx_strerror(it->result));
             e->state = E_DLQ_RETRY;
-            heap_set(s, idx, fx_now_ms() + 1000);
+            ctab_schedule(&s->t, idx, fx_now_ms() + 1000);
         }
     }
     dm_claim *cl = it->claim;
@@ -1196,17 +1032,17 @@ static size_t drain_events(cst *s)
 static void run_due(cst *s)
 {
     int64_t now = fx_now_ms();
-    while (s->heap_n && s->ents[s->heap[0]].due_ms <= now) {
-        uint32_t idx = s->heap[0];
-        ent *e = &s->ents[idx];
-        heap_del(s, idx);
+    uint32_t idx;
+    while ((idx = ctab_next(&s->t)) != NIL && s->t.ents[idx].due_ms <= now) {
+        ent *e = &s->t.ents[idx];
+        ctab_unschedule(&s->t, idx);
         switch (e->state) {
         case E_WAIT_ACK:
             if (!s->explicit_ack) { /* ack none: no no-responders came back */
                 ack_add(s, &e->dv.id);
-                ent_release(s, idx);
+                ctab_release(&s->t, idx);
             } else if (!atomic_load(&s->cl->present)) {
-                heap_set(s, idx, now + 200); /* nobody listens: hold, do not count */
+                ctab_schedule(&s->t, idx, now + 200); /* nobody listens: hold, do not count */
             } else {
                 redeliver_or_dlq(s, idx, 0);
             }
@@ -1225,8 +1061,9 @@ static void run_due(cst *s)
 
 static int64_t next_due_in(cst *s)
 {
-    if (!s->heap_n) return INT64_MAX;
-    int64_t left = s->ents[s->heap[0]].due_ms - fx_now_ms();
+    uint32_t idx = ctab_next(&s->t);
+    if (idx == NIL) return INT64_MAX;
+    int64_t left = s->t.ents[idx].due_ms - fx_now_ms();
     return left < 0 ? 0 : left;
 }
 
@@ -1236,12 +1073,12 @@ static void accept_msgs(cst *s, size_t got)
 {
     for (size_t i = 0; i < got; i++) {
         fx_mq_delivery *dv = &s->getbuf[i];
-        uint32_t idx = ent_alloc(s);
+        uint32_t idx = ctab_alloc(&s->t);
         if (idx == NIL) { /* cannot happen: we never fetch past the window */
             fx_mq_delivery_free(dv);
             continue;
         }
-        ent *e = &s->ents[idx];
+        ent *e = &s->t.ents[idx];
         e->dv = *dv;
         *dv = (fx_mq_delivery){0};
         if (fx_mq_msg_decode(e->dv.value.data, e->dv.value.len, e->dv.value.len + 1, &e->msg) !=
@@ -1251,7 +1088,7 @@ static void accept_msgs(cst *s, size_t got)
                    s->cl->subject, e->dv.id.chan, e->dv.id.pidx, e->dv.id.msg, fx_err_detail());
             fx_metric_inc(s->ch->m.dropped, 1);
             ack_add(s, &e->dv.id);
-            ent_release(s, idx);
+            ctab_release(&s->t, idx);
             continue;
         }
         e->state = E_WAIT_SEND;
@@ -1272,8 +1109,8 @@ static void accept_msgs(cst *s, size_t got)
 static size_t count_chan(cst *s, int64_t chan)
 {
     size_t n = 0;
-    for (uint32_t i = 0; i < s->n_ents; i++)
-        if (s->ents[i].state != E_FREE && s->ents[i].dv.id.chan == chan) n++;
+    for (uint32_t i = 0; i < s->t.n_ents; i++)
+        if (s->t.ents[i].state != E_FREE && s->t.ents[i].dv.id.chan == chan) n++;
     return n;
 }
 
@@ -1285,10 +1122,10 @@ static void adopt_close(cst *s, size_t i, bool lost)
     struct adopted a = s->adopt[i];
     s->adopt[i] = s->adopt[--s->n_adopt];
     if (lost) {
-        for (uint32_t k = 0; k < s->n_ents; k++)
-            if (s->ents[k].state != E_FREE && s->ents[k].state != E_WAIT_DLQ &&
-                s->ents[k].dv.id.chan == a.chan)
-                ent_release(s, k);
+        for (uint32_t k = 0; k < s->t.n_ents; k++)
+            if (s->t.ents[k].state != E_FREE && s->t.ents[k].state != E_WAIT_DLQ &&
+                s->t.ents[k].dv.id.chan == a.chan)
+                ctab_release(&s->t, k);
     } else {
         attw_sync(s, &a.as, 2000); /* its next consumer reads the attempts */
         fx_err e = fx_mpmc_flush(a.c, 2000);
@@ -1415,8 +1252,8 @@ static bool fetch_adopted(cst *s, size_t want)
 static size_t count_state(cst *s, uint8_t st)
 {
     size_t n = 0;
-    for (uint32_t i = 0; i < s->n_ents; i++)
-        if (s->ents[i].state == st) n++;
+    for (uint32_t i = 0; i < s->t.n_ents; i++)
+        if (s->t.ents[i].state == st) n++;
     return n;
 }
 
@@ -1448,13 +1285,13 @@ static int64_t claim_turn(cst *s)
     if (stop_requested(s)) return -1;
     adopt_stranded(s); /* no RPC unless the view shows stranded backlog not adopted yet */
     int64_t next = next_due_in(s);
-    bool can_fetch = s->n_used < s->max_ents && can_publish(s);
+    bool can_fetch = s->t.n_used < s->t.max_ents && can_publish(s);
     if (!can_fetch) {
         int64_t cap = s->n_send ? 2 : 50; /* deliveries waiting for their record */
         return next < cap ? next : cap;
     }
     if (!attempts_ready(s)) return 200;
-    size_t want = s->max_ents - s->n_used;
+    size_t want = s->t.max_ents - s->t.n_used;
     if (want > FX_DM_FETCH_MAX) want = FX_DM_FETCH_MAX;
     if (fetch_adopted(s, want)) {
         do_sends(s);
@@ -1473,7 +1310,7 @@ static int64_t claim_turn(cst *s)
          * anyway after 20 ms while deliveries are in flight or backlog is adopted, else after
          * FX_DM_IDLE_GET_MS (a thousand idle claims: 4,000 cheap turns/s), which also adopts
          * stranded backlog if the view shows some. */
-        int64_t cap = s->n_used || s->n_adopt ? 20 : FX_DM_IDLE_GET_MS;
+        int64_t cap = s->t.n_used || s->n_adopt ? 20 : FX_DM_IDLE_GET_MS;
         if (s->n_send && cap > 2) cap = 2; /* deliveries wait for their attempt record */
         return next < cap ? next : cap;
     }
@@ -1529,7 +1366,7 @@ static void claim_release(cst *s)
             if (e && e != FX_ECLOSED && e != FX_ELEASE_LOST)
                 FX_WRN("claim %s: ack flush: %s", cl->subject, fx_strerror(e));
         }
-        size_t unacked = s->n_used;
+        size_t unacked = s->t.n_used;
         consumer_drop(s);
         FX_INF("claim %s: released (%zu unacked message(s) left for the next consumer)",
                cl->subject, unacked);
@@ -1584,16 +1421,13 @@ static void claim_end(dm_claim *cl, bool ran)
         dm_claim_unref(cl);
         done = nx;
     }
-    free(s->ents);
-    free(s->freel);
-    free(s->heap);
+    ctab_free(&s->t);
     free(s->sendq);
     free(s->acks);
     free(s->replies);
     free(s->attbuf);
     fx_attempts_free(s->own.att);
     attw_stop(s->own.w);
-    free(s->buckets);
     for (size_t i = 0; s->getbuf && i < FX_DM_FETCH_MAX; i++) fx_mq_delivery_free(&s->getbuf[i]);
     free(s->getbuf);
     free(s->hbuf);
@@ -2099,7 +1933,6 @@ static void reap(fx_daemon *d)
             dm_claim *cl = *pp;
             if (atomic_load(&cl->finished)) {
                 *pp = cl->next;
-                if (cl->started) pthread_join(cl->thr, NULL);
                 dm_claim_unref(cl);
             } else {
                 pp = &cl->next;
@@ -2178,10 +2011,6 @@ void dm_claims_stop_all(fx_daemon *d, dm_chan *ch, int mode)
     dm_claims_request_stop(d, ch, mode);
     /* Only this thread changes ch->claims now (the interest thread is stopped or ch is retired). */
     for (dm_claim *cl = ch->claims; cl; cl = cl->next) {
-        if (cl->started) {
-            pthread_join(cl->thr, NULL);
-            cl->started = false;
-        }
         /* run by the scheduler: wait for its last step (its release is bounded) */
         pthread_mutex_lock(&sched.mu);
         while (!atomic_load(&cl->finished)) {

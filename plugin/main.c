@@ -150,9 +150,7 @@ int main(int argc, char **argv)
     }
     e = fx_daemon_start(d);
     if (e) {
-        char detail[512];
-        snprintf(detail, sizeof detail, "%s", fx_err_detail());
-        FX_ERR("start failed: %s (%s)", fx_strerror(e), detail);
+        FX_ERR("start failed: %s (%s)", fx_strerror(e), fx_err_detail());
         fx_daemon_free(d);
         close(sfd);
         curl_global_cleanup();
