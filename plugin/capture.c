@@ -583,6 +583,7 @@ typedef struct dm_slot {
     bool started;
     bool busy;         /* handed a batch, not answered yet */
     bool has_ids;      /* the batch holds Nats-Msg-Id captures of a dedup channel */
+    bool mine;         /* busy, stored by the dispatcher itself (not by the worker) */
     pthread_cond_t cv; /* busy set, or quit */
     fx_mpmc_producer *prod;
     size_t n;
@@ -925,8 +926,8 @@ static void *worker_main(void *arg)
     dm_pq *q = &ch->q;
     pthread_mutex_lock(&q->mu);
     for (;;) {
-        while (!sl->busy && !fl->quit) pthread_cond_wait(&sl->cv, &q->mu);
-        if (!sl->busy) break; /* quit, nothing handed */
+        while (!(sl->busy && !sl->mine) && !fl->quit) pthread_cond_wait(&sl->cv, &q->mu);
+        if (!sl->busy || sl->mine) break; /* quit, nothing handed */
         pthread_mutex_unlock(&q->mu);
         store_batch(ch, fl, sl);
         pthread_mutex_lock(&q->mu);
@@ -1012,8 +1013,10 @@ static void prod_keep(dm_chan *ch, prod_state *ps)
     atomic_store(&ch->attached, ch->prod != NULL);
 }
 
-/* Dispatcher: hand the filtered batch of slot sl to its worker (started on first use). */
-static void flight_hand(dm_chan *ch, dm_flight *fl, dm_slot *sl)
+/* Dispatcher: hand the filtered batch of slot sl to its worker (started on first use). With one
+ * batch at most in flight (limit 1: one ready sub-MPSC or none) the dispatcher stores it itself:
+ * no thread hop on the one-at-a-time path. */
+static void flight_hand(dm_chan *ch, dm_flight *fl, dm_slot *sl, unsigned limit)
 {
     dm_pq *q = &ch->q;
     pthread_mutex_lock(&q->mu);
@@ -1026,19 +1029,20 @@ static void flight_hand(dm_chan *ch, dm_flight *fl, dm_slot *sl)
         fx_metric_set(ch->m.inflight_peak, fl->peak);
     }
     fx_metric_set(ch->m.inflight, fl->n_busy);
-    bool run_here = false;
-    if (!sl->started) {
+    bool run_here = limit <= 1 && fl->n_busy == 1;
+    sl->mine = run_here;
+    if (!run_here && !sl->started) {
         if (pthread_create(&sl->thr, NULL, worker_main, sl) == 0)
             sl->started = true;
         else
-            run_here = true; /* no thread: store it on this one */
+            run_here = sl->mine = true; /* no thread: store it on this one */
     }
     if (!run_here) pthread_cond_signal(&sl->cv);
     pthread_mutex_unlock(&q->mu);
     if (!run_here) return;
     store_batch(ch, fl, sl);
     pthread_mutex_lock(&q->mu);
-    sl->busy = false;
+    sl->busy = sl->mine = false;
     sl->n = 0;
     fl->n_busy--;
     if (sl->has_ids) {
@@ -1046,6 +1050,7 @@ static void flight_hand(dm_chan *ch, dm_flight *fl, dm_slot *sl)
         fl->ids_pending = true;
     }
     fx_metric_set(ch->m.inflight, fl->n_busy);
+    pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
 }
 
@@ -1124,7 +1129,7 @@ static void *producer_main(void *arg)
         }
         sl->n = n;
         sl->has_ids = has_ids;
-        flight_hand(ch, fl, sl);
+        flight_hand(ch, fl, sl, limit);
     }
     prod_close(ch);
     atomic_store(&ch->attached, false);
