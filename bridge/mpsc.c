@@ -7,11 +7,11 @@
  *   wait on the producer condvar (woken by close / lease loss) polling the count every
  *   CAP_POLL_MS until the put's deadline (FX_EFULL then). Store min(room, rest) values in chunks
  *   of <= CHUNK_MSGS values / CHUNK_BYTES bytes. One chunk = ids [next, next+m):
- *     kv shared:  ONE txn  compare(produce offset == next-1 (absent when next == 0),
- *                                  membership key exists)
- *                          success: m payload puts (payload lease) + offset put (global lease)
- *                          failure: read offset, read membership
- *     kv apart:   put_many (payload lease), then the same txn with only the offset put.
+ *     ONE txn  compare(produce offset == next-1 (absent when next == 0), membership key exists)
+ *              success: offset put (global lease), with the payload puts (payload lease) on the
+ *                       etcd fused plane; failure: read offset, read membership
+ *     on the split planes (etcd split, Redis) the payloads are written before it (put_many);
+ *     plane.h has the three planes (fused, split, Redis) and where their payload ops go.
  *   The compare makes a retry of an ambiguous failure (timeout after send) idempotent: a retry
  *   that finds the offset already at next+m-1 knows the first attempt landed. `next` advances only
  *   after success; a chunk that cannot be confirmed before the deadline leaves `offset_unknown`,
@@ -30,7 +30,7 @@
  *   Redis without fsync); a consumer never waits for them. ack() marks ids in a
  *   per-producer window; the commit thread advances each consume offset over the contiguous
  *   acked prefix and deletes the payloads below it: one txn (offset puts + payload range deletes)
- *   when kv is shared, else offsets first, then payload delete_range. Failed commits retry with
+ *   on the fused plane, else offsets first, then payload delete_range (plane.h). Failed commits retry with
  *   a bounded backoff; close makes one final bounded attempt.
  *
  * Bounds: at most MAX_UNACKED (65536) handed-out, unacknowledged ids per producer: get() skips a
@@ -49,6 +49,7 @@
 #include "fx_log.h"
 #include "fx_time.h"
 #include "mq_int.h"
+#include "plane.h"
 #include "pwatch.h"
 #include "segment.h"
 
@@ -203,21 +204,6 @@ static fx_err pay_parse(const chan_mgr *m, fx_slice key, int64_t *pidx, int64_t 
         return fx_seterr(FX_EPROTO, "mpsc: payload key of another channel");
     return FX_OK;
 }
-
-/* Full etcd key (kv prefix + relative key) for writes inside a control-plane txn. */
-static fx_err full_key(const fx_mq_client *c, const fx_mq_key *rel, char *buf, size_t cap,
-                       fx_slice *out)
-{
-    const char *kp = fx_kv_prefix(c->kv);
-    size_t pl = strlen(kp);
-    if (pl + rel->len > cap) return fx_seterr(FX_EINVAL, "mpsc: payload key too long");
-    memcpy(buf, kp, pl);
-    memcpy(buf + pl, rel->s, rel->len);
-    *out = (fx_slice){buf, pl + rel->len};
-    return FX_OK;
-}
-
-#define FULLKEY_CAP (FX_MQ_KEY_CAP + 1024)
 
 /* Interruptible sleep on an endpoint condvar: returns early when *stop becomes true. */
 static void nap(pthread_mutex_t *mu, pthread_cond_t *cv, const bool *stop, int64_t ms)
@@ -684,15 +670,8 @@ static fx_err write_chunk(fx_mpsc_producer *p, const fx_slice *vals, size_t m, i
     size_t nkeys = seg ? 1 : m; /* payload keys written by this chunk */
     uint8_t *segbuf = NULL;
     fx_slice segval = {0};
-    fx_mq_key *rel = malloc(nkeys * sizeof *rel);
-    char *fk = c->kv_shared ? malloc(nkeys * FULLKEY_CAP) : NULL;
-    size_t nops = c->kv_shared ? nkeys + 1 : 1;
-    fx_op *ops = calloc(nops, sizeof *ops);
-    fx_kv_item *items = c->kv_shared ? NULL : calloc(nkeys, sizeof *items);
-    if (!rel || !ops || (c->kv_shared ? !fk : !items)) {
-        e = fx_seterr(FX_ENOMEM, "mpsc put: out of memory");
-        goto out;
-    }
+    fx_plane_batch pb;
+    if ((e = fx__plane_batch_init(&pb, c, nkeys, p->m.meta.payload_lease_id))) return e;
     if (seg) { /* one value: the batch back to back, under the key of its last id */
         size_t sz = fx_seg_size(vals, m);
         if (!(segbuf = malloc(sz))) {
@@ -707,24 +686,17 @@ static fx_err write_chunk(fx_mpsc_producer *p, const fx_slice *vals, size_t m, i
     }
     for (size_t i = 0; i < nkeys; i++) {
         int64_t id = seg ? last : first + (int64_t)i;
-        fx_slice v = seg ? segval : vals[i];
-        if ((e = key_err(pay_key(&p->m, p->pidx, id, &rel[i]), "payload"))) goto out;
-        if (c->kv_shared) {
-            fx_slice full;
-            if ((e = full_key(c, &rel[i], fk + i * FULLKEY_CAP, FULLKEY_CAP, &full))) goto out;
-            ops[i] = (fx_op){.type = FX_OP_PUT,
-                             .u.put = {.key = full, .value = v,
-                                       .lease = p->m.meta.payload_lease_id}};
-        } else {
-            items[i] = (fx_kv_item){fx_mq_key_slice(&rel[i]), v};
-        }
+        fx_mq_key rel;
+        if ((e = key_err(pay_key(&p->m, p->pidx, id, &rel), "payload")) ||
+            (e = fx__plane_batch_set(&pb, i, &rel, seg ? segval : vals[i])))
+            goto out;
     }
     char lastv[FX_MQ_DEC_BUF], prevv[FX_MQ_DEC_BUF];
     size_t lastl = fx_mq_dec_format(last, lastv), prevl = fx_mq_dec_format(first - 1, prevv);
-    ops[nops - 1] = (fx_op){.type = FX_OP_PUT,
-                            .u.put = {.key = fx_mq_key_slice(&p->k_offset),
-                                      .value = {lastv, lastl},
-                                      .lease = p->m.meta.global_lease_id}};
+    *fx__plane_batch_offset_op(&pb) = (fx_op){.type = FX_OP_PUT,
+                                              .u.put = {.key = fx_mq_key_slice(&p->k_offset),
+                                                        .value = {lastv, lastl},
+                                                        .lease = p->m.meta.global_lease_id}};
     fx_cmp cmps[2] = {
         first == 0 ? (fx_cmp){.target = FX_CMP_CREATE, .result = FX_CMP_EQUAL,
                               .key = fx_mq_key_slice(&p->k_offset), .num = 0}
@@ -737,9 +709,7 @@ static fx_err write_chunk(fx_mpsc_producer *p, const fx_slice *vals, size_t m, i
         {.type = FX_OP_RANGE, .u.range = {.key = fx_mq_key_slice(&p->k_offset)}},
         {.type = FX_OP_RANGE, .u.range = {.key = fx_mq_key_slice(&p->k_member)}},
     };
-    fx_kv_put_opts po = {.lease_id = p->m.meta.payload_lease_id};
     int64_t backoff = RETRY_MIN_MS;
-    bool payload_written = false;
     for (int attempt = 0;; attempt++) {
         if (attempt > 0) {
             p->st.put_retries++;
@@ -755,19 +725,16 @@ static fx_err write_chunk(fx_mpsc_producer *p, const fx_slice *vals, size_t m, i
                 goto out;
             }
         }
-        if (!c->kv_shared) {
-            e = fx_kv_put_many(c->kv, items, nkeys, &po, c->kv_timeout_ms);
-            if (e == FX_ELEASE_EXPIRED) {
-                e = prod_fault_now(p, "payload lease expired");
-                goto out;
-            }
-            if (e) {
-                if (transient(e)) continue;
-                goto out;
-            }
-            payload_written = true;
+        e = fx__plane_batch_write(&pb, c->kv_timeout_ms); /* split planes: payloads first */
+        if (e == FX_ELEASE_EXPIRED) {
+            e = prod_fault_now(p, "payload lease expired");
+            goto out;
         }
-        fx_txn_req tx = {.cmp = cmps, .n_cmp = 2, .success = ops, .n_success = nops,
+        if (e) {
+            if (transient(e)) continue;
+            goto out;
+        }
+        fx_txn_req tx = {.cmp = cmps, .n_cmp = 2, .success = pb.ops, .n_success = pb.nops,
                          .failure = fail, .n_failure = 2};
         fx_txn_resp resp = {0};
         e = fx_etcd_txn(c->etcd, &tx, &resp, c->op_timeout_ms);
@@ -779,8 +746,8 @@ static fx_err write_chunk(fx_mpsc_producer *p, const fx_slice *vals, size_t m, i
         }
         if (e == FX_ELEASE_EXPIRED) {
             fx_txn_resp_free(&resp);
-            e = prod_fault_now(p, c->kv_shared ? "payload or global lease expired"
-                                               : "global lease expired");
+            e = prod_fault_now(p, fx__plane_fused(c) ? "payload or global lease expired"
+                                                     : "global lease expired");
             goto out;
         }
         if (e) {
@@ -811,12 +778,9 @@ static fx_err write_chunk(fx_mpsc_producer *p, const fx_slice *vals, size_t m, i
             goto out;
         }
         if (!member) {
-            if (payload_written) { /* orphans above the offset: remove them (best effort) */
-                fx_mq_key s, en;
-                if (!pay_key(&p->m, p->pidx, first, &s) && !pay_key(&p->m, p->pidx, last + 1, &en))
-                    fx_kv_delete_range(c->kv, fx_mq_key_slice(&s), fx_mq_key_slice(&en), NULL,
-                                       c->close_timeout_ms);
-            }
+            fx_mq_key s, en; /* split: orphans above the offset: remove them (best effort) */
+            if (!pay_key(&p->m, p->pidx, first, &s) && !pay_key(&p->m, p->pidx, last + 1, &en))
+                fx__plane_batch_undo(&pb, &s, &en, c->close_timeout_ms);
             e = prod_fault_now(p, "membership key gone (member lease lost)");
             goto out;
         }
@@ -830,10 +794,7 @@ static fx_err write_chunk(fx_mpsc_producer *p, const fx_slice *vals, size_t m, i
     }
 out:
     free(segbuf);
-    free(items);
-    free(ops);
-    free(fk);
-    free(rel);
+    fx__plane_batch_free(&pb);
     return e;
 }
 
@@ -1228,7 +1189,7 @@ typedef struct pstate {
     int64_t next_fetch; /* next id to hand out */
     int64_t ack_base;   /* every id below is acked */
     int64_t committed;  /* consume offset written to etcd */
-    bool del_pending;   /* payloads below `committed` may still exist (kv apart) */
+    bool del_pending;   /* payloads below `committed` may still exist (split planes) */
     uint8_t *win;       /* ring of acked flags for [ack_base, next_fetch) */
     size_t cap, head;
     /* Segment layout: segments fetched and not yet fully handed out (touched by get() under mu).
@@ -1306,7 +1267,7 @@ static pstate *ps_add(fx_mpsc_consumer *c, int64_t pidx)
     s = &c->ps[c->n_ps++];
     *s = (pstate){.pidx = pidx, .produce = FX_MQ_PRODUCE_OFFSET_BEGIN, .start = start,
                   .next_fetch = start, .ack_base = start, .committed = start,
-                  .del_pending = !c->c->kv_shared};
+                  .del_pending = !fx__plane_fused(c->c)};
     return s;
 }
 
@@ -1440,7 +1401,7 @@ typedef struct commit_item {
     bool advance; /* offset moves to `to` */
 } commit_item;
 
-/* Write one group: offsets (global lease) and payload deletes of [0, to). kv shared: one txn.
+/* Write one group: offsets (global lease) and payload deletes of [0, to). Fused plane: one txn.
  * Else the offsets txn, then one delete_range per producer. *landed: the offsets were written;
  * deleted[i]: the payloads below it[i].to are gone. */
 static fx_err commit_group(fx_mpsc_consumer *c, const commit_item *it, size_t n, int timeout_ms,
@@ -1451,13 +1412,15 @@ static fx_err commit_group(fx_mpsc_consumer *c, const commit_item *it, size_t n,
     *landed = false;
     for (size_t i = 0; i < n; i++) deleted[i] = false;
     fx_mq_key *ok = calloc(n, sizeof *ok);
+    fx_mq_key (*rng)[2] = calloc(n, sizeof *rng); /* the payload range [0, to) of each */
     char (*vals)[FX_MQ_DEC_BUF] = calloc(n, sizeof *vals);
-    char *fk = cl->kv_shared ? malloc(n * 2 * FULLKEY_CAP) : NULL;
     fx_op *ops = calloc(2 * n, sizeof *ops);
-    if (!ok || !vals || (cl->kv_shared && !fk) || !ops) {
+    fx_plane_dels pd = {0};
+    if (!ok || !rng || !vals || !ops) {
         e = fx_seterr(FX_ENOMEM, "mpsc commit: out of memory");
         goto out;
     }
+    if ((e = fx__plane_dels_init(&pd, cl, n))) goto out;
     size_t nops = 0;
     for (size_t i = 0; i < n; i++) {
         if (!it[i].advance) continue;
@@ -1469,17 +1432,11 @@ static fx_err commit_group(fx_mpsc_consumer *c, const commit_item *it, size_t n,
                               .u.put = {.key = fx_mq_key_slice(&ok[i]), .value = {vals[i], vl},
                                         .lease = c->m.meta.global_lease_id}};
     }
-    if (cl->kv_shared) {
-        for (size_t i = 0; i < n; i++) {
-            fx_mq_key s, en;
-            fx_slice fs, fe;
-            if ((e = key_err(pay_key(&c->m, it[i].pidx, 0, &s), "payload")) ||
-                (e = key_err(pay_key(&c->m, it[i].pidx, it[i].to, &en), "payload")) ||
-                (e = full_key(cl, &s, fk + 2 * i * FULLKEY_CAP, FULLKEY_CAP, &fs)) ||
-                (e = full_key(cl, &en, fk + (2 * i + 1) * FULLKEY_CAP, FULLKEY_CAP, &fe)))
-                goto out;
-            ops[nops++] = (fx_op){.type = FX_OP_DELETE, .u.del = {.key = fs, .range_end = fe}};
-        }
+    for (size_t i = 0; i < n; i++) {
+        if ((e = key_err(pay_key(&c->m, it[i].pidx, 0, &rng[i][0]), "payload")) ||
+            (e = key_err(pay_key(&c->m, it[i].pidx, it[i].to, &rng[i][1]), "payload")) ||
+            (e = fx__plane_dels_txn_op(&pd, i, &rng[i][0], &rng[i][1], ops, &nops)))
+            goto out;
     }
     if (nops) {
         /* Fencing (issue 13): the offsets move only while this consumer's membership key exists.
@@ -1506,24 +1463,15 @@ static fx_err commit_group(fx_mpsc_consumer *c, const commit_item *it, size_t n,
     }
     *landed = true;
     for (size_t i = 0; i < n; i++) {
-        if (cl->kv_shared) {
-            deleted[i] = true;
-            continue;
-        }
-        fx_mq_key s, en;
-        if ((e = key_err(pay_key(&c->m, it[i].pidx, 0, &s), "payload")) ||
-            (e = key_err(pay_key(&c->m, it[i].pidx, it[i].to, &en), "payload")))
-            goto out;
         /* offsets landed; a failed delete is retried next round (del_pending) */
-        if ((e = fx_kv_delete_range(cl->kv, fx_mq_key_slice(&s), fx_mq_key_slice(&en), NULL,
-                                    timeout_ms)))
-            goto out;
+        if ((e = fx__plane_dels_after(&pd, &rng[i][0], &rng[i][1], timeout_ms))) goto out;
         deleted[i] = true;
     }
 out:
+    fx__plane_dels_free(&pd);
     free(ops);
-    free(fk);
     free(vals);
+    free(rng);
     free(ok);
     return e;
 }
@@ -1564,7 +1512,7 @@ static fx_err commit_round(fx_mpsc_consumer *c, int timeout_ms, bool *did)
             if (!s) continue;
             if (landed && it[g + i].advance) {
                 if (it[g + i].to > s->committed) s->committed = it[g + i].to;
-                s->del_pending = !c->c->kv_shared;
+                s->del_pending = !fx__plane_fused(c->c);
             }
             if (deleted[i] && s->committed == it[g + i].to) s->del_pending = false;
         }
