@@ -1,4 +1,4 @@
-/* plane.h -- the payload plane of the MPSC data path (internal; used by mpsc.c).
+/* plane.h -- the payload plane of the MPSC data path (internal; used by mpsc_prod.c and mpsc_cons.c).
  *
  * One data-path shape, three planes. A producer writes a batch as its payloads plus the
  * produce-offset txn (compare offset == first-1 and membership, put offset = last); a consumer
