@@ -1,5 +1,6 @@
 /* capture.c -- channels: capture subscriptions, the bounded producer queue, the producer thread
- * (batched fx_mpmc_put, PubAck replies, dead-letter stores) and the stored header block.
+ * and its put workers (batches in flight to distinct sub-MPSCs, PubAck replies, dead-letter
+ * stores) and the stored header block.
  * Contract: daemon_int.h. */
 #include <inttypes.h>
 #include <stdio.h>
