@@ -54,8 +54,9 @@
 /* Batches of one channel being stored at once, each to a distinct sub-MPSC (fx_mpmc_put_hold),
  * at most one per ready sub-MPSC: a publisher is not bound by one store latency at a time. */
 #define FX_DM_INFLIGHT 4
-/* A burst spreads over the ready sub-MPSCs R: a batch takes at most queued / R messages, but
- * not fewer than this (one store round trip per few messages would cost more than it spreads). */
+/* A burst spreads over the ready sub-MPSCs R (when R > FX_DM_INFLIGHT): a batch takes at most
+ * queued / R messages, but not fewer than this (one store round trip per few messages would cost
+ * more than it spreads). */
 #define FX_DM_SPREAD_MIN 8
 #define FX_DM_PUT_TIMEOUT_MS 4000          /* etcd work of one batch (plus the channel's full_wait) */
 #define FX_DM_MAX_MSG_BYTES (1u << 20)     /* payload + header block, before the headroom */
