@@ -38,7 +38,8 @@
  * with any other call on the same endpoint.
  *
  * Thread rules: one fx_mq_client may be shared by any number of threads. An endpoint may be used
- * from several threads; calls of the same kind (two puts, two gets) are serialised internally.
+ * from several threads; calls of the same kind (two puts, two gets) are serialised internally,
+ * except MPMC producer puts, which run at once to distinct sub-MPSCs (fx_mpmc_put).
  * close() may be called from any thread at any time. No callback of this API runs user code.
  */
 #ifndef FX_FLUXON_MQ_H
@@ -222,9 +223,23 @@ fx_err fx_mpmc_consumer_open(fx_mq_client *c, int64_t mpmc, fx_mpmc_consumer **o
 
 /* As fx_mpsc_put, routed to one sub-MPSC per batch (LRU over ready sub-MPSCs; a full one is
  * skipped; the first unready one when none is ready; the producer creates the first sub-MPSC
- * when there is none). */
+ * when there is none). Puts from several threads run at once, each to a sub-MPSC no other put
+ * holds (it waits for one when all are taken: see fx_mpmc_put_hold). */
 fx_err fx_mpmc_put(fx_mpmc_producer *p, const fx_slice *values, size_t n, int timeout_ms,
                    size_t *n_put, fx_mq_msg_id *ids);
+/* For several batches in flight at once (one caller thread per batch): store into ONE sub-MPSC
+ * that no other put of this producer has reserved, and keep it reserved (no other put routes
+ * to it) until fx_mpmc_put_release(p, *held), so the caller can answer its batch before the next
+ * batch of that sub-MPSC is stored. *n_put may be < n with FX_OK: the rest did not fit there
+ * (call again for it). *held is -1 when nothing was stored (nothing to release); otherwise it
+ * must be released, whatever the result. A put finding every candidate reserved waits for one
+ * (up to max(timeout_ms, 10 s), then FX_ETIMEDOUT); timeout_ms bounds the wait for room only. */
+fx_err fx_mpmc_put_hold(fx_mpmc_producer *p, const fx_slice *values, size_t n, int timeout_ms,
+                        size_t *n_put, fx_mq_msg_id *ids, int64_t *held);
+void fx_mpmc_put_release(fx_mpmc_producer *p, int64_t held);
+/* The ready sub-MPSCs (claimed by a consumer) this producer knows of: how many batches can be
+ * in flight to distinct sub-MPSCs, and how far a burst can spread. No RPC. */
+size_t fx_mpmc_producer_ready(fx_mpmc_producer *p);
 fx_err fx_mpmc_producer_close(fx_mpmc_producer *p);
 void fx_mpmc_producer_free(fx_mpmc_producer *p);
 int64_t fx_mpmc_producer_member(const fx_mpmc_producer *p);

@@ -39,8 +39,11 @@
  *  - Member ids: one CAS per open (no range cache).
  *
  * Locking: each endpoint has one mutex `mu` (state, flags, producer routing tables) never held
- * across I/O, and a condvar `cv` (close, lease loss, ready-set changes). Producer puts are
- * serialised by `op_mu`, which close never takes. Lease handles are released outside `mu`
+ * across I/O, and a condvar `cv` (close, lease loss, ready-set changes, a reserved sub-MPSC
+ * released). Producer puts run concurrently: each reserves the sub-MPSC it writes (`busy`, under
+ * `mu`), so puts in flight at once go to distinct sub-MPSCs and one sub-producer never sees two
+ * puts; routing (candidates, creating the first sub-MPSC) is serialised by `cand_mu`, which
+ * close never takes. Lease handles are released outside `mu`
  * (fx_lease_release waits for a running callback, and callbacks take `mu`).
  */
 #include <inttypes.h>
@@ -65,6 +68,7 @@
 #define MPMC_LIST_REFRESH_MS 1000
 #define MPMC_FULL_POLL_MIN_MS 5
 #define MPMC_FULL_POLL_MAX_MS 100
+#define MPMC_BUSY_WAIT_MS 10000 /* longest wait for a sub-MPSC another put reserved */
 #define MPMC_MIN_CLOSE_STEP_MS 100
 
 enum { ST_CONSTRUCTING = 0, ST_OPEN, ST_CLOSING, ST_CLOSED };
@@ -1770,7 +1774,7 @@ typedef struct sub_prod {
 struct fx_mpmc_producer {
     mpmc_member m;
     int64_t weight;
-    pthread_mutex_t op_mu; /* serialises puts */
+    pthread_mutex_t cand_mu; /* serialises routing (candidates, creating the first sub-MPSC) */
     fx_watch *watch;       /* ready prefix */
     bool watch_op;         /* holds a client op reference for the watch */
     /* under m.mu: */
@@ -1782,6 +1786,11 @@ struct fx_mpmc_producer {
     int64_t list_read_ms;
     sub_prod *subs; /* cached sub-producers (closed by close, freed by free) */
     size_t n_subs, cap_subs;
+    /* Sub-MPSCs reserved by a put in progress or held (fx_mpmc_put_hold) until released: no
+     * other put routes to them, so batches in flight at once go to distinct sub-MPSCs and the
+     * holder answers its batch before the next batch of that sub-MPSC is stored. */
+    int64_t *busy;
+    size_t n_busy, cap_busy;
 };
 
 static bool grow(void **arr, size_t *cap, size_t need, size_t elem)
@@ -2134,6 +2143,34 @@ static void producer_touch(fx_mpmc_producer *p, int64_t chan)
     pthread_mutex_unlock(&p->m.mu);
 }
 
+/* Reserve chan for one put; false when another put holds it. */
+static bool producer_reserve(fx_mpmc_producer *p, int64_t chan, bool *oom)
+{
+    mpmc_member *m = &p->m;
+    pthread_mutex_lock(&m->mu);
+    bool ok = !ids_has(p->busy, p->n_busy, chan);
+    if (ok && !grow((void **)&p->busy, &p->cap_busy, p->n_busy + 1, sizeof *p->busy)) {
+        ok = false;
+        *oom = true;
+    }
+    if (ok) p->busy[p->n_busy++] = chan;
+    pthread_mutex_unlock(&m->mu);
+    return ok;
+}
+
+static void producer_unreserve(fx_mpmc_producer *p, int64_t chan)
+{
+    mpmc_member *m = &p->m;
+    pthread_mutex_lock(&m->mu);
+    for (size_t i = 0; i < p->n_busy; i++)
+        if (p->busy[i] == chan) {
+            p->busy[i] = p->busy[--p->n_busy];
+            break;
+        }
+    pthread_cond_broadcast(&m->cv); /* a put waiting for a reserved sub-MPSC */
+    pthread_mutex_unlock(&m->mu);
+}
+
 /* After a sub-producer failure: the endpoint's own error when it must stop (closed, or one of
  * its leases expired: then it closes itself), FX_OK when only that sub-producer is affected. */
 static fx_err producer_stop_err(fx_mpmc_producer *p, bool ask_backend)
@@ -2149,28 +2186,46 @@ static fx_err producer_stop_err(fx_mpmc_producer *p, bool ask_backend)
     return FX_OK;
 }
 
+/* One put (fx_mpmc_put: hold false, the whole batch; fx_mpmc_put_hold: hold true, returns after
+ * the first sub-MPSC that stored anything, keeping it reserved in *held). */
 static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, int timeout_ms,
-                         size_t *done, fx_mq_msg_id *ids)
+                         size_t *done, fx_mq_msg_id *ids, bool hold, int64_t *held)
 {
     mpmc_member *m = &p->m;
-    int64_t deadline = fx_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    int64_t now = fx_now_ms();
+    int64_t deadline = now + (timeout_ms > 0 ? timeout_ms : 0);
+    /* Waiting for a sub-MPSC reserved by another put is not waiting for room: bounded apart. */
+    int64_t busy_deadline = now + (timeout_ms > MPMC_BUSY_WAIT_MS ? timeout_ms : MPMC_BUSY_WAIT_MS);
     int64_t poll = MPMC_FULL_POLL_MIN_MS;
     fx_err e;
     for (;;) {
         if ((e = member_gate(m))) return e;
         int64_t *cand = NULL;
         size_t nc = 0;
-        if ((e = producer_candidates(p, &cand, &nc))) {
+        pthread_mutex_lock(&p->cand_mu);
+        e = producer_candidates(p, &cand, &nc);
+        pthread_mutex_unlock(&p->cand_mu);
+        if (e) {
             fx_err se = producer_stop_err(p, e == FX_ELEASE_EXPIRED);
             return se ? se : e;
         }
-        bool full = false;
+        bool full = false, busy = false;
         saved_err last = {0};
         for (size_t i = 0; i < nc; i++) {
             if ((e = member_gate(m))) break;
+            bool oom = false;
+            if (!producer_reserve(p, cand[i], &oom)) {
+                if (oom) {
+                    e = fx_seterr(FX_ENOMEM, "mpmc: out of memory");
+                    break;
+                }
+                busy = true;
+                continue;
+            }
             fx_mpsc_producer *sp = NULL;
             e = producer_sub(p, cand[i], &sp);
             if (e) { /* bind failed: the endpoint's problem, or try the next one */
+                producer_unreserve(p, cand[i]);
                 save_err(&last, e);
                 if ((e = producer_stop_err(p, last.e == FX_ELEASE_EXPIRED))) break;
                 FX_DBG("mpmc %" PRId64 ": bind of sub-MPSC %" PRId64 " failed: %s (%s)", m->mpmc,
@@ -2182,8 +2237,17 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
             producer_touch(p, cand[i]);
             e = fx__mpsc_try_put(sp, values + *done, n - *done, &k, ids ? ids + *done : NULL);
             *done += k;
-            if (e == FX_OK) break;
+            if (hold && k > 0) { /* the caller answers these, then releases the sub-MPSC */
+                *held = cand[i];
+                if (e == FX_EFULL) e = FX_OK; /* the rest did not fit here: call again */
+                break;
+            }
+            if (e == FX_OK) {
+                producer_unreserve(p, cand[i]);
+                break;
+            }
             if (e == FX_EFULL) {
+                producer_unreserve(p, cand[i]);
                 full = true;
                 e = FX_OK;
                 continue;
@@ -2191,7 +2255,10 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
             if (e == FX_ELEASE_LOST || e == FX_ECLOSED) {
                 char d[256];
                 snprintf(d, sizeof d, "%s", fx_err_detail());
-                if ((e = producer_stop_err(p, true))) break;
+                if ((e = producer_stop_err(p, true))) {
+                    producer_unreserve(p, cand[i]);
+                    break;
+                }
                 /* Not one of the member's leases: this sub-producer only. The endpoint stays
                  * open (FX_ELEASE_LOST / FX_ECLOSED belong to the endpoint's own state). */
                 FX_WRN("mpmc %" PRId64 ": sub-producer of sub-MPSC %" PRId64 " closed itself (%s);"
@@ -2199,17 +2266,24 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
                 save_err(&last, fx_seterr(FX_EUNAVAIL, "sub-MPSC %" PRId64 " producer closed "
                                           "itself: %s", cand[i], d));
                 producer_drop_sub(p, cand[i]);
+                producer_unreserve(p, cand[i]);
                 continue;
             }
+            producer_unreserve(p, cand[i]);
             break; /* another error: returned with the partial count */
         }
         free(cand);
-        if (e || *done == n) return e;
-        if (!full && last.e) return restore_err(&last);
-        if (fx_now_ms() >= deadline)
+        if (e || *done == n || (hold && *held >= 0)) return e;
+        if (!full && !busy && last.e) return restore_err(&last);
+        int64_t until = full ? deadline : busy_deadline;
+        if (fx_now_ms() >= until) {
+            if (!full)
+                return fx_seterr(FX_ETIMEDOUT, "mpmc %" PRId64 ": every sub-MPSC reserved by "
+                                 "other puts until the deadline", m->mpmc);
             return fx_seterr(FX_EFULL, "mpmc %" PRId64 ": every sub-MPSC full until the deadline "
                              "(%zu of %zu stored)", m->mpmc, *done, n);
-        int64_t left = fx_ms_left(deadline);
+        }
+        int64_t left = fx_ms_left(until);
         member_wait(m, poll < left ? poll : left);
         poll = poll * 2 > MPMC_FULL_POLL_MAX_MS ? MPMC_FULL_POLL_MAX_MS : poll * 2;
     }
@@ -2220,18 +2294,48 @@ fx_err fx_mpmc_put(fx_mpmc_producer *p, const fx_slice *values, size_t n, int ti
 {
     if (n_put) *n_put = 0;
     if (!p || (n && !values)) return fx_seterr(FX_EINVAL, "mpmc put: bad arguments");
-    pthread_mutex_lock(&p->op_mu);
     fx_err e = member_gate(&p->m);
     size_t done = 0;
     if (!e && n > 0) {
         if (!(e = fx__mq_op_enter(p->m.c))) {
-            e = put_locked(p, values, n, timeout_ms, &done, ids);
+            e = put_locked(p, values, n, timeout_ms, &done, ids, false, NULL);
             fx__mq_op_leave(p->m.c);
         }
     }
-    pthread_mutex_unlock(&p->op_mu);
     if (n_put) *n_put = done;
     return e;
+}
+
+fx_err fx_mpmc_put_hold(fx_mpmc_producer *p, const fx_slice *values, size_t n, int timeout_ms,
+                        size_t *n_put, fx_mq_msg_id *ids, int64_t *held)
+{
+    if (n_put) *n_put = 0;
+    if (held) *held = -1;
+    if (!p || !held || (n && !values)) return fx_seterr(FX_EINVAL, "mpmc put: bad arguments");
+    fx_err e = member_gate(&p->m);
+    size_t done = 0;
+    if (!e && n > 0) {
+        if (!(e = fx__mq_op_enter(p->m.c))) {
+            e = put_locked(p, values, n, timeout_ms, &done, ids, true, held);
+            fx__mq_op_leave(p->m.c);
+        }
+    }
+    if (n_put) *n_put = done;
+    return e;
+}
+
+void fx_mpmc_put_release(fx_mpmc_producer *p, int64_t held)
+{
+    if (p && held >= 0) producer_unreserve(p, held);
+}
+
+size_t fx_mpmc_producer_ready(fx_mpmc_producer *p)
+{
+    if (!p) return 0;
+    pthread_mutex_lock(&p->m.mu);
+    size_t n = p->n_ready;
+    pthread_mutex_unlock(&p->m.mu);
+    return n;
 }
 
 /* Close pass: close the cached sub-producers (first error returned), stop the watch, delete the
@@ -2286,9 +2390,10 @@ static void producer_dealloc(fx_mpmc_producer *p)
     member_wait_users(&p->m);
     for (size_t i = 0; i < p->n_subs; i++) fx_mpsc_producer_free(p->subs[i].p);
     free(p->subs);
+    free(p->busy);
     free(p->ready);
     free(p->list);
-    pthread_mutex_destroy(&p->op_mu);
+    pthread_mutex_destroy(&p->cand_mu);
     member_destroy(&p->m);
     free(p);
 }
@@ -2335,20 +2440,20 @@ fx_err fx_mpmc_producer_open(fx_mq_client *c, int64_t mpmc, int64_t weight,
         free(p);
         return e;
     }
-    if (pthread_mutex_init(&p->op_mu, NULL) != 0) {
+    if (pthread_mutex_init(&p->cand_mu, NULL) != 0) {
         member_destroy(&p->m);
         free(p);
         return fx_seterr(FX_ENOMEM, "mpmc: mutex init");
     }
     if ((e = fx__mq_new_op_enter(c))) {
-        pthread_mutex_destroy(&p->op_mu);
+        pthread_mutex_destroy(&p->cand_mu);
         member_destroy(&p->m);
         free(p);
         return e;
     }
     if ((e = fx__mq_register(c, &p->m.ep))) {
         fx__mq_op_leave(c);
-        pthread_mutex_destroy(&p->op_mu);
+        pthread_mutex_destroy(&p->cand_mu);
         member_destroy(&p->m);
         free(p);
         return e;

@@ -1,4 +1,4 @@
-/* mq_int.h -- internals shared by the files of bridge/ (client.c, idalloc.c, mpsc.c, mpmc.c).
+/* mq_int.h -- internals shared by the files of bridge/ (client.c, idalloc.c, mpsc*.c, mpmc.c).
  * Not part of the public API (fluxon_mq.h). Names use the fx__ prefix.
  *
  * Thread rules are those of fluxon_mq.h unless stated here.
@@ -49,7 +49,7 @@ struct fx_mq_client {
     int state;                /* 0 open, 1 closing, 2 closed */
     struct fx_revoker *revoker; /* created on first use (under mu); stopped before the backends */
     struct fx_pwatch *pwatch;   /* shared produce-offset watch (pwatch.h): first use, under mu */
-    struct fx__cpool *cpool;    /* commit pool of the MPSC consumers (mpsc.c): first use, under mu */
+    struct fx__cpool *cpool;    /* commit pool of the MPSC consumers (mpsc_cons.c): first use, under mu */
     struct mpmc_keeper *keepers; /* per-MPMC sub-MPSC lease keepers shared by members (mpmc.c) */
     /* owned copies of option strings */
     char **strs;
@@ -60,8 +60,8 @@ struct fx_mq_client {
  * The endpoint struct is owned by the caller and must stay valid until unregistered. */
 fx_err fx__mq_register(fx_mq_client *c, fx__mq_endpoint *ep);
 #define FX_MQ_COMMIT_THREADS 4 /* consumer commit pool threads per client */
-/* The commit pool of the client's MPSC consumers (mpsc.c), started on first use (FX_ECLOSED once
- * the backends are freed); fx__cpool_new/free are mpsc.c's, called by client.c. */
+/* The commit pool of the client's MPSC consumers (mpsc_cons.c), started on first use (FX_ECLOSED once
+ * the backends are freed); fx__cpool_new/free are mpsc_cons.c's, called by client.c. */
 fx_err fx__mq_cpool(fx_mq_client *c, struct fx__cpool **out);
 fx_err fx__cpool_new(fx_mq_client *c, struct fx__cpool **out);
 void fx__cpool_free(struct fx__cpool *p);
@@ -92,7 +92,7 @@ fx_err fx__mq_hold(fx_mq_client *c, bool kv_backend, int64_t ttl_s, int64_t id, 
 /* Grant an etcd lease with the client's op deadline. */
 fx_err fx__mq_grant(fx_mq_client *c, int64_t ttl_s, int64_t *id);
 
-/* ---- MPSC internals used by MPMC (mpsc.c) ------------------------------------------------------- */
+/* ---- MPSC internals used by MPMC (mpsc*.c) ------------------------------------------------------- */
 
 /* Lease and naming overrides of a sub-MPSC of an MPMC (the seed's new_mpmc_subchannel_*). */
 typedef struct fx__mpsc_parent {
@@ -134,7 +134,7 @@ fx_err fx__mpsc_producer_fault(const fx_mpsc_producer *p);
 fx_err fx__mpsc_consumer_fault(const fx_mpsc_consumer *c);
 
 
-/* ---- additions (client.c, mpsc.c) --------------------------------------------------------------- */
+/* ---- additions (client.c, mpsc*.c) --------------------------------------------------------------- */
 
 /* Backend references. Every path that uses the client's etcd / KV / LeaseManager outside of
  * fx_mq_client_close (creates, puts, gets, commit threads, close-time deletes) holds one for
@@ -182,7 +182,7 @@ void fx__mpsc_consumer_stats(const fx_mpsc_consumer *c, fx__mpsc_stats *out);
 /* Identity of an open endpoint. */
 int64_t fx__mpsc_producer_chan(const fx_mpsc_producer *p);
 int64_t fx__mpsc_consumer_chan(const fx_mpsc_consumer *c);
-/* fx_mpmc_consumer_set_notify of the sub-consumer (mpsc.c). */
+/* fx_mpmc_consumer_set_notify of the sub-consumer (mpsc_cons.c). */
 void fx__mpsc_consumer_set_notify(fx_mpsc_consumer *c, void (*fn)(void *arg), void *arg);
 int64_t fx__mpsc_consumer_idx(const fx_mpsc_consumer *c);
 

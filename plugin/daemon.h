@@ -24,9 +24,11 @@
  * Threads (all created after main blocked SIGINT/SIGTERM/SIGHUP):
  *   cnats: reader, flusher, timers and a global delivery pool of FX_DM_DELIVERY_THREADS; NATS
  *          callbacks only copy and enqueue (never etcd).
- *   producer (one per channel, DLQ channels included): capture queue -> batches (what queued
- *          while the previous batch was stored, <= 1024 msgs / 1 MiB) -> fx_mpmc_put (one
- *          segment, one etcd txn) -> PubAck replies / dead-letter completions.
+ *   producer (one per channel, DLQ channels included): capture queue -> batches (what queued,
+ *          <= 1024 msgs / 1 MiB, <= queued / ready sub-MPSCs with many) -> up to
+ *          FX_DM_INFLIGHT put workers of the channel (started on demand), each batch to its own
+ *          sub-MPSC (fx_mpmc_put_hold: one segment, one etcd txn) -> PubAck replies /
+ *          dead-letter completions; with one ready sub-MPSC the producer thread stores it.
  *   claim (one per claim): fx_mpmc_get -> deliver -> in-flight table -> acks, redelivery,
  *          dead letters; owns its MPMC consumer.
  *   interest (one): polls /subsz, opens and releases claims.

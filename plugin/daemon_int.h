@@ -55,6 +55,13 @@
  * and bytes; the MQ writes it as one segment (<= 4096 msgs, 1 MiB) in one etcd txn. */
 #define FX_DM_BATCH_MSGS 1024
 #define FX_DM_BATCH_BYTES (1u << 20)
+/* Batches of one channel being stored at once, each to a distinct sub-MPSC (fx_mpmc_put_hold),
+ * at most one per ready sub-MPSC: a publisher is not bound by one store latency at a time. */
+#define FX_DM_INFLIGHT 4
+/* A burst spreads over the ready sub-MPSCs R (when R > FX_DM_INFLIGHT): a batch takes at most
+ * queued / R messages, but not fewer than this (one store round trip per few messages would cost
+ * more than it spreads). */
+#define FX_DM_SPREAD_MIN 8
 #define FX_DM_PUT_TIMEOUT_MS 4000          /* etcd work of one batch (plus the channel's full_wait) */
 #define FX_DM_MAX_MSG_BYTES (1u << 20)     /* payload + header block, before the headroom */
 #define FX_DM_DELIVERY_HEADROOM 4096       /* room for the Fluxon-* delivery headers */
@@ -130,7 +137,7 @@ typedef struct dm_claim dm_claim;
 typedef struct dm_chan_metrics {
     fx_metric *captured, *stored, *delivered, *acked, *redelivered, *dead, *dropped,
         *invalid_acks, *backlog, *claims, *store_errors, *foreign_headers, *own_skipped,
-        *full_dropped, *duplicates;
+        *full_dropped, *duplicates, *inflight, *inflight_peak;
 } dm_chan_metrics;
 
 /* ---- producer queue ----------------------------------------------------------------------------- */
@@ -149,6 +156,7 @@ typedef struct pq_item {
     uint32_t ent_idx;
     uint64_t ent_gen;
     fx_err result;       /* set by the producer thread */
+    uint8_t reopens;     /* put retried after the producer was reopened (at most 2) */
 } pq_item;
 
 typedef struct dm_pq {
@@ -179,8 +187,10 @@ struct dm_chan {
     dm_pq q;
     pthread_t prod_thr;
     bool prod_started;
-    fx_mpmc_producer *prod; /* producer thread only */
-    struct dm_dedup *dedup;  /* producer thread only: Nats-Msg-Id window (capture.c) */
+    fx_mpmc_producer *prod; /* opened and closed by the producer thread (its put workers use it
+                             * between hand-over and completion of a batch: capture.c) */
+    struct dm_dedup *dedup;  /* producer thread and put workers, under the flight's dd_mu */
+    struct dm_flight *fl;    /* the producer thread's put workers (capture.c) */
 
     pthread_mutex_t mu; /* mpmc id cache, attach_err */
     int64_t mpmc;

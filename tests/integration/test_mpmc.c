@@ -25,6 +25,11 @@
  * mpmc_attach_keeps_alive: the creator client leaves; an attach-only producer (another client)
  *   alone keeps meta, payload, id-allocator and the sub-MPSC's own long lease alive past 2 x TTL
  *   and the long TTL; a later member binds the sub-MPSC and gets the old message.
+ * mpmc_puts_in_flight_distinct: 4 consumers (4 ready sub-MPSCs), one producer whose etcd calls
+ *   go through a proxy that holds every txn: 4 threads putting at once have 4 put txns in
+ *   flight together, each to its own sub-MPSC (a put reserves its sub-MPSC); fx_mpmc_put_hold
+ *   keeps its sub-MPSC reserved until released (the next put goes elsewhere); ids are dense
+ *   per sub-MPSC and every message is delivered once.
  * mq_attach_registers_data_leases: ttl 2 s, retention 4 s: metadata, payload, id-allocator and
  *   sub-MPSC global-long leases are granted with the retention, the member lease with the TTL;
  *   the attacher alone keeps them past 3 x TTL (and the retention); when it leaves too, the
@@ -53,6 +58,7 @@
 #include "lease_mgr.h"
 #include "meta.h"
 #include "tests/support/fxt.h"
+#include "tests/support/fxt_proxy.h"
 
 #define OP_MS 3000
 #define TTL 3
@@ -923,6 +929,124 @@ static void mq_attach_registers_data_leases(void **state)
     fx_mq_client_free(cb);
 }
 
+typedef struct flight_arg {
+    fx_mpmc_producer *p;
+    pthread_barrier_t *bar;
+    char text[16];
+    fx_mq_msg_id id;
+    fx_err e;
+} flight_arg;
+
+static void *flight_thread(void *arg)
+{
+    flight_arg *a = arg;
+    pthread_barrier_wait(a->bar);
+    fx_slice v = FX_SLICE_STR(a->text);
+    size_t n = 0;
+    a->e = fx_mpmc_put(a->p, &v, 1, 10000, &n, &a->id);
+    return NULL;
+}
+
+static void mpmc_puts_in_flight_distinct(void **state)
+{
+    (void)state;
+    enum { K = 4 };
+    const char *root = "/t_inflight";
+    fx_mq_client *c = client_new(root, 6);
+    int64_t mpmc = -1;
+    CHECK(fx_mpmc_resolve(c, "inflight", &CFG, &mpmc));
+    fx_mpmc_consumer *cs[K];
+    for (int i = 0; i < K; i++) CHECK(fx_mpmc_consumer_open(c, mpmc, &cs[i]));
+    fxt_proxy *px = fxt_proxy_start(G.etcd.client_port);
+    assert_non_null(px);
+    fx_mq_client_opts o = {.etcd = {.endpoints = fxt_proxy_eps(px), .n_endpoints = 1},
+                           .root = root, .long_lease_ttl_s = 6, .min_ttl_s = 2,
+                           .op_timeout_ms = 15000, .close_timeout_ms = 1000};
+    fx_mq_client *cx = NULL;
+    CHECK(fx_mq_client_new(&o, &cx));
+    fx_mpmc_producer *p = NULL;
+    CHECK(fx_mpmc_producer_open(cx, mpmc, 0, &p));
+    int64_t dl = fxt_now_ms() + 5000; /* the producer learns the ready sub-MPSCs by watch */
+    while (fx_mpmc_producer_ready(p) < K && fxt_now_ms() < dl) nap_ms(20);
+    assert_int_equal(fx_mpmc_producer_ready(p), K);
+    for (int i = 0; i < K; i++) (void)put_one(p, "warm"); /* binds every sub-producer */
+
+    /* Hold every txn of the producer's client: K puts at once must all be in flight. */
+    const char *nd[1] = {"request_put"};
+    fxt_proxy_hold(px, nd, 1);
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, K);
+    flight_arg a[K];
+    pthread_t t[K];
+    for (int i = 0; i < K; i++) {
+        a[i] = (flight_arg){.p = p, .bar = &bar, .e = FX_EPROTO};
+        snprintf(a[i].text, sizeof a[i].text, "f%d", i);
+        assert_int_equal(pthread_create(&t[i], NULL, flight_thread, &a[i]), 0);
+    }
+    dl = fxt_now_ms() + 5000;
+    while (fxt_proxy_held(px) < K && fxt_now_ms() < dl) nap_ms(10);
+    int held = fxt_proxy_held(px);
+    fprintf(stderr, "  put txns in flight at once: %d (of %d puts)\n", held, K);
+    fxt_proxy_hold(px, NULL, 0);
+    for (int i = 0; i < K; i++) pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&bar);
+    if (held < K) fail_msg("only %d of %d concurrent puts were in flight at once", held, K);
+    for (int i = 0; i < K; i++) {
+        CHECK(a[i].e);
+        for (int j = 0; j < i; j++)
+            if (a[i].id.chan == a[j].id.chan)
+                fail_msg("puts %d and %d in flight together went to one sub-MPSC %" PRId64, j, i,
+                         a[i].id.chan);
+    }
+
+    /* put_hold: the held sub-MPSC is not used by the next put until released. */
+    fx_slice v = FX_SLICE_STR("h");
+    fx_mq_msg_id h1, h2, h3;
+    int64_t held1 = -1, held2 = -1;
+    size_t n = 0;
+    CHECK(fx_mpmc_put_hold(p, &v, 1, 2000, &n, &h1, &held1));
+    assert_int_equal(n, 1);
+    assert_int_equal(held1, h1.chan);
+    for (int i = 0; i < K - 1; i++) {
+        CHECK(fx_mpmc_put_hold(p, &v, 1, 2000, &n, &h2, &held2));
+        assert_int_not_equal(h2.chan, h1.chan);
+        fx_mpmc_put_release(p, held2);
+    }
+    fx_mpmc_put_release(p, held1);
+    (void)h3;
+
+    /* ids dense per sub-MPSC, every message delivered once: 1 warm + 1 f + held ones */
+    const size_t want = (size_t)(K + K + 1 + (K - 1));
+    size_t total = 0;
+    dl = fxt_now_ms() + 10000;
+    while (total < want && fxt_now_ms() < dl)
+        for (int i = 0; i < K; i++) {
+            fx_mq_delivery d[16];
+            size_t got = 0;
+            fx_err e = fx_mpmc_get(cs[i], d, 16, &got, 0);
+            if (e == FX_ETIMEDOUT) continue;
+            CHECK(e);
+            for (size_t j = 0; j < got; j++) {
+                assert_int_equal(d[j].id.chan, fx_mpmc_consumer_chan(cs[i]));
+                CHECK(fx_mpmc_ack(cs[i], &d[j].id, 1));
+                fx_mq_delivery_free(&d[j]);
+            }
+            total += got;
+        }
+    assert_int_equal(total, want);
+    for (int i = 0; i < K; i++) { /* and nothing more (every message once) */
+        fx_mq_delivery d[1];
+        size_t got = 0;
+        assert_int_equal(fx_mpmc_get(cs[i], d, 1, &got, 0), FX_ETIMEDOUT);
+    }
+    CHECK(fx_mpmc_producer_close(p));
+    fx_mpmc_producer_free(p);
+    fx_mq_client_free(cx);
+    fxt_proxy_stop(px);
+    for (int i = 0; i < K; i++) fx_mpmc_consumer_free(cs[i]);
+    fx_mq_client_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -939,6 +1063,7 @@ int main(void)
         cmocka_unit_test(mpmc_full_then_close),
         cmocka_unit_test(mpmc_attach_keeps_alive),
         cmocka_unit_test(mq_attach_registers_data_leases),
+        cmocka_unit_test(mpmc_puts_in_flight_distinct),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -1,4 +1,4 @@
-/* test_mpsc.c -- the standalone MPSC layer (bridge/mpsc.c, client.c, idalloc.c) against a real
+/* test_mpsc.c -- the standalone MPSC layer (bridge/mpsc*.c, client.c, idalloc.c) against a real
  * etcd. Channels use ttl 3 s (client min_ttl_s 2).
  *
  * mpsc_roundtrip: create/bind/put/get/ack/flush: payloads deleted, consume offset committed,

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define PX_MAXCONN 256
@@ -42,6 +43,9 @@ struct fxt_proxy {
     int counted_left;
     atomic_int failed[2];
     atomic_int blocked;
+    pthread_cond_t hold_cv; /* hold lifted or stop (with mu) */
+    px_rule hold;           /* under mu; n == 0: no hold */
+    int held, held_peak;    /* under mu */
     px_conn *conns[PX_MAXCONN];
     int nconn;
     char ep[64];
@@ -113,6 +117,32 @@ static bool px_match(struct fxt_proxy *px, const char *body, size_t len)
     return hit;
 }
 
+/* Hold a request matching the hold rule until the hold is lifted or the proxy stops. */
+static void px_hold(struct fxt_proxy *px, const char *body, size_t len)
+{
+    pthread_mutex_lock(&px->mu);
+    const px_rule *ru = &px->hold;
+    bool all = ru->n > 0;
+    for (size_t i = 0; i < ru->n && all; i++)
+        all = memmem(body, len, ru->needle[i], strlen(ru->needle[i])) != NULL;
+    if (all) {
+        px->held++;
+        if (px->held > px->held_peak) px->held_peak = px->held;
+        while (px->hold.n > 0 && !atomic_load(&px->stop)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 50 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&px->hold_cv, &px->mu, &ts);
+        }
+        px->held--;
+    }
+    pthread_mutex_unlock(&px->mu);
+}
+
 static void *px_c2s(void *arg)
 {
     px_conn *c = arg;
@@ -150,6 +180,7 @@ static void *px_c2s(void *arg)
                 atomic_fetch_add(&px->blocked, 1);
                 goto out;
             }
+            if (clen) px_hold(px, buf + hlen, clen);
             if (!px_write_all(c->sfd, buf + hdr_sent, hlen + clen - hdr_sent)) goto out;
             memmove(buf, buf + hlen + clen, len - hlen - clen);
             len -= hlen + clen;
@@ -220,6 +251,7 @@ fxt_proxy *fxt_proxy_start(int up_port)
     struct fxt_proxy *px = calloc(1, sizeof *px);
     if (!px) return NULL;
     pthread_mutex_init(&px->mu, NULL);
+    pthread_cond_init(&px->hold_cv, NULL);
     atomic_init(&px->stop, false);
     atomic_init(&px->blocked, 0);
     atomic_init(&px->failed[0], 0);
@@ -234,6 +266,7 @@ fxt_proxy *fxt_proxy_start(int up_port)
         fprintf(stderr, "fxt_proxy: listen: %s\n", strerror(errno));
         if (px->lfd >= 0) close(px->lfd);
         pthread_mutex_destroy(&px->mu);
+        pthread_cond_destroy(&px->hold_cv);
         free(px);
         return NULL;
     }
@@ -244,6 +277,7 @@ fxt_proxy *fxt_proxy_start(int up_port)
         fprintf(stderr, "fxt_proxy: cannot start the accept thread\n");
         close(px->lfd);
         pthread_mutex_destroy(&px->mu);
+        pthread_cond_destroy(&px->hold_cv);
         free(px);
         return NULL;
     }
@@ -299,6 +333,31 @@ void fxt_proxy_fail_next(fxt_proxy *px, fxt_proxy_mode mode, const char *const *
     pthread_mutex_unlock(&px->mu);
 }
 
+void fxt_proxy_hold(fxt_proxy *px, const char *const *needles, size_t n)
+{
+    pthread_mutex_lock(&px->mu);
+    px->hold.n = 0;
+    if (needles && n) rule_set(&px->hold, needles, n);
+    pthread_cond_broadcast(&px->hold_cv);
+    pthread_mutex_unlock(&px->mu);
+}
+
+int fxt_proxy_held(fxt_proxy *px)
+{
+    pthread_mutex_lock(&px->mu);
+    int n = px->held;
+    pthread_mutex_unlock(&px->mu);
+    return n;
+}
+
+int fxt_proxy_held_peak(fxt_proxy *px)
+{
+    pthread_mutex_lock(&px->mu);
+    int n = px->held_peak;
+    pthread_mutex_unlock(&px->mu);
+    return n;
+}
+
 void fxt_proxy_b64(const char *s, char *out, size_t cap)
 {
     static const char tbl[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -332,6 +391,9 @@ void fxt_proxy_stop(fxt_proxy *px)
 {
     if (!px) return;
     atomic_store(&px->stop, true);
+    pthread_mutex_lock(&px->mu);
+    pthread_cond_broadcast(&px->hold_cv);
+    pthread_mutex_unlock(&px->mu);
     pthread_join(px->t_acc, NULL);
     close(px->lfd);
     for (int i = 0; i < px->nconn; i++) {
@@ -346,5 +408,6 @@ void fxt_proxy_stop(fxt_proxy *px)
         free(c);
     }
     pthread_mutex_destroy(&px->mu);
+    pthread_cond_destroy(&px->hold_cv);
     free(px);
 }

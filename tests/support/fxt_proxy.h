@@ -10,6 +10,9 @@
  * etcd's JSON gateway carries keys in base64: fxt_proxy_b64() gives the needle of a whole key
  * (with padding, so it does not match a longer key whose length is not a multiple of 3).
  *
+ * A hold rule makes matching requests wait instead (fxt_proxy_hold): a test counts how many
+ * calls are in flight at once (fxt_proxy_held).
+ *
  * Thread rules: start/stop from the test's main thread; the arm/disarm calls and the counters
  * may be used from any thread. Errors: fxt_proxy_start returns NULL (message on stderr).
  */
@@ -52,6 +55,14 @@ void fxt_proxy_fail_next(fxt_proxy *px, fxt_proxy_mode mode, const char *const *
                          int count);
 /* Requests failed by the counted rules so far (each mode). */
 int fxt_proxy_failed(fxt_proxy *px, fxt_proxy_mode mode);
+
+/* Hold (instead of drop) every request matching one rule of `n` needles until the hold is
+ * lifted: fxt_proxy_hold(px, NULL, 0) lets the held requests through and disarms it (so does
+ * fxt_proxy_stop). Separate from the drop rules. */
+void fxt_proxy_hold(fxt_proxy *px, const char *const *needles, size_t n);
+/* Requests held right now, and the most held at once since start. */
+int fxt_proxy_held(fxt_proxy *px);
+int fxt_proxy_held_peak(fxt_proxy *px);
 
 /* Base64 of a string into out (cap >= 4/3 strlen + 5). */
 void fxt_proxy_b64(const char *s, char *out, size_t cap);
