@@ -27,10 +27,13 @@
  *    knows (keeper_sync: at open, when a producer's list grows, on ready-watch events), so a
  *    sub-MPSC whose binders all left stays bindable after long_lease_ttl_s while any member
  *    lives. Consumers sync only at open.
- *  - Create lock: key R/mpmc_channels/{mpmc}/create_lock, txn create==0 under a fresh 10 s lease
- *    (not kept alive; re-granted when half used), polled with backoff 20..500 ms for at most
- *    10 s. It is only an optimisation: when not acquired in time the creation goes on without it
- *    (WARN); the CAS publish of list+ready keeps it correct.
+ *  - No create lock (issue 13: a lock held across the ~20 round trips of a creation made 1,000
+ *    claims take minutes). A consumer creates and binds its sub-MPSC in parallel with others;
+ *    only the read-check-publish step (view, consumer count, CAS of list+ready) is serialised
+ *    among the threads of one process (client publish_mu), so they do not lose CASes to each
+ *    other; across processes the CAS decides and the loser re-reads. A creation that turns out
+ *    not to be needed (an unready sub-MPSC appeared, or no more consumers than sub-MPSCs) is
+ *    rolled back strictly (below).
  *  - A publish txn that fails ambiguously (timeout) is verified by re-reading the list; if that
  *    is impossible, the sub-MPSC is closed but its keys are not rolled back (a rollback of a
  *    channel that did get published would be worse); they expire with the leases.
@@ -53,12 +56,7 @@
 #include "fx_time.h"
 #include "mq_int.h"
 
-#define MPMC_LOCK_TTL_S 10
-#define MPMC_LOCK_WAIT_MS 10000
-#define MPMC_LOCK_BACKOFF_MIN_MS 20
-#define MPMC_LOCK_BACKOFF_MAX_MS 500
 #define MPMC_PUBLISH_ATTEMPTS 10
-#define MPMC_CLAIM_ROUNDS 4
 #define MPMC_RESOLVE_ATTEMPTS 8
 #define MPMC_CREATE_FIRST_ATTEMPTS 3
 #define MPMC_ROLLBACK_ATTEMPTS 3
@@ -1189,79 +1187,6 @@ static fx_err member_construct_end(mpmc_member *m, fx_err e)
     return e;
 }
 
-/* ---- create lock (an etcd lock emulated with txn create==0 under a short lease) ------------- */
-
-typedef struct create_lock {
-    fx_mq_key key;
-    int64_t lease;
-    int64_t granted_ms;
-    bool held;
-} create_lock;
-
-static void lock_drop_lease(fx_mq_client *c, create_lock *lk)
-{
-    if (!lk->lease) return;
-    fx_err e = fx_etcd_lease_revoke(c->etcd, lk->lease, c->op_timeout_ms);
-    if (e && e != FX_ENOTFOUND)
-        FX_DBG("create lock: revoke of lease %" PRId64 " failed: %s", lk->lease, fx_errname(e));
-    lk->lease = 0;
-}
-
-static fx_err lock_acquire(mpmc_member *m, create_lock *lk)
-{
-    fx_mq_client *c = m->c;
-    memset(lk, 0, sizeof *lk);
-    fx_err e = fx_mq_key_mpmc_create_lock(&c->keys, m->mpmc, &lk->key);
-    if (e) return e;
-    int64_t deadline = fx_now_ms() + MPMC_LOCK_WAIT_MS;
-    int64_t backoff = MPMC_LOCK_BACKOFF_MIN_MS;
-    for (;;) {
-        if ((e = member_construct_check(m))) break;
-        if (!lk->lease || fx_now_ms() - lk->granted_ms > MPMC_LOCK_TTL_S * 1000 / 2) {
-            lock_drop_lease(c, lk);
-            if ((e = fx__mq_grant(c, MPMC_LOCK_TTL_S, &lk->lease))) break;
-            lk->granted_ms = fx_now_ms();
-        }
-        fx_cmp cmp = cmp_absent(ks(&lk->key));
-        fx_op put = op_put(ks(&lk->key), (fx_slice){m->member_dec, m->member_dec_len}, lk->lease);
-        fx_txn_req t = {.cmp = &cmp, .n_cmp = 1, .success = &put, .n_success = 1};
-        fx_txn_resp r = {0};
-        e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
-        bool won = !e && r.succeeded;
-        fx_txn_resp_free(&r);
-        if (e) break;
-        if (won) {
-            lk->held = true;
-            return FX_OK;
-        }
-        if (fx_now_ms() >= deadline) {
-            FX_WRN("mpmc %" PRId64 ": create lock not acquired within %d ms; creating without it "
-                   "(the CAS publish keeps it correct)", m->mpmc, MPMC_LOCK_WAIT_MS);
-            lock_drop_lease(c, lk);
-            return FX_OK;
-        }
-        int64_t left = fx_ms_left(deadline);
-        member_wait(m, backoff < left ? backoff : left);
-        backoff = backoff * 2 > MPMC_LOCK_BACKOFF_MAX_MS ? MPMC_LOCK_BACKOFF_MAX_MS : backoff * 2;
-    }
-    lock_drop_lease(c, lk);
-    return e;
-}
-
-static void lock_release(mpmc_member *m, create_lock *lk)
-{
-    fx_mq_client *c = m->c;
-    if (lk->held) {
-        fx_cmp cmp = cmp_value(ks(&lk->key), (fx_slice){m->member_dec, m->member_dec_len});
-        fx_op del = op_del(ks(&lk->key), (fx_slice){NULL, 0});
-        fx_txn_req t = {.cmp = &cmp, .n_cmp = 1, .success = &del, .n_success = 1};
-        fx_err e = fx_etcd_txn(c->etcd, &t, NULL, c->op_timeout_ms);
-        if (e) FX_DBG("mpmc %" PRId64 ": create lock delete failed: %s", m->mpmc, fx_errname(e));
-        lk->held = false;
-    }
-    lock_drop_lease(c, lk);
-}
-
 /* ---- consumer ----------------------------------------------------------------------------------- */
 
 struct fx_mpmc_consumer {
@@ -1338,18 +1263,36 @@ static fx_err consumer_claim_unready(fx_mpmc_consumer *cs, const mpmc_view *v)
     return FX_ENOTFOUND;
 }
 
-static fx_err count_consumers(mpmc_member *m, int64_t *out)
+/* The MPMC in brief, in one read txn (one revision): the mpsc_channels list (as a view without
+ * ready ids), how many ready keys and how many consumer role keys exist. Counting instead of
+ * reading every ready key keeps the serialised publish step small with 1,000 sub-MPSCs; the full
+ * ready set is read only when the counts say an unready sub-MPSC exists. */
+static fx_err read_brief(mpmc_member *m, mpmc_view *v, int64_t *n_ready, int64_t *active)
 {
-    fx_mq_key p;
-    fx_err e = fx_mq_prefix_mpmc_role(&m->c->keys, FX_MQ_ROLE_CONSUMER, m->mpmc, &p);
+    fx_mq_client *c = m->c;
+    memset(v, 0, sizeof *v);
+    fx_mq_key lk, rp, cp;
+    fx_err e = fx_mq_key_mpmc_mpsc_channels(&c->keys, m->mpmc, &lk);
+    if (!e) e = fx_mq_prefix_mpmc_ready(&c->keys, m->mpmc, &rp);
+    if (!e) e = fx_mq_prefix_mpmc_role(&c->keys, FX_MQ_ROLE_CONSUMER, m->mpmc, &cp);
     if (e) return e;
-    uint8_t end[FX_MQ_KEY_CAP];
-    size_t el = fx_prefix_end(ks(&p), end);
-    fx_range_req rq = {.key = ks(&p), .range_end = {end, el}, .count_only = true};
-    fx_range_resp r = {0};
-    e = fx_etcd_range(m->c->etcd, &rq, &r, m->c->op_timeout_ms);
-    if (!e) *out = r.count;
-    fx_range_resp_free(&r);
+    uint8_t rend[FX_MQ_KEY_CAP], cend[FX_MQ_KEY_CAP];
+    size_t rl = fx_prefix_end(ks(&rp), rend), cl = fx_prefix_end(ks(&cp), cend);
+    fx_op ops[3] = {op_range(ks(&lk), (fx_slice){NULL, 0}), op_range(ks(&rp), (fx_slice){rend, rl}),
+                    op_range(ks(&cp), (fx_slice){cend, cl})};
+    ops[1].u.range.count_only = ops[2].u.range.count_only = true;
+    fx_txn_req t = {.success = ops, .n_success = 3};
+    fx_txn_resp r = {0};
+    e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
+    if (!e && (!r.succeeded || r.n_responses != 3 || r.responses[0].type != FX_OP_RANGE ||
+               r.responses[1].type != FX_OP_RANGE || r.responses[2].type != FX_OP_RANGE))
+        e = fx_seterr(FX_EPROTO, "mpmc %" PRId64 ": unexpected brief txn response", m->mpmc);
+    if (!e) e = view_from(&c->keys, m->mpmc, &r.responses[0].u.range, NULL, v);
+    if (!e) {
+        *n_ready = r.responses[1].u.range.count;
+        *active = r.responses[2].u.range.count;
+    }
+    fx_txn_resp_free(&r);
     return e;
 }
 
@@ -1406,145 +1349,114 @@ static fx_err consumer_publish(fx_mpmc_consumer *cs, const mpmc_view *v, int64_t
     return FX_OK;
 }
 
-/* Every id of old is in new (mpsc_channels is append-only). */
-static bool list_superset(const mpmc_view *nv, const mpmc_view *old)
-{
-    for (size_t i = 0; i < old->n_list; i++)
-        if (!ids_has(nv->list, nv->n_list, old->list[i])) return false;
-    return true;
-}
-
-static bool view_has_unready(const mpmc_view *v)
-{
-    for (size_t i = 0; i < v->n_list; i++)
-        if (!view_ready(v, v->list[i])) return true;
-    return false;
-}
-
-/* Under the create lock: claim an unready sub-MPSC, else create + bind + publish one. */
-static fx_err consumer_create_locked(fx_mpmc_consumer *cs)
+/* Create a sub-MPSC for this consumer and bind it, then publish it. The creation and the bind
+ * take no lock (the claim workers of a process and other bridges create in parallel); only the
+ * short read-check-publish step is taken in turn by the threads of this process (client
+ * publish_mu), across processes the CAS on the list decides. Each attempt reads the view: an
+ * unready sub-MPSC appeared -> claim it and roll ours back; active consumers <= listed sub-MPSCs ->
+ * roll back, FX_EEXISTS; else the CAS publish. */
+static fx_err consumer_create(fx_mpmc_consumer *cs)
 {
     mpmc_member *m = &cs->m;
     fx_mq_client *c = m->c;
-    fx_err e = FX_OK;
-    for (int round = 0; round < MPMC_CLAIM_ROUNDS; round++) {
-        if ((e = member_construct_check(m))) return e;
-        mpmc_view v;
-        if ((e = read_view(c, m->mpmc, &v))) return e;
-        e = consumer_claim_unready(cs, &v);
-        if (e != FX_ENOTFOUND) {
-            view_free(&v);
-            return e;
-        }
-        int64_t active = 0;
-        if ((e = count_consumers(m, &active))) {
-            view_free(&v);
-            return e;
-        }
-        if (active <= (int64_t)v.n_list) {
-            size_t nl = v.n_list;
-            view_free(&v);
-            return fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": not enough active consumers (%" PRId64
-                             " active, %zu sub-MPSCs, none unready)", m->mpmc, active, nl);
-        }
-        fx_mq_chan_cfg cfg = {.capacity = m->meta.capacity, .ttl_s = m->meta.ttl_seconds,
-                              .weight = 1};
-        int64_t chan = -1;
-        if ((e = fx__mpsc_create(c, &cfg, &m->parent, &chan))) {
-            view_free(&v);
-            return e;
-        }
-        fx_mpsc_consumer *sub = NULL;
-        if ((e = fx__mpsc_consumer_open_sub(c, chan, &m->parent, &sub))) {
-            saved_err se;
-            save_err(&se, e);
-            fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL);
-            view_free(&v);
-            if (re) return rollback_err(re, &se);
-            return restore_err(&se);
-        }
-        bool retry_round = false;
-        for (int attempt = 0; attempt < MPMC_PUBLISH_ATTEMPTS; attempt++) {
-            if ((e = member_construct_check(m))) break;
-            bool won = false;
-            e = consumer_publish(cs, &v, chan, &won);
-            if (e) {
-                /* Unknown whether it was published: close the sub-consumer, keep its keys. */
-                saved_err se;
-                save_err(&se, e);
-                fx_mpsc_consumer_close(sub);
-                fx_mpsc_consumer_free(sub);
-                view_free(&v);
-                FX_WRN("mpmc %" PRId64 ": publish of sub-MPSC %" PRId64 " failed ambiguously (%s)",
-                       m->mpmc, chan, se.detail);
-                return restore_err(&se);
-            }
-            if (won) {
-                cs->sub = sub;
-                cs->chan = chan;
-                view_free(&v);
-                FX_INF("mpmc %" PRId64 ": consumer %" PRId64 " created sub-MPSC %" PRId64, m->mpmc,
-                       m->member, chan);
-                return FX_OK;
-            }
-            /* CAS lost: re-read and apply the append-only rules. */
-            mpmc_view nv;
-            if ((e = read_view(c, m->mpmc, &nv))) break;
-            if (ids_has(nv.list, nv.n_list, chan) || !list_superset(&nv, &v)) {
-                view_free(&nv);
-                e = fx_seterr(FX_EPROTO, "mpmc %" PRId64 ": mpsc_channels changed in a way that "
-                              "is not an append", m->mpmc);
-                break;
-            }
-            if (view_has_unready(&nv)) { /* another creator added an unready one: claim it */
-                view_free(&nv);
-                retry_round = true;
-                break;
-            }
-            if ((e = count_consumers(m, &active))) {
-                view_free(&nv);
-                break;
-            }
-            if (active <= (int64_t)nv.n_list) {
-                size_t nl = nv.n_list;
-                view_free(&nv);
-                e = fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": not enough active consumers (%" PRId64
-                              " active, %zu sub-MPSCs)", m->mpmc, active, nl);
-                break;
-            }
-            view_free(&v);
-            v = nv;
-            if (attempt + 1 == MPMC_PUBLISH_ATTEMPTS)
-                e = fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": publish still contended after %d "
-                              "attempts", m->mpmc, MPMC_PUBLISH_ATTEMPTS);
-        }
+    fx_mq_chan_cfg cfg = {.capacity = m->meta.capacity, .ttl_s = m->meta.ttl_seconds, .weight = 1};
+    int64_t chan = -1;
+    fx_mq_chan_meta meta;
+    fx_err e = fx__mpsc_create_sub(c, &cfg, &m->parent, &chan, &meta);
+    if (e) {
+        if (chan < 0) return e;
+        saved_err se; /* the create txn may have landed */
+        save_err(&se, e);
+        fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL);
+        return re ? rollback_err(re, &se) : restore_err(&se);
+    }
+    fx__mpsc_parent fresh = m->parent;
+    fresh.fresh_meta = &meta;
+    fx_mpsc_consumer *sub = NULL;
+    if ((e = fx__mpsc_consumer_open_sub(c, chan, &fresh, &sub))) {
         saved_err se;
         save_err(&se, e);
-        fx_err re = rollback_unpublished(c, m->mpmc, chan, sub);
-        view_free(&v);
-        if (re) return rollback_err(re, &se);
-        if (!retry_round) return se.e ? restore_err(&se) : fx_seterr(FX_EEXISTS, "publish lost");
+        fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL);
+        return re ? rollback_err(re, &se) : restore_err(&se);
     }
-    return fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": no sub-MPSC claimed after %d rounds", m->mpmc,
-                     MPMC_CLAIM_ROUNDS);
+    bool published = false;
+    pthread_mutex_lock(&c->publish_mu);
+    for (int attempt = 0; attempt < MPMC_PUBLISH_ATTEMPTS; attempt++) {
+        if ((e = member_construct_check(m))) break;
+        mpmc_view v;
+        int64_t n_ready = 0, active = 0;
+        if ((e = read_brief(m, &v, &n_ready, &active))) break;
+        if (n_ready < (int64_t)v.n_list) { /* an unready one exists: claim it, drop ours */
+            view_free(&v);
+            if ((e = read_view(c, m->mpmc, &v))) break;
+            e = consumer_claim_unready(cs, &v);
+            if (e != FX_ENOTFOUND) { /* claimed another one (FX_OK) or failed */
+                view_free(&v);
+                break;
+            }
+            e = FX_OK;
+        }
+        if (active <= (int64_t)v.n_list) {
+            e = fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": not enough active consumers (%" PRId64
+                          " active, %zu sub-MPSCs)", m->mpmc, active, v.n_list);
+            view_free(&v);
+            break;
+        }
+        e = consumer_publish(cs, &v, chan, &published);
+        view_free(&v);
+        if (e) {
+            /* Unknown whether it was published: close the sub-consumer, keep its keys. */
+            pthread_mutex_unlock(&c->publish_mu);
+            saved_err se;
+            save_err(&se, e);
+            fx_mpsc_consumer_close(sub);
+            fx_mpsc_consumer_free(sub);
+            FX_WRN("mpmc %" PRId64 ": publish of sub-MPSC %" PRId64 " failed ambiguously (%s)",
+                   m->mpmc, chan, se.detail);
+            return restore_err(&se);
+        }
+        if (published) break;
+        if (attempt + 1 == MPMC_PUBLISH_ATTEMPTS)
+            e = fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": publish still contended after %d "
+                          "attempts", m->mpmc, MPMC_PUBLISH_ATTEMPTS);
+    }
+    pthread_mutex_unlock(&c->publish_mu);
+    if (published) {
+        cs->sub = sub;
+        cs->chan = chan;
+        FX_INF("mpmc %" PRId64 ": consumer %" PRId64 " created sub-MPSC %" PRId64, m->mpmc,
+               m->member, chan);
+        return FX_OK;
+    }
+    saved_err se;
+    save_err(&se, e);
+    fx_err re = rollback_unpublished(c, m->mpmc, chan, sub);
+    if (re) return rollback_err(re, &se);
+    return restore_err(&se);
 }
 
+/* Claim an unready sub-MPSC, else (when there are more active consumers than sub-MPSCs) create,
+ * bind and publish one. */
 static fx_err consumer_claim(fx_mpmc_consumer *cs)
 {
     mpmc_member *m = &cs->m;
     mpmc_view v;
-    fx_err e = read_view(m->c, m->mpmc, &v);
+    int64_t n_ready = 0, active = 0;
+    fx_err e = read_brief(m, &v, &n_ready, &active);
     if (e) return e;
-    e = consumer_claim_unready(cs, &v);
+    size_t nl = v.n_list;
     view_free(&v);
-    if (e != FX_ENOTFOUND) return e;
-    create_lock lk;
-    if ((e = lock_acquire(m, &lk))) return e;
-    e = consumer_create_locked(cs);
-    saved_err se;
-    save_err(&se, e);
-    lock_release(m, &lk);
-    return restore_err(&se);
+    if (n_ready < (int64_t)nl) { /* an unready sub-MPSC exists: try to claim one */
+        if ((e = read_view(m->c, m->mpmc, &v))) return e;
+        e = consumer_claim_unready(cs, &v);
+        nl = v.n_list;
+        view_free(&v);
+        if (e != FX_ENOTFOUND) return e;
+    }
+    if (active <= (int64_t)nl)
+        return fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": not enough active consumers (%" PRId64
+                         " active, %zu sub-MPSCs, none unready)", m->mpmc, active, nl);
+    return consumer_create(cs);
 }
 
 /* Close pass: sub-consumer close (membership delete) -> ready key delete only if that delete was
@@ -1670,7 +1582,8 @@ static fx_err consumer_open_impl(fx_mq_client *c, int64_t mpmc, int64_t drain,
     if (!e) e = drain >= 0 ? consumer_bind_drain(cs, drain) : consumer_claim(cs);
     if (!e) { /* keep every listed sub-MPSC's long lease alive too (best effort) */
         mpmc_view v;
-        if (read_view(c, mpmc, &v) == FX_OK) {
+        int64_t n_ready = 0, active = 0;
+        if (read_brief(&cs->m, &v, &n_ready, &active) == FX_OK) {
             keeper_sync(&cs->m, v.list, v.n_list);
             view_free(&v);
         }

@@ -923,8 +923,83 @@ static void mq_attach_registers_data_leases(void **state)
     fx_mq_client_free(cb);
 }
 
-int main(void)
+/* mpmc_many_consumers_open (issue 13): FXT_MANY (default 96) consumers opened by 8 threads on one
+ * MPMC, no producer: each creates its own sub-MPSC, all distinct, every one listed and ready; the
+ * open rate is printed (claims/s; FXT_MANY=1000 measures the scale case). */
+typedef struct many_arg {
+    fx_mq_client *c;
+    int64_t mpmc;
+    fx_mpmc_consumer **cs;
+    size_t from, to;
+    fx_err e;
+    char detail[256];
+} many_arg;
+
+static void *many_thread(void *arg)
 {
+    many_arg *a = arg;
+    for (size_t i = a->from; i < a->to; i++) {
+        fx_err e = fx_mpmc_consumer_open(a->c, a->mpmc, &a->cs[i]);
+        if (e && !a->e) {
+            a->e = e;
+            snprintf(a->detail, sizeof a->detail, "%s", fx_err_detail());
+        }
+    }
+    return NULL;
+}
+
+static void mpmc_many_consumers_open(void **state)
+{
+    (void)state;
+    const char *root = "/t_many";
+    const char *env = getenv("FXT_MANY");
+    size_t n = env ? (size_t)strtoul(env, NULL, 10) : 96;
+    enum { T = 8 };
+    fx_mq_client *c = client_new(root, 60);
+    fx_mq_keys k;
+    keys_of(root, &k);
+    int64_t mpmc = -1;
+    fx_mq_chan_cfg cfg = CFG;
+    cfg.ttl_s = 30; /* no lease may lapse while a slow open runs */
+    CHECK(fx_mpmc_resolve(c, "many", &cfg, &mpmc));
+    fx_mpmc_consumer **cs = calloc(n, sizeof *cs);
+    assert_non_null(cs);
+    many_arg a[T];
+    pthread_t th[T];
+    struct timespec t0, t1;
+    fx_etcd_stats s0, s1;
+    fx_etcd_get_stats(fx_mq_client_etcd(c), &s0);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (size_t i = 0; i < T; i++) {
+        a[i] = (many_arg){.c = c, .mpmc = mpmc, .cs = cs, .from = n * i / T, .to = n * (i + 1) / T};
+        pthread_create(&th[i], NULL, many_thread, &a[i]);
+    }
+    for (size_t i = 0; i < T; i++) pthread_join(th[i], NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    fx_etcd_get_stats(fx_mq_client_etcd(c), &s1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    print_message("      %zu consumers opened in %.2f s: %.1f claims/s, %.1f etcd requests each\n",
+                  n, s, (double)n / s, (double)(s1.requests - s0.requests) / (double)n);
+    for (size_t i = 0; i < T; i++)
+        if (a[i].e) fail_msg("open: %s (%s)", fx_errname(a[i].e), a[i].detail);
+    int64_t *list = calloc(n + 1, sizeof *list);
+    assert_non_null(list);
+    assert_int_equal(list_of(&k, mpmc, list, n + 1), n);
+    assert_int_equal(count_ready(&k, mpmc), (int64_t)n);
+    for (size_t i = 0; i < n; i++) {
+        int64_t ch = fx_mpmc_consumer_chan(cs[i]);
+        assert_int_equal(ready_owner(&k, mpmc, ch), fx_mpmc_consumer_member(cs[i]));
+        for (size_t j = 0; j < i; j++) assert_int_not_equal(fx_mpmc_consumer_chan(cs[j]), ch);
+    }
+    for (size_t i = 0; i < n; i++) fx_mpmc_consumer_free(cs[i]);
+    free(list);
+    free(cs);
+    fx_mq_client_free(c);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1) cmocka_set_test_filter(argv[1]); /* run only the tests matching argv[1] */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(mpmc_resolve_create_bind_idempotent),
         cmocka_unit_test(mpmc_resolve_replaces_stale),
@@ -939,6 +1014,7 @@ int main(void)
         cmocka_unit_test(mpmc_full_then_close),
         cmocka_unit_test(mpmc_attach_keeps_alive),
         cmocka_unit_test(mq_attach_registers_data_leases),
+        cmocka_unit_test(mpmc_many_consumers_open),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
