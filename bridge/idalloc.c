@@ -173,13 +173,14 @@ fx_err fx__mq_cluster_lease(fx_mq_client *c, const fx_mq_key *key, int64_t ttl_s
                      CLUSTER_LEASE_ATTEMPTS);
 }
 
-fx_err fx__mq_hold(fx_mq_client *c, bool kv_backend, int64_t ttl_s, int64_t id, bool skip_probe,
-                   fx_lease_expired_fn on_expired, void *arg, fx_lease **out)
+static fx_err hold(fx_mq_client *c, bool kv_backend, int64_t ttl_s, int64_t id, bool skip_probe,
+                   bool join_held, fx_lease_expired_fn on_expired, void *arg, fx_lease **out)
 {
     if (!c || !out) return fx_seterr(FX_EINVAL, "lease hold: bad arguments");
     *out = NULL;
     if (!c->leases) return fx_seterr(FX_ECLOSED, "lease hold: client closed");
-    fx_lease_reg_opts o = {.skip_probe = skip_probe, .on_expired = on_expired, .arg = arg};
+    fx_lease_reg_opts o = {.skip_probe = skip_probe, .join_held = join_held,
+                           .on_expired = on_expired, .arg = arg};
     fx_err e = fx_lease_register(c->leases, kv_backend ? &c->kv_backend : &c->etcd_backend, ttl_s,
                                  id, &o, out);
     if (e) {
@@ -189,4 +190,16 @@ fx_err fx__mq_hold(fx_mq_client *c, bool kv_backend, int64_t ttl_s, int64_t id, 
                          (long long)id, (long long)ttl_s, d);
     }
     return FX_OK;
+}
+
+fx_err fx__mq_hold(fx_mq_client *c, bool kv_backend, int64_t ttl_s, int64_t id, bool skip_probe,
+                   fx_lease_expired_fn on_expired, void *arg, fx_lease **out)
+{
+    return hold(c, kv_backend, ttl_s, id, skip_probe, false, on_expired, arg, out);
+}
+
+fx_err fx__mq_hold_shared(fx_mq_client *c, bool kv_backend, int64_t ttl_s, int64_t id,
+                          fx_lease_expired_fn on_expired, void *arg, fx_lease **out)
+{
+    return hold(c, kv_backend, ttl_s, id, false, true, on_expired, arg, out);
 }

@@ -743,6 +743,32 @@ static bool keeper_knows(mpmc_keeper *k, int64_t chan)
  * (mpmc_keeper): a sub-MPSC already held costs nothing. Best effort: a read or registration
  * failure is retried on the next sync; a lease found gone is remembered and not retried. Runs
  * with no lock held. */
+/* Add a hold (h may be NULL: a lease found gone, remembered) unless chan is held already. */
+static void keeper_put(mpmc_keeper *k, int64_t chan, fx_lease *h)
+{
+    pthread_mutex_lock(&k->mu);
+    bool dup = false;
+    for (size_t j = 0; j < k->n_holds && !dup; j++) dup = k->holds[j].chan == chan;
+    bool added = false;
+    if (!dup && k->n_holds < FX_MQ_MAX_MPSC_CHANNELS) {
+        size_t need = k->n_holds + 1;
+        if (need > k->cap_holds) {
+            size_t nc = k->cap_holds ? k->cap_holds * 2 : 8;
+            long_hold *na = realloc(k->holds, nc * sizeof *na);
+            if (na) {
+                k->holds = na;
+                k->cap_holds = nc;
+            }
+        }
+        if (need <= k->cap_holds) {
+            k->holds[k->n_holds++] = (long_hold){.chan = chan, .h = h};
+            added = true;
+        }
+    }
+    pthread_mutex_unlock(&k->mu);
+    if (!added) fx_lease_release(h);
+}
+
 static void keeper_sync(mpmc_member *m, const int64_t *ids, size_t n)
 {
     fx_mq_client *c = m->c;
@@ -775,29 +801,20 @@ static void keeper_sync(mpmc_member *m, const int64_t *ids, size_t n)
         pthread_mutex_lock(&m->mu);
         bool closing = m->state >= ST_CLOSING;
         pthread_mutex_unlock(&m->mu);
-        pthread_mutex_lock(&k->mu);
-        bool dup = false;
-        for (size_t j = 0; j < k->n_holds && !dup; j++) dup = k->holds[j].chan == ids[i];
-        bool added = false;
-        if (!dup && k->n_holds < FX_MQ_MAX_MPSC_CHANNELS) {
-            size_t need = k->n_holds + 1;
-            if (need > k->cap_holds) {
-                size_t nc = k->cap_holds ? k->cap_holds * 2 : 8;
-                long_hold *na = realloc(k->holds, nc * sizeof *na);
-                if (na) {
-                    k->holds = na;
-                    k->cap_holds = nc;
-                }
-            }
-            if (need <= k->cap_holds) {
-                k->holds[k->n_holds++] = (long_hold){.chan = ids[i], .h = h};
-                added = true;
-            }
-        }
-        pthread_mutex_unlock(&k->mu);
-        if (!added) fx_lease_release(h);
+        keeper_put(k, ids[i], h);
         if (closing) return;
     }
+}
+
+/* A sub-MPSC this member has just created (its long lease granted moments ago): into the keeper
+ * without a read or a probe. Best effort, as keeper_sync. */
+static void keeper_add_new(mpmc_member *m, int64_t chan, int64_t long_lease)
+{
+    mpmc_keeper *k = keeper_of(m);
+    if (!k || keeper_knows(k, chan)) return;
+    fx_lease *h = NULL;
+    if (fx__mq_hold(m->c, false, m->parent.long_ttl_s, long_lease, true, NULL, NULL, &h)) return;
+    keeper_put(k, chan, h);
 }
 
 /* Give the member's keeper back; the last member of the MPMC in this client releases the holds.
@@ -1033,12 +1050,13 @@ static fx_err member_attach(mpmc_member *m)
 
     int64_t data_ttl = meta_data_ttl(mt), long_ttl = meta_long_ttl(c, mt);
     fx_lease *h = NULL;
-    e = fx__mq_hold(c, false, data_ttl, mt->metadata_lease_id, false, on_lease_expired, m, &h);
+    /* The shared leases: probed unless another member in this client keeps them alive. */
+    e = fx__mq_hold_shared(c, false, data_ttl, mt->metadata_lease_id, on_lease_expired, m, &h);
     if (!e) {
         pthread_mutex_lock(&m->mu);
         m->h_meta = h;
         pthread_mutex_unlock(&m->mu);
-        e = fx__mq_hold(c, true, data_ttl, mt->payload_lease_id, false, on_lease_expired, m, &h);
+        e = fx__mq_hold_shared(c, true, data_ttl, mt->payload_lease_id, on_lease_expired, m, &h);
     }
     if (e == FX_ELEASE_EXPIRED) {
         return fx_seterr(FX_ELEASE_EXPIRED, "mpmc %" PRId64 ": mpmc meta stale (%s)", m->mpmc,
@@ -1048,7 +1066,7 @@ static fx_err member_attach(mpmc_member *m)
     pthread_mutex_lock(&m->mu);
     m->h_payload = h;
     pthread_mutex_unlock(&m->mu);
-    e = fx__mq_hold(c, false, long_ttl, mt->id_allocator_cluster_lease_id, false, NULL, NULL, &h);
+    e = fx__mq_hold_shared(c, false, long_ttl, mt->id_allocator_cluster_lease_id, NULL, NULL, &h);
     if (e == FX_ELEASE_EXPIRED) e = member_renew_idalloc(m, long_ttl, &h);
     if (e) return e;
     pthread_mutex_lock(&m->mu);
@@ -1195,6 +1213,9 @@ struct fx_mpmc_consumer {
     int64_t chan;
     fx_mq_key ready_key;
     bool ready_put;
+    int64_t *seen; /* the list this consumer published into (open: keeper_sync without a read) */
+    size_t n_seen;
+    bool have_seen;
 };
 
 static fx_err ready_key_delete(mpmc_member *m, const fx_mq_key *rk, int timeout_ms)
@@ -1403,6 +1424,12 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
             break;
         }
         e = consumer_publish(cs, &v, chan, &published);
+        if (published && !e && (cs->seen = malloc((v.n_list + 1) * sizeof *cs->seen))) {
+            if (v.n_list) memcpy(cs->seen, v.list, v.n_list * sizeof *cs->seen);
+            cs->seen[v.n_list] = chan;
+            cs->n_seen = v.n_list + 1;
+            cs->have_seen = true;
+        }
         view_free(&v);
         if (e) {
             /* Unknown whether it was published: close the sub-consumer, keep its keys. */
@@ -1424,6 +1451,7 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
     if (published) {
         cs->sub = sub;
         cs->chan = chan;
+        keeper_add_new(m, chan, meta.global_long_lease_id);
         FX_INF("mpmc %" PRId64 ": consumer %" PRId64 " created sub-MPSC %" PRId64, m->mpmc,
                m->member, chan);
         return FX_OK;
@@ -1516,6 +1544,7 @@ static void consumer_dealloc(fx_mpmc_consumer *cs)
 {
     member_wait_users(&cs->m);
     if (cs->sub) fx_mpsc_consumer_free(cs->sub);
+    free(cs->seen);
     member_destroy(&cs->m);
     free(cs);
 }
@@ -1580,7 +1609,9 @@ static fx_err consumer_open_impl(fx_mq_client *c, int64_t mpmc, int64_t drain,
     e = member_attach(&cs->m);
     if (!e) e = member_construct_check(&cs->m);
     if (!e) e = drain >= 0 ? consumer_bind_drain(cs, drain) : consumer_claim(cs);
-    if (!e) { /* keep every listed sub-MPSC's long lease alive too (best effort) */
+    if (!e && cs->have_seen) { /* the list it published into: no read needed */
+        keeper_sync(&cs->m, cs->seen, cs->n_seen);
+    } else if (!e) { /* keep every listed sub-MPSC's long lease alive too (best effort) */
         mpmc_view v;
         int64_t n_ready = 0, active = 0;
         if (read_brief(&cs->m, &v, &n_ready, &active) == FX_OK) {

@@ -100,6 +100,10 @@ fx_err fx__mq_cluster_lease(fx_mq_client *c, const fx_mq_key *key, int64_t ttl_s
 /* Register a lease with the client's LeaseManager (etcd or kv backend) with an expiry callback. */
 fx_err fx__mq_hold(fx_mq_client *c, bool kv_backend, int64_t ttl_s, int64_t id, bool skip_probe,
                    fx_lease_expired_fn on_expired, void *arg, fx_lease **out);
+/* The same with a probe only when no active holder in this client keeps the lease alive yet
+ * (fx_lease_reg_opts.join_held): for the leases every member of an MPMC shares. */
+fx_err fx__mq_hold_shared(fx_mq_client *c, bool kv_backend, int64_t ttl_s, int64_t id,
+                          fx_lease_expired_fn on_expired, void *arg, fx_lease **out);
 /* Grant an etcd lease with the client's op deadline. */
 fx_err fx__mq_grant(fx_mq_client *c, int64_t ttl_s, int64_t *id);
 
