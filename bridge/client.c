@@ -516,6 +516,7 @@ void fx_mq_client_free(fx_mq_client *c)
     /* Endpoints still registered cannot exist here: close unlinks every one. */
     free_strs(c);
     pthread_cond_destroy(&p->cv);
+    fx_bytes_free(&c->pub_list);
     pthread_mutex_destroy(&c->publish_mu);
     pthread_mutex_destroy(&c->ids_mu);
     pthread_mutex_destroy(&c->mu);

@@ -34,6 +34,29 @@
  *    other; across processes the CAS decides and the loser re-reads. A creation that turns out
  *    not to be needed (an unready sub-MPSC appeared, or no more consumers than sub-MPSCs) is
  *    rolled back strictly (below).
+ *  - Reclaim (issue 13; fx_mpmc_reclaim, and every consumer's close for its own sub-MPSC):
+ *    sub-MPSCs follow the consumers in use. Protocol: read in one txn (revision R) the list, the
+ *    ready key of S, the consumer role count, S's meta and every key under R/channels/{S}/
+ *    (memberships, weights, offsets). Keep S unless: S is listed, unready, has no consumer
+ *    membership, no backlog (each producer's produce offset < its consume offset), and the list
+ *    has more entries than max(1, active consumers) (the one left is the store-and-forward
+ *    sub-MPSC). Then ONE txn: compare list == the value read, ready(S) absent, mod_revision < R+1
+ *    on S's meta and on every key under S's prefix; on success put the list without S (its
+ *    lease kept), delete S's meta, channel keys, counters and cluster-lease keys; afterwards
+ *    revoke S's global-long lease (best effort) and drop this client's hold on it. Races:
+ *     - a producer that put into S after R changed an offset: the compare fails, S is kept (its
+ *       backlog then keeps it); a producer that puts after the txn finds its membership key gone
+ *       (its put txn compares it), its chunk fails with nothing stored (a payload written to a
+ *       split plane is deleted again) and it reroutes: its sub-producer is dropped, the list
+ *       re-read; nothing acknowledged is lost.
+ *     - a consumer claiming S: its ready put or membership before the txn fails the compare;
+ *       after it, its bind finds no meta, it deletes its ready key and claims or creates another.
+ *     - two reclaimers (of S, or of S and T): the list CAS lets one win; the other re-reads
+ *       (a few attempts) and decides again. Publishers race the same way (the list CAS).
+ *     - an ambiguous txn error: either nothing or everything applied (one txn); the next
+ *       reclaim or the next read settles it.
+ *    In one process reclaims and publishes take publish_mu, so they do not lose CASes to each
+ *    other.
  *  - A publish txn that fails ambiguously (timeout) is verified by re-reading the list; if that
  *    is impossible, the sub-MPSC is closed but its keys are not rolled back (a rollback of a
  *    channel that did get published would be worse); they expire with the leases.
@@ -1278,7 +1301,7 @@ static fx_err consumer_claim_unready(fx_mpmc_consumer *cs, const mpmc_view *v)
         fx_err e = member_construct_check(&cs->m);
         if (e) return e;
         e = consumer_claim_one(cs, v->list[i]);
-        if (e == FX_EEXISTS) continue;
+        if (e == FX_EEXISTS || e == FX_ENOTFOUND) continue; /* claimed, or reclaimed meanwhile */
         return e;
     }
     return FX_ENOTFOUND;
@@ -1317,8 +1340,33 @@ static fx_err read_brief(mpmc_member *m, mpmc_view *v, int64_t *n_ready, int64_t
     return e;
 }
 
+/* The publish cache (fx_mq_client.pub_*, under publish_mu). */
+static void pub_store(fx_mq_client *c, int64_t mpmc, const fx_range_resp *lr, int64_t n_ready,
+                      int64_t active)
+{
+    fx_bytes_free(&c->pub_list);
+    c->pub_valid = false;
+    if (lr && lr->n_kvs > 0 && bytes_copy(&c->pub_list, &lr->kvs[0].value) != FX_OK) return;
+    c->pub_mpmc = mpmc;
+    c->pub_ready = n_ready;
+    c->pub_active = active;
+    c->pub_valid = true;
+}
+
+static fx_err pub_view(fx_mq_client *c, int64_t mpmc, mpmc_view *v)
+{
+    memset(v, 0, sizeof *v);
+    if (!c->pub_list.data) return FX_OK;
+    fx_range_resp lr = {0};
+    fx_kv kv = {.value = c->pub_list};
+    lr.kvs = &kv;
+    lr.n_kvs = 1;
+    return view_from(&c->keys, mpmc, &lr, NULL, v);
+}
+
 /* Publish `chan` with the CAS: list == snapshot (create==0 when absent) && create(ready)==0 ->
- * list+[chan] (metadata lease), ready = member (member lease). */
+ * list+[chan] (metadata lease), ready = member (member lease). Both branches also read the brief
+ * (success: the ready and consumer counts; failure: the list too) into the publish cache. */
 static fx_err consumer_publish(fx_mpmc_consumer *cs, const mpmc_view *v, int64_t chan, bool *won)
 {
     mpmc_member *m = &cs->m;
@@ -1340,12 +1388,35 @@ static fx_err consumer_publish(fx_mpmc_consumer *cs, const mpmc_view *v, int64_t
                                                                      v->list_raw.len})
                                      : cmp_absent(ks(&lk)),
                      cmp_absent(ks(&rk))};
-    fx_op ops[2] = {op_put(ks(&lk), FX_SLICE_STR(json), m->meta.metadata_lease_id),
-                    op_put(ks(&rk), (fx_slice){m->member_dec, m->member_dec_len}, m->member_lease)};
-    fx_txn_req t = {.cmp = cmp, .n_cmp = 2, .success = ops, .n_success = 2};
+    fx_mq_key rp, cp;
+    if ((e = fx_mq_prefix_mpmc_ready(&c->keys, m->mpmc, &rp)) ||
+        (e = fx_mq_prefix_mpmc_role(&c->keys, FX_MQ_ROLE_CONSUMER, m->mpmc, &cp))) {
+        free(json);
+        return e;
+    }
+    uint8_t rend[FX_MQ_KEY_CAP], cend[FX_MQ_KEY_CAP];
+    fx_slice rps = {rend, fx_prefix_end(ks(&rp), rend)}, cps = {cend, fx_prefix_end(ks(&cp), cend)};
+    fx_op ops[4] = {op_put(ks(&lk), FX_SLICE_STR(json), m->meta.metadata_lease_id),
+                    op_put(ks(&rk), (fx_slice){m->member_dec, m->member_dec_len}, m->member_lease),
+                    op_range(ks(&rp), rps), op_range(ks(&cp), cps)};
+    ops[2].u.range.count_only = ops[3].u.range.count_only = true;
+    fx_op fops[3] = {op_range(ks(&lk), (fx_slice){NULL, 0}), ops[2], ops[3]};
+    fx_txn_req t = {.cmp = cmp, .n_cmp = 2, .success = ops, .n_success = 4, .failure = fops,
+                    .n_failure = 3};
     fx_txn_resp r = {0};
     e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
     *won = !e && r.succeeded;
+    c->pub_valid = false;
+    if (!e && r.succeeded && r.n_responses == 4 && r.responses[2].type == FX_OP_RANGE &&
+        r.responses[3].type == FX_OP_RANGE) {
+        fx_kv kv = {.value = {(uint8_t *)json, strlen(json)}};
+        fx_range_resp lr = {.kvs = &kv, .n_kvs = 1};
+        pub_store(c, m->mpmc, &lr, r.responses[2].u.range.count, r.responses[3].u.range.count);
+    } else if (!e && !r.succeeded && r.n_responses == 3 && r.responses[0].type == FX_OP_RANGE &&
+               r.responses[1].type == FX_OP_RANGE && r.responses[2].type == FX_OP_RANGE) {
+        pub_store(c, m->mpmc, &r.responses[0].u.range, r.responses[1].u.range.count,
+                  r.responses[2].u.range.count);
+    }
     fx_txn_resp_free(&r);
     free(json);
     cs->ready_key = rk;
@@ -1391,10 +1462,10 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
         fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL);
         return re ? rollback_err(re, &se) : restore_err(&se);
     }
-    fx__mpsc_parent fresh = m->parent;
-    fresh.fresh_meta = &meta;
+    fx__mpsc_parent np = m->parent;
+    np.fresh_meta = &meta;
     fx_mpsc_consumer *sub = NULL;
-    if ((e = fx__mpsc_consumer_open_sub(c, chan, &fresh, &sub))) {
+    if ((e = fx__mpsc_consumer_open_sub(c, chan, &np, &sub))) {
         saved_err se;
         save_err(&se, e);
         fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL);
@@ -1402,13 +1473,28 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
     }
     bool published = false;
     pthread_mutex_lock(&c->publish_mu);
+    bool fresh = false; /* the cached brief comes from a read or a txn of this call */
     for (int attempt = 0; attempt < MPMC_PUBLISH_ATTEMPTS; attempt++) {
         if ((e = member_construct_check(m))) break;
         mpmc_view v;
-        int64_t n_ready = 0, active = 0;
-        if ((e = read_brief(m, &v, &n_ready, &active))) break;
+        if (!c->pub_valid || c->pub_mpmc != m->mpmc) {
+            int64_t nr = 0, na = 0;
+            if ((e = read_brief(m, &v, &nr, &na))) break;
+            fx_kv kv = {.value = v.list_raw};
+            fx_range_resp lr = {.kvs = &kv, .n_kvs = v.list_present ? 1 : 0};
+            pub_store(c, m->mpmc, &lr, nr, na);
+            view_free(&v);
+            if (!c->pub_valid) {
+                e = fx_seterr(FX_ENOMEM, "mpmc: out of memory");
+                break;
+            }
+            fresh = true;
+        }
+        if ((e = pub_view(c, m->mpmc, &v))) break;
+        int64_t n_ready = c->pub_ready, active = c->pub_active;
         if (n_ready < (int64_t)v.n_list) { /* an unready one exists: claim it, drop ours */
             view_free(&v);
+            c->pub_valid = false;
             if ((e = read_view(c, m->mpmc, &v))) break;
             e = consumer_claim_unready(cs, &v);
             if (e != FX_ENOTFOUND) { /* claimed another one (FX_OK) or failed */
@@ -1416,11 +1502,17 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
                 break;
             }
             e = FX_OK;
+            view_free(&v);
+            continue; /* publish against a fresh brief */
         }
         if (active <= (int64_t)v.n_list) {
+            view_free(&v);
+            if (!fresh) { /* the cached counts may be old: confirm with a read */
+                c->pub_valid = false;
+                continue;
+            }
             e = fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": not enough active consumers (%" PRId64
                           " active, %zu sub-MPSCs)", m->mpmc, active, v.n_list);
-            view_free(&v);
             break;
         }
         e = consumer_publish(cs, &v, chan, &published);
@@ -1443,6 +1535,7 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
             return restore_err(&se);
         }
         if (published) break;
+        fresh = true; /* a lost CAS brought the current brief into the cache */
         if (attempt + 1 == MPMC_PUBLISH_ATTEMPTS)
             e = fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": publish still contended after %d "
                           "attempts", m->mpmc, MPMC_PUBLISH_ATTEMPTS);
@@ -1487,6 +1580,194 @@ static fx_err consumer_claim(fx_mpmc_consumer *cs)
     return consumer_create(cs);
 }
 
+/* ---- reclaim of unneeded sub-MPSCs (protocol: the header comment) ------------------------ */
+
+#define MPMC_RECLAIM_ATTEMPTS 5
+
+/* Drop this client's keeper hold of chan (its lease is being revoked). */
+static void keeper_forget(fx_mq_client *c, int64_t mpmc, int64_t chan)
+{
+    fx_lease *h = NULL;
+    pthread_mutex_lock(&c->mu);
+    mpmc_keeper *k = c->keepers;
+    while (k && k->mpmc != mpmc) k = k->next;
+    if (k) {
+        pthread_mutex_lock(&k->mu);
+        for (size_t i = 0; i < k->n_holds; i++)
+            if (k->holds[i].chan == chan) {
+                h = k->holds[i].h;
+                k->holds[i] = k->holds[--k->n_holds];
+                break;
+            }
+        pthread_mutex_unlock(&k->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+    fx_lease_release(h);
+}
+
+/* Backlog and consumer memberships of a channel from the keys under its prefix. */
+static void chan_state(const fx_mq_keys *keys, int64_t chan, const fx_range_resp *r,
+                       int64_t *backlog, int64_t *consumers)
+{
+    *backlog = 0;
+    *consumers = 0;
+    for (size_t i = 0; i < r->n_kvs; i++) {
+        fx_slice k = {r->kvs[i].key.data, r->kvs[i].key.len};
+        int64_t ch = -1, idx = -1;
+        if (fx_mq_parse_consumer_member_key(keys, k, &ch, &idx) == FX_OK && ch == chan)
+            (*consumers)++;
+    }
+    for (size_t i = 0; i < r->n_kvs; i++) {
+        fx_slice k = {r->kvs[i].key.data, r->kvs[i].key.len};
+        int64_t ch = -1, pidx = -1, prod = 0, cons = FX_MQ_CONSUME_OFFSET_BEGIN;
+        if (fx_mq_parse_produce_offset_key(keys, k, &ch, &pidx) != FX_OK || ch != chan) continue;
+        if (fx_mq_produce_offset_decode(r->kvs[i].value.data, r->kvs[i].value.len, &prod)) {
+            *backlog += 1; /* unreadable: keep the channel */
+            continue;
+        }
+        for (size_t j = 0; j < r->n_kvs; j++) {
+            fx_slice k2 = {r->kvs[j].key.data, r->kvs[j].key.len};
+            int64_t ch2 = -1, p2 = -1;
+            if (fx_mq_parse_consume_offset_key(keys, k2, &ch2, &p2) == FX_OK && ch2 == chan &&
+                p2 == pidx &&
+                fx_mq_consume_offset_decode(r->kvs[j].value.data, r->kvs[j].value.len, &cons)) {
+                *backlog += 1; /* unreadable: keep the channel */
+                cons = FX_MQ_CONSUME_OFFSET_BEGIN;
+            }
+        }
+        if (prod >= cons) *backlog += prod - cons + 1;
+    }
+}
+
+/* One reclaim decision + txn. self_roles: role keys of the caller itself to leave out of the
+ * active consumer count (a closing consumer whose role key is still there). *again: the txn lost
+ * a compare, decide again. */
+static fx_err reclaim_once(fx_mq_client *c, int64_t mpmc, int64_t chan, int64_t self_roles,
+                           int timeout_ms, bool *removed, bool *again)
+{
+    *removed = *again = false;
+    fx_mq_key lk, rk, cp, pc, mk, cl, cll, pa;
+    fx_err e = fx_mq_key_mpmc_mpsc_channels(&c->keys, mpmc, &lk);
+    if (!e) e = fx_mq_key_mpmc_ready(&c->keys, mpmc, chan, &rk);
+    if (!e) e = fx_mq_prefix_mpmc_role(&c->keys, FX_MQ_ROLE_CONSUMER, mpmc, &cp);
+    if (!e) e = fx_mq_prefix_chan(&c->keys, chan, &pc);
+    if (!e) e = fx_mq_key_chan_meta(&c->keys, chan, &mk);
+    if (!e) e = fx_mq_key_cluster_lease_chan(&c->keys, chan, &cl);
+    if (!e) e = fx_mq_key_cluster_lease_id_alloc(&c->keys, chan, &cll);
+    if (!e) e = fx_mq_prefix_alloc_chan(&c->keys, chan, &pa);
+    if (e) return e;
+    uint8_t cpe[FX_MQ_KEY_CAP], pce[FX_MQ_KEY_CAP], pae[FX_MQ_KEY_CAP];
+    fx_slice cpend = {cpe, fx_prefix_end(ks(&cp), cpe)}, pcend = {pce, fx_prefix_end(ks(&pc), pce)},
+             paend = {pae, fx_prefix_end(ks(&pa), pae)}, none = {NULL, 0};
+    fx_op rd[5] = {op_range(ks(&lk), none), op_range(ks(&rk), none), op_range(ks(&cp), cpend),
+                   op_range(ks(&pc), pcend), op_range(ks(&mk), none)};
+    rd[1].u.range.count_only = rd[2].u.range.count_only = true;
+    fx_txn_req rt = {.success = rd, .n_success = 5};
+    fx_txn_resp r = {0};
+    if ((e = fx_etcd_txn(c->etcd, &rt, &r, timeout_ms))) {
+        fx_txn_resp_free(&r);
+        return e;
+    }
+    if (!r.succeeded || r.n_responses != 5) {
+        fx_txn_resp_free(&r);
+        return fx_seterr(FX_EPROTO, "mpmc %" PRId64 ": unexpected reclaim read response", mpmc);
+    }
+    for (size_t i = 0; i < 5; i++)
+        if (r.responses[i].type != FX_OP_RANGE) {
+            fx_txn_resp_free(&r);
+            return fx_seterr(FX_EPROTO, "mpmc %" PRId64 ": unexpected reclaim read response",
+                             mpmc);
+        }
+    const fx_range_resp *lr = &r.responses[0].u.range, *chr = &r.responses[3].u.range,
+                        *mr = &r.responses[4].u.range;
+    int64_t rev = r.revision, ready = r.responses[1].u.range.count;
+    int64_t active = r.responses[2].u.range.count - self_roles;
+    int64_t backlog = 0, consumers = 0, long_lease = 0;
+    chan_state(&c->keys, chan, chr, &backlog, &consumers);
+    if (mr->n_kvs == 1) {
+        fx_mq_chan_meta cm;
+        if (fx_mq_chan_meta_decode(mr->kvs[0].value.data, mr->kvs[0].value.len, &cm) == FX_OK)
+            long_lease = cm.global_long_lease_id;
+    }
+    int64_t *ids = NULL;
+    size_t n = 0;
+    char *json = NULL;
+    if (lr->n_kvs != 1 ||
+        fx_mq_mpsc_list_decode(lr->kvs[0].value.data, lr->kvs[0].value.len, &ids, &n) != FX_OK ||
+        !ids_has(ids, n, chan) || ready > 0 || consumers > 0 || backlog > 0 ||
+        (int64_t)n <= (active > 1 ? active : 1)) {
+        FX_DBG("mpmc %" PRId64 ": sub-MPSC %" PRId64 " kept (ready %" PRId64 ", consumers %" PRId64
+               ", backlog %" PRId64 ", listed %zu, active %" PRId64 ")", mpmc, chan, ready,
+               consumers, backlog, n, active);
+        goto out;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] != chan) ids[k++] = ids[i];
+    if ((e = fx_mq_mpsc_list_encode(ids, k, &json))) goto out;
+    fx_cmp cmp[4] = {cmp_value(ks(&lk), (fx_slice){lr->kvs[0].value.data, lr->kvs[0].value.len}),
+                     cmp_absent(ks(&rk)),
+                     {.target = FX_CMP_MOD, .result = FX_CMP_LESS, .key = ks(&pc),
+                      .range_end = pcend, .num = rev + 1},
+                     {.target = FX_CMP_MOD, .result = FX_CMP_LESS, .key = ks(&mk), .num = rev + 1}};
+    fx_op ops[6] = {op_put(ks(&lk), FX_SLICE_STR(json), lr->kvs[0].lease), op_del(ks(&pc), pcend),
+                    op_del(ks(&mk), none), op_del(ks(&cl), none), op_del(ks(&cll), none),
+                    op_del(ks(&pa), paend)};
+    fx_txn_req t = {.cmp = cmp, .n_cmp = 4, .success = ops, .n_success = 6};
+    fx_txn_resp w = {0};
+    e = fx_etcd_txn(c->etcd, &t, &w, timeout_ms);
+    bool won = !e && w.succeeded;
+    fx_txn_resp_free(&w);
+    if (e) goto out;
+    if (!won) {
+        *again = true;
+        goto out;
+    }
+    *removed = true;
+    c->pub_valid = false; /* the list changed (under publish_mu) */
+    FX_INF("mpmc %" PRId64 ": reclaimed sub-MPSC %" PRId64 " (unready, empty; %zu left)", mpmc,
+           chan, k);
+    keeper_forget(c, mpmc, chan);
+    if (long_lease > 0) {
+        fx_err re = fx_etcd_lease_revoke(c->etcd, long_lease, timeout_ms);
+        if (re && re != FX_ENOTFOUND)
+            FX_DBG("mpmc %" PRId64 ": revoke of reclaimed sub-MPSC %" PRId64 "'s lease: %s", mpmc,
+                   chan, fx_errname(re));
+    }
+out:
+    free(json);
+    free(ids);
+    fx_txn_resp_free(&r);
+    return e;
+}
+
+static fx_err reclaim(fx_mq_client *c, int64_t mpmc, int64_t chan, int64_t self_roles,
+                      int timeout_ms, bool *removed)
+{
+    fx_err e = FX_OK;
+    pthread_mutex_lock(&c->publish_mu);
+    for (int i = 0; i < MPMC_RECLAIM_ATTEMPTS; i++) {
+        bool again = false;
+        if ((e = reclaim_once(c, mpmc, chan, self_roles, timeout_ms, removed, &again)) || !again)
+            break;
+    }
+    pthread_mutex_unlock(&c->publish_mu);
+    return e;
+}
+
+fx_err fx_mpmc_reclaim(fx_mq_client *c, int64_t mpmc, int64_t chan, bool *removed)
+{
+    bool dummy;
+    if (!removed) removed = &dummy;
+    *removed = false;
+    if (!c || mpmc < 0 || chan < 0) return fx_seterr(FX_EINVAL, "mpmc reclaim: bad arguments");
+    fx_err e = fx__mq_op_enter(c);
+    if (e) return e;
+    e = reclaim(c, mpmc, chan, 0, c->op_timeout_ms, removed);
+    fx__mq_op_leave(c);
+    return e;
+}
+
 /* Close pass: sub-consumer close (membership delete) -> ready key delete only if that delete was
  * confirmed -> role key delete -> release handles. */
 static fx_err consumer_close_pass(void *self)
@@ -1508,6 +1789,7 @@ static fx_err consumer_close_pass(void *self)
         confirmed = fx__mpsc_consumer_membership_deleted(cs->sub);
         unconfirmed = !confirmed; /* then the member lease is revoked (member_close_tail) */
     }
+    bool released = confirmed; /* its sub-MPSC is free of this consumer */
     if (cs->ready_put) {
         if (!confirmed) {
             FX_WRN("mpmc %" PRId64 " consumer %" PRId64 ": membership delete of sub-MPSC %" PRId64
@@ -1519,10 +1801,22 @@ static fx_err consumer_close_pass(void *self)
                 FX_WRN("mpmc %" PRId64 " consumer %" PRId64 ": ready key delete failed: %s (%s)",
                        m->mpmc, m->member, fx_errname(e), fx_err_detail());
                 unconfirmed = true;
+                released = false;
             }
+        } else {
+            released = false;
         }
     }
     member_close_tail(m, deadline, have_op, unconfirmed);
+    /* Its sub-MPSC, if no longer needed (best effort). After the role key delete, so that
+     * consumers closing together do not count each other as active and keep every sub-MPSC. */
+    if (released && have_op && cs->chan >= 0) {
+        bool removed = false;
+        fx_err e = reclaim(c, m->mpmc, cs->chan, 0, step_ms(deadline), &removed);
+        if (e)
+            FX_DBG("mpmc %" PRId64 ": reclaim of sub-MPSC %" PRId64 " at close: %s (%s)", m->mpmc,
+                   cs->chan, fx_errname(e), fx_err_detail());
+    }
     if (have_op) fx__mq_op_leave(c);
     FX_DBG("mpmc %" PRId64 ": consumer %" PRId64 " closed", m->mpmc, m->member);
     return first ? restore_err(&se) : FX_OK;
@@ -2099,6 +2393,7 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
     mpmc_member *m = &p->m;
     int64_t deadline = fx_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
     int64_t poll = MPMC_FULL_POLL_MIN_MS;
+    int rereads = 0; /* list re-reads after a sub-MPSC vanished (reclaimed) */
     fx_err e;
     for (;;) {
         if ((e = member_gate(m))) return e;
@@ -2108,7 +2403,7 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
             fx_err se = producer_stop_err(p, e == FX_ELEASE_EXPIRED);
             return se ? se : e;
         }
-        bool full = false;
+        bool full = false, gone = false;
         saved_err last = {0};
         for (size_t i = 0; i < nc; i++) {
             if ((e = member_gate(m))) break;
@@ -2120,6 +2415,7 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
                 FX_DBG("mpmc %" PRId64 ": bind of sub-MPSC %" PRId64 " failed: %s (%s)", m->mpmc,
                        cand[i], fx_errname(last.e), last.detail);
                 if (last.e == FX_ELEASE_LOST || last.e == FX_ECLOSED) last.e = FX_EUNAVAIL;
+                if (last.e == FX_ENOTFOUND) gone = true; /* meta gone: reclaimed */
                 continue;
             }
             size_t k = 0;
@@ -2143,12 +2439,19 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
                 save_err(&last, fx_seterr(FX_EUNAVAIL, "sub-MPSC %" PRId64 " producer closed "
                                           "itself: %s", cand[i], d));
                 producer_drop_sub(p, cand[i]);
+                gone = true; /* membership gone: reclaimed, or its lease lost */
                 continue;
             }
             break; /* another error: returned with the partial count */
         }
         free(cand);
         if (e || *done == n) return e;
+        if (!full && last.e && gone && rereads++ < 2) { /* re-read the list, route again */
+            pthread_mutex_lock(&m->mu);
+            p->list_read_ms = 0;
+            pthread_mutex_unlock(&m->mu);
+            continue;
+        }
         if (!full && last.e) return restore_err(&last);
         if (fx_now_ms() >= deadline)
             return fx_seterr(FX_EFULL, "mpmc %" PRId64 ": every sub-MPSC full until the deadline "

@@ -54,6 +54,12 @@ struct fx_mq_client {
     /* Serialises this process's CAS publishes of new sub-MPSCs (mpmc.c: the creation itself runs
      * in parallel; only the short read-check-publish step is taken in turn). */
     pthread_mutex_t publish_mu;
+    /* The brief of one MPMC as the last publish txn of this process left it (mpmc.c, under
+     * publish_mu): its list value (absent: data NULL), ready and consumer role counts. The next
+     * publish CASes against it without reading first; a lost CAS brings the current one back. */
+    bool pub_valid;
+    int64_t pub_mpmc, pub_ready, pub_active;
+    fx_bytes pub_list;
     /* Sub-MPSC channel ids taken from the shared counter in blocks (fx__mpsc_create with a
      * parent): [chan_next, chan_end) is this client's unused rest; guarded by ids_mu. */
     pthread_mutex_t ids_mu;
