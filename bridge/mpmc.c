@@ -1639,81 +1639,129 @@ static void chan_state(const fx_mq_keys *keys, int64_t chan, const fx_range_resp
     }
 }
 
-/* One reclaim decision + txn. self_roles: role keys of the caller itself to leave out of the
- * active consumer count (a closing consumer whose role key is still there). *again: the txn lost
- * a compare, decide again. */
-static fx_err reclaim_once(fx_mq_client *c, int64_t mpmc, int64_t chan, int64_t self_roles,
-                           int timeout_ms, bool *removed, bool *again)
+#define MPMC_RECLAIM_BATCH 16 /* sub-MPSCs decided in one read and removed in one txn */
+#define MPMC_RECLAIM_QUEUE 256
+
+/* Keys of one reclaim candidate. */
+typedef struct rc_keys {
+    fx_mq_key rk, pc, mk, cl, cll, pa;
+    uint8_t pce[FX_MQ_KEY_CAP], pae[FX_MQ_KEY_CAP];
+    fx_slice pcend, paend;
+} rc_keys;
+
+/* One reclaim decision + txn for up to MPMC_RECLAIM_BATCH sub-MPSCs of one MPMC (called with
+ * publish_mu held). removed[i]: chans[i] was removed; long_leases[i]: its global-long lease, to
+ * revoke (0: none). *again: the txn lost a compare, decide again. */
+static fx_err reclaim_once(fx_mq_client *c, int64_t mpmc, const int64_t *chans, size_t k,
+                           int timeout_ms, bool *removed, int64_t *long_leases, bool *again)
 {
-    *removed = *again = false;
-    fx_mq_key lk, rk, cp, pc, mk, cl, cll, pa;
+    *again = false;
+    for (size_t i = 0; i < k; i++) {
+        removed[i] = false;
+        long_leases[i] = 0;
+    }
+    fx_mq_key lk, cp;
     fx_err e = fx_mq_key_mpmc_mpsc_channels(&c->keys, mpmc, &lk);
-    if (!e) e = fx_mq_key_mpmc_ready(&c->keys, mpmc, chan, &rk);
     if (!e) e = fx_mq_prefix_mpmc_role(&c->keys, FX_MQ_ROLE_CONSUMER, mpmc, &cp);
-    if (!e) e = fx_mq_prefix_chan(&c->keys, chan, &pc);
-    if (!e) e = fx_mq_key_chan_meta(&c->keys, chan, &mk);
-    if (!e) e = fx_mq_key_cluster_lease_chan(&c->keys, chan, &cl);
-    if (!e) e = fx_mq_key_cluster_lease_id_alloc(&c->keys, chan, &cll);
-    if (!e) e = fx_mq_prefix_alloc_chan(&c->keys, chan, &pa);
     if (e) return e;
-    uint8_t cpe[FX_MQ_KEY_CAP], pce[FX_MQ_KEY_CAP], pae[FX_MQ_KEY_CAP];
-    fx_slice cpend = {cpe, fx_prefix_end(ks(&cp), cpe)}, pcend = {pce, fx_prefix_end(ks(&pc), pce)},
-             paend = {pae, fx_prefix_end(ks(&pa), pae)}, none = {NULL, 0};
-    fx_op rd[5] = {op_range(ks(&lk), none), op_range(ks(&rk), none), op_range(ks(&cp), cpend),
-                   op_range(ks(&pc), pcend), op_range(ks(&mk), none)};
-    rd[1].u.range.count_only = rd[2].u.range.count_only = true;
-    fx_txn_req rt = {.success = rd, .n_success = 5};
+    rc_keys *rk = calloc(k, sizeof *rk);
+    fx_op *rd = calloc(2 + 3 * k, sizeof *rd);
+    fx_cmp *cmp = calloc(1 + 3 * k, sizeof *cmp);
+    fx_op *ops = calloc(1 + 5 * k, sizeof *ops);
+    bool *elig = calloc(k, sizeof *elig);
+    if (!rk || !rd || !cmp || !ops || !elig) {
+        e = fx_seterr(FX_ENOMEM, "mpmc reclaim: out of memory");
+        goto done;
+    }
+    uint8_t cpe[FX_MQ_KEY_CAP];
+    fx_slice cpend = {cpe, fx_prefix_end(ks(&cp), cpe)}, none = {NULL, 0};
+    rd[0] = op_range(ks(&lk), none);
+    rd[1] = op_range(ks(&cp), cpend);
+    rd[1].u.range.count_only = true;
+    for (size_t i = 0; i < k; i++) {
+        rc_keys *x = &rk[i];
+        e = fx_mq_key_mpmc_ready(&c->keys, mpmc, chans[i], &x->rk);
+        if (!e) e = fx_mq_prefix_chan(&c->keys, chans[i], &x->pc);
+        if (!e) e = fx_mq_key_chan_meta(&c->keys, chans[i], &x->mk);
+        if (!e) e = fx_mq_key_cluster_lease_chan(&c->keys, chans[i], &x->cl);
+        if (!e) e = fx_mq_key_cluster_lease_id_alloc(&c->keys, chans[i], &x->cll);
+        if (!e) e = fx_mq_prefix_alloc_chan(&c->keys, chans[i], &x->pa);
+        if (e) goto done;
+        x->pcend = (fx_slice){x->pce, fx_prefix_end(ks(&x->pc), x->pce)};
+        x->paend = (fx_slice){x->pae, fx_prefix_end(ks(&x->pa), x->pae)};
+        rd[2 + 3 * i] = op_range(ks(&x->rk), none);
+        rd[2 + 3 * i].u.range.count_only = true;
+        rd[3 + 3 * i] = op_range(ks(&x->pc), x->pcend);
+        rd[4 + 3 * i] = op_range(ks(&x->mk), none);
+    }
+    fx_txn_req rt = {.success = rd, .n_success = 2 + 3 * k};
     fx_txn_resp r = {0};
     if ((e = fx_etcd_txn(c->etcd, &rt, &r, timeout_ms))) {
         fx_txn_resp_free(&r);
-        return e;
+        goto done;
     }
-    if (!r.succeeded || r.n_responses != 5) {
+    bool ok = r.succeeded && r.n_responses == 2 + 3 * k;
+    for (size_t i = 0; ok && i < r.n_responses; i++) ok = r.responses[i].type == FX_OP_RANGE;
+    if (!ok) {
         fx_txn_resp_free(&r);
-        return fx_seterr(FX_EPROTO, "mpmc %" PRId64 ": unexpected reclaim read response", mpmc);
+        e = fx_seterr(FX_EPROTO, "mpmc %" PRId64 ": unexpected reclaim read response", mpmc);
+        goto done;
     }
-    for (size_t i = 0; i < 5; i++)
-        if (r.responses[i].type != FX_OP_RANGE) {
-            fx_txn_resp_free(&r);
-            return fx_seterr(FX_EPROTO, "mpmc %" PRId64 ": unexpected reclaim read response",
-                             mpmc);
-        }
-    const fx_range_resp *lr = &r.responses[0].u.range, *chr = &r.responses[3].u.range,
-                        *mr = &r.responses[4].u.range;
-    int64_t rev = r.revision, ready = r.responses[1].u.range.count;
-    int64_t active = r.responses[2].u.range.count - self_roles;
-    int64_t backlog = 0, consumers = 0, long_lease = 0;
-    chan_state(&c->keys, chan, chr, &backlog, &consumers);
-    if (mr->n_kvs == 1) {
-        fx_mq_chan_meta cm;
-        if (fx_mq_chan_meta_decode(mr->kvs[0].value.data, mr->kvs[0].value.len, &cm) == FX_OK)
-            long_lease = cm.global_long_lease_id;
-    }
+    const fx_range_resp *lr = &r.responses[0].u.range;
+    int64_t rev = r.revision, active = r.responses[1].u.range.count;
     int64_t *ids = NULL;
     size_t n = 0;
     char *json = NULL;
     if (lr->n_kvs != 1 ||
-        fx_mq_mpsc_list_decode(lr->kvs[0].value.data, lr->kvs[0].value.len, &ids, &n) != FX_OK ||
-        !ids_has(ids, n, chan) || ready > 0 || consumers > 0 || backlog > 0 ||
-        (int64_t)n <= (active > 1 ? active : 1)) {
-        FX_DBG("mpmc %" PRId64 ": sub-MPSC %" PRId64 " kept (ready %" PRId64 ", consumers %" PRId64
-               ", backlog %" PRId64 ", listed %zu, active %" PRId64 ")", mpmc, chan, ready,
-               consumers, backlog, n, active);
+        fx_mq_mpsc_list_decode(lr->kvs[0].value.data, lr->kvs[0].value.len, &ids, &n) != FX_OK)
         goto out;
+    int64_t need = active > 1 ? active : 1;
+    size_t take = 0;
+    for (size_t i = 0; i < k && (int64_t)n - (int64_t)take > need; i++) {
+        int64_t ready = r.responses[2 + 3 * i].u.range.count, backlog = 0, consumers = 0;
+        chan_state(&c->keys, chans[i], &r.responses[3 + 3 * i].u.range, &backlog, &consumers);
+        if (!ids_has(ids, n, chans[i]) || ready > 0 || consumers > 0 || backlog > 0) {
+            FX_DBG("mpmc %" PRId64 ": sub-MPSC %" PRId64 " kept (ready %" PRId64 ", consumers %"
+                   PRId64 ", backlog %" PRId64 ")", mpmc, chans[i], ready, consumers, backlog);
+            continue;
+        }
+        bool dup = false;
+        for (size_t j = 0; j < i && !dup; j++) dup = elig[j] && chans[j] == chans[i];
+        if (dup) continue;
+        elig[i] = true;
+        take++;
+        const fx_range_resp *mr = &r.responses[4 + 3 * i].u.range;
+        fx_mq_chan_meta cm;
+        if (mr->n_kvs == 1 &&
+            fx_mq_chan_meta_decode(mr->kvs[0].value.data, mr->kvs[0].value.len, &cm) == FX_OK)
+            long_leases[i] = cm.global_long_lease_id;
     }
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] != chan) ids[k++] = ids[i];
-    if ((e = fx_mq_mpsc_list_encode(ids, k, &json))) goto out;
-    fx_cmp cmp[4] = {cmp_value(ks(&lk), (fx_slice){lr->kvs[0].value.data, lr->kvs[0].value.len}),
-                     cmp_absent(ks(&rk)),
-                     {.target = FX_CMP_MOD, .result = FX_CMP_LESS, .key = ks(&pc),
-                      .range_end = pcend, .num = rev + 1},
-                     {.target = FX_CMP_MOD, .result = FX_CMP_LESS, .key = ks(&mk), .num = rev + 1}};
-    fx_op ops[6] = {op_put(ks(&lk), FX_SLICE_STR(json), lr->kvs[0].lease), op_del(ks(&pc), pcend),
-                    op_del(ks(&mk), none), op_del(ks(&cl), none), op_del(ks(&cll), none),
-                    op_del(ks(&pa), paend)};
-    fx_txn_req t = {.cmp = cmp, .n_cmp = 4, .success = ops, .n_success = 6};
+    if (!take) goto out;
+    size_t nk = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool gone = false;
+        for (size_t j = 0; j < k && !gone; j++) gone = elig[j] && chans[j] == ids[i];
+        if (!gone) ids[nk++] = ids[i];
+    }
+    if ((e = fx_mq_mpsc_list_encode(ids, nk, &json))) goto out;
+    size_t nc = 0, no = 0;
+    cmp[nc++] = cmp_value(ks(&lk), (fx_slice){lr->kvs[0].value.data, lr->kvs[0].value.len});
+    ops[no++] = op_put(ks(&lk), FX_SLICE_STR(json), lr->kvs[0].lease);
+    for (size_t i = 0; i < k; i++) {
+        if (!elig[i]) continue;
+        rc_keys *x = &rk[i];
+        cmp[nc++] = cmp_absent(ks(&x->rk));
+        cmp[nc++] = (fx_cmp){.target = FX_CMP_MOD, .result = FX_CMP_LESS, .key = ks(&x->pc),
+                             .range_end = x->pcend, .num = rev + 1};
+        cmp[nc++] = (fx_cmp){.target = FX_CMP_MOD, .result = FX_CMP_LESS, .key = ks(&x->mk),
+                             .num = rev + 1};
+        ops[no++] = op_del(ks(&x->pc), x->pcend);
+        ops[no++] = op_del(ks(&x->mk), none);
+        ops[no++] = op_del(ks(&x->cl), none);
+        ops[no++] = op_del(ks(&x->cll), none);
+        ops[no++] = op_del(ks(&x->pa), x->paend);
+    }
+    fx_txn_req t = {.cmp = cmp, .n_cmp = nc, .success = ops, .n_success = no};
     fx_txn_resp w = {0};
     e = fx_etcd_txn(c->etcd, &t, &w, timeout_ms);
     bool won = !e && w.succeeded;
@@ -1723,36 +1771,104 @@ static fx_err reclaim_once(fx_mq_client *c, int64_t mpmc, int64_t chan, int64_t 
         *again = true;
         goto out;
     }
-    *removed = true;
     c->pub_valid = false; /* the list changed (under publish_mu) */
-    FX_INF("mpmc %" PRId64 ": reclaimed sub-MPSC %" PRId64 " (unready, empty; %zu left)", mpmc,
-           chan, k);
-    keeper_forget(c, mpmc, chan);
-    if (long_lease > 0) {
-        fx_err re = fx_etcd_lease_revoke(c->etcd, long_lease, timeout_ms);
-        if (re && re != FX_ENOTFOUND)
-            FX_DBG("mpmc %" PRId64 ": revoke of reclaimed sub-MPSC %" PRId64 "'s lease: %s", mpmc,
-                   chan, fx_errname(re));
+    for (size_t i = 0; i < k; i++) {
+        if (!elig[i]) continue;
+        removed[i] = true;
+        FX_INF("mpmc %" PRId64 ": reclaimed sub-MPSC %" PRId64 " (unready, empty; %zu left)",
+               mpmc, chans[i], nk);
     }
 out:
+    for (size_t i = 0; i < k; i++)
+        if (!removed[i]) long_leases[i] = 0;
     free(json);
     free(ids);
     fx_txn_resp_free(&r);
+done:
+    free(rk);
+    free(rd);
+    free(cmp);
+    free(ops);
+    free(elig);
     return e;
 }
 
-static fx_err reclaim(fx_mq_client *c, int64_t mpmc, int64_t chan, int64_t self_roles,
-                      int timeout_ms, bool *removed)
+/* After a reclaim, outside publish_mu: this client's holds dropped, the leases revoked. */
+static void reclaim_after(fx_mq_client *c, int64_t mpmc, const int64_t *chans, size_t k,
+                          const bool *removed, const int64_t *long_leases, int timeout_ms)
 {
+    for (size_t i = 0; i < k; i++) {
+        if (!removed[i]) continue;
+        keeper_forget(c, mpmc, chans[i]);
+        if (long_leases[i] <= 0) continue;
+        fx_err re = fx_etcd_lease_revoke(c->etcd, long_leases[i], timeout_ms);
+        if (re && re != FX_ENOTFOUND)
+            FX_DBG("mpmc %" PRId64 ": revoke of reclaimed sub-MPSC %" PRId64 "'s lease: %s", mpmc,
+                   chans[i], fx_errname(re));
+    }
+}
+
+static fx_err reclaim_batch(fx_mq_client *c, int64_t mpmc, const int64_t *chans, size_t k,
+                            int timeout_ms, bool *removed)
+{
+    int64_t ll[MPMC_RECLAIM_BATCH];
     fx_err e = FX_OK;
-    pthread_mutex_lock(&c->publish_mu);
     for (int i = 0; i < MPMC_RECLAIM_ATTEMPTS; i++) {
         bool again = false;
-        if ((e = reclaim_once(c, mpmc, chan, self_roles, timeout_ms, removed, &again)) || !again)
+        if ((e = reclaim_once(c, mpmc, chans, k, timeout_ms, removed, ll, &again)) || !again)
             break;
     }
     pthread_mutex_unlock(&c->publish_mu);
+    reclaim_after(c, mpmc, chans, k, removed, ll, timeout_ms);
+    pthread_mutex_lock(&c->publish_mu);
     return e;
+}
+
+/* A closing consumer's reclaim of its own sub-MPSC, grouped: it queues the sub-MPSC, then takes
+ * publish_mu and decides every queued one of the same MPMC (up to MPMC_RECLAIM_BATCH per txn),
+ * so consumers leaving together (a thousand names) cost one read and one txn per batch, not two
+ * serialised round trips each. A queued sub-MPSC is handled by whichever closer gets the lock
+ * first; every closer takes the lock after queueing, so none is left behind. */
+static void reclaim_queued(fx_mq_client *c, int64_t mpmc, int64_t chan, int timeout_ms)
+{
+    pthread_mutex_lock(&c->mu);
+    bool queued = c->n_rq < MPMC_RECLAIM_QUEUE;
+    if (queued) {
+        c->rq[c->n_rq][0] = mpmc;
+        c->rq[c->n_rq][1] = chan;
+        c->n_rq++;
+    }
+    pthread_mutex_unlock(&c->mu);
+    int64_t one = chan;
+    bool rm[MPMC_RECLAIM_BATCH];
+    pthread_mutex_lock(&c->publish_mu);
+    if (!queued) {
+        fx_err e = reclaim_batch(c, mpmc, &one, 1, timeout_ms, rm);
+        if (e) FX_DBG("mpmc %" PRId64 ": reclaim of sub-MPSC %" PRId64 ": %s", mpmc, chan,
+                      fx_errname(e));
+    }
+    for (;;) {
+        int64_t batch[MPMC_RECLAIM_BATCH];
+        size_t k = 0;
+        pthread_mutex_lock(&c->mu);
+        for (size_t i = 0; i < c->n_rq && k < MPMC_RECLAIM_BATCH;) {
+            if (c->rq[i][0] == mpmc) {
+                batch[k++] = c->rq[i][1];
+                c->rq[i][0] = c->rq[c->n_rq - 1][0];
+                c->rq[i][1] = c->rq[c->n_rq - 1][1];
+                c->n_rq--;
+            } else {
+                i++;
+            }
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (!k) break;
+        fx_err e = reclaim_batch(c, mpmc, batch, k, timeout_ms, rm);
+        if (e)
+            FX_DBG("mpmc %" PRId64 ": reclaim of %zu sub-MPSC(s) at close: %s (%s)", mpmc, k,
+                   fx_errname(e), fx_err_detail());
+    }
+    pthread_mutex_unlock(&c->publish_mu);
 }
 
 fx_err fx_mpmc_reclaim(fx_mq_client *c, int64_t mpmc, int64_t chan, bool *removed)
@@ -1763,7 +1879,9 @@ fx_err fx_mpmc_reclaim(fx_mq_client *c, int64_t mpmc, int64_t chan, bool *remove
     if (!c || mpmc < 0 || chan < 0) return fx_seterr(FX_EINVAL, "mpmc reclaim: bad arguments");
     fx_err e = fx__mq_op_enter(c);
     if (e) return e;
-    e = reclaim(c, mpmc, chan, 0, c->op_timeout_ms, removed);
+    pthread_mutex_lock(&c->publish_mu);
+    e = reclaim_batch(c, mpmc, &chan, 1, c->op_timeout_ms, removed);
+    pthread_mutex_unlock(&c->publish_mu);
     fx__mq_op_leave(c);
     return e;
 }
@@ -1810,13 +1928,8 @@ static fx_err consumer_close_pass(void *self)
     member_close_tail(m, deadline, have_op, unconfirmed);
     /* Its sub-MPSC, if no longer needed (best effort). After the role key delete, so that
      * consumers closing together do not count each other as active and keep every sub-MPSC. */
-    if (released && have_op && cs->chan >= 0) {
-        bool removed = false;
-        fx_err e = reclaim(c, m->mpmc, cs->chan, 0, step_ms(deadline), &removed);
-        if (e)
-            FX_DBG("mpmc %" PRId64 ": reclaim of sub-MPSC %" PRId64 " at close: %s (%s)", m->mpmc,
-                   cs->chan, fx_errname(e), fx_err_detail());
-    }
+    if (released && have_op && cs->chan >= 0)
+        reclaim_queued(c, m->mpmc, cs->chan, step_ms(deadline));
     if (have_op) fx__mq_op_leave(c);
     FX_DBG("mpmc %" PRId64 ": consumer %" PRId64 " closed", m->mpmc, m->member);
     return first ? restore_err(&se) : FX_OK;

@@ -57,6 +57,10 @@ struct fx_mq_client {
     /* The brief of one MPMC as the last publish txn of this process left it (mpmc.c, under
      * publish_mu): its list value (absent: data NULL), ready and consumer role counts. The next
      * publish CASes against it without reading first; a lost CAS brings the current one back. */
+    /* Sub-MPSCs (mpmc, chan) queued for a grouped reclaim by closing consumers (mpmc.c); under
+     * mu. */
+    int64_t rq[256][2];
+    size_t n_rq;
     bool pub_valid;
     int64_t pub_mpmc, pub_ready, pub_active;
     fx_bytes pub_list;
