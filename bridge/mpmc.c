@@ -1441,6 +1441,8 @@ static fx_err consumer_publish(fx_mpmc_consumer *cs, const mpmc_view *v, int64_t
     return FX_OK;
 }
 
+static void reclaim_drain(fx_mq_client *c, int timeout_ms);
+
 /* Create a sub-MPSC for this consumer and bind it, then publish it. The creation and the bind
  * take no lock (the claim workers of a process and other bridges create in parallel); only the
  * short read-check-publish step is taken in turn by the threads of this process (client
@@ -1541,6 +1543,7 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
                           "attempts", m->mpmc, MPMC_PUBLISH_ATTEMPTS);
     }
     pthread_mutex_unlock(&c->publish_mu);
+    reclaim_drain(c, c->op_timeout_ms);
     if (published) {
         cs->sub = sub;
         cs->chan = chan;
@@ -1824,11 +1827,13 @@ static fx_err reclaim_batch(fx_mq_client *c, int64_t mpmc, const int64_t *chans,
     return e;
 }
 
-/* A closing consumer's reclaim of its own sub-MPSC, grouped: it queues the sub-MPSC, then takes
- * publish_mu and decides every queued one of the same MPMC (up to MPMC_RECLAIM_BATCH per txn),
- * so consumers leaving together (a thousand names) cost one read and one txn per batch, not two
- * serialised round trips each. A queued sub-MPSC is handled by whichever closer gets the lock
- * first; every closer takes the lock after queueing, so none is left behind. */
+/* A closing consumer's reclaim of its own sub-MPSC, grouped and without waiting: it queues the
+ * sub-MPSC; if publish_mu is free it takes it and decides every queued sub-MPSC (per MPMC, up to
+ * MPMC_RECLAIM_BATCH in one read and one txn) until the queue is empty; if another thread holds
+ * it, that thread (or the next closer) handles the queue: after releasing the lock, the holder
+ * looks at the queue again and goes on when it is not empty, so nothing queued is left behind.
+ * Consumers leaving together (a thousand names) thus cost one read and one txn per batch, and a
+ * closing claim never waits for another's reclaim. */
 static void reclaim_queued(fx_mq_client *c, int64_t mpmc, int64_t chan, int timeout_ms)
 {
     pthread_mutex_lock(&c->mu);
@@ -1839,36 +1844,52 @@ static void reclaim_queued(fx_mq_client *c, int64_t mpmc, int64_t chan, int time
         c->n_rq++;
     }
     pthread_mutex_unlock(&c->mu);
-    int64_t one = chan;
     bool rm[MPMC_RECLAIM_BATCH];
-    pthread_mutex_lock(&c->publish_mu);
-    if (!queued) {
-        fx_err e = reclaim_batch(c, mpmc, &one, 1, timeout_ms, rm);
+    if (!queued) { /* queue full: this one alone, waiting for the lock */
+        pthread_mutex_lock(&c->publish_mu);
+        fx_err e = reclaim_batch(c, mpmc, &chan, 1, timeout_ms, rm);
+        pthread_mutex_unlock(&c->publish_mu);
         if (e) FX_DBG("mpmc %" PRId64 ": reclaim of sub-MPSC %" PRId64 ": %s", mpmc, chan,
                       fx_errname(e));
     }
+    reclaim_drain(c, timeout_ms);
+}
+
+/* Handle the reclaim queue if publish_mu is free (see reclaim_queued); also called by a publisher
+ * after it releases publish_mu, so a sub-MPSC queued while it held the lock is not left behind. */
+static void reclaim_drain(fx_mq_client *c, int timeout_ms)
+{
+    bool rm[MPMC_RECLAIM_BATCH];
     for (;;) {
-        int64_t batch[MPMC_RECLAIM_BATCH];
-        size_t k = 0;
         pthread_mutex_lock(&c->mu);
-        for (size_t i = 0; i < c->n_rq && k < MPMC_RECLAIM_BATCH;) {
-            if (c->rq[i][0] == mpmc) {
-                batch[k++] = c->rq[i][1];
-                c->rq[i][0] = c->rq[c->n_rq - 1][0];
-                c->rq[i][1] = c->rq[c->n_rq - 1][1];
-                c->n_rq--;
-            } else {
-                i++;
-            }
-        }
+        bool any = c->n_rq > 0;
         pthread_mutex_unlock(&c->mu);
-        if (!k) break;
-        fx_err e = reclaim_batch(c, mpmc, batch, k, timeout_ms, rm);
-        if (e)
-            FX_DBG("mpmc %" PRId64 ": reclaim of %zu sub-MPSC(s) at close: %s (%s)", mpmc, k,
-                   fx_errname(e), fx_err_detail());
+        if (!any) return;
+        if (pthread_mutex_trylock(&c->publish_mu) != 0) return; /* the holder handles it */
+        for (;;) {
+            int64_t batch[MPMC_RECLAIM_BATCH], bm = -1;
+            size_t k = 0;
+            pthread_mutex_lock(&c->mu);
+            if (c->n_rq) bm = c->rq[0][0];
+            for (size_t i = 0; i < c->n_rq && k < MPMC_RECLAIM_BATCH;) {
+                if (c->rq[i][0] == bm) {
+                    batch[k++] = c->rq[i][1];
+                    c->rq[i][0] = c->rq[c->n_rq - 1][0];
+                    c->rq[i][1] = c->rq[c->n_rq - 1][1];
+                    c->n_rq--;
+                } else {
+                    i++;
+                }
+            }
+            pthread_mutex_unlock(&c->mu);
+            if (!k) break;
+            fx_err e = reclaim_batch(c, bm, batch, k, timeout_ms, rm);
+            if (e)
+                FX_DBG("mpmc %" PRId64 ": reclaim of %zu sub-MPSC(s) at close: %s (%s)", bm, k,
+                       fx_errname(e), fx_err_detail());
+        }
+        pthread_mutex_unlock(&c->publish_mu);
     }
-    pthread_mutex_unlock(&c->publish_mu);
 }
 
 fx_err fx_mpmc_reclaim(fx_mq_client *c, int64_t mpmc, int64_t chan, bool *removed)
