@@ -938,12 +938,13 @@ static void mq_attach_registers_data_leases(void **state)
     fx_mq_client_free(cb);
 }
 
-/* Get what is there (acking it) until nothing came for idle_ms; seen[i] counts payload "m<i>". */
-static size_t drain_mark(fx_mpmc_consumer *c, int *seen, size_t cap, int idle_ms)
+/* Get what is there (acking it) until nothing came for idle_ms, at most max_ms in all (a
+ * producer may still be putting); seen[i] counts payload "m<i>". */
+static size_t drain_mark_for(fx_mpmc_consumer *c, int *seen, size_t cap, int idle_ms, int max_ms)
 {
     size_t got = 0;
-    int64_t quiet = fxt_now_ms() + idle_ms;
-    while (fxt_now_ms() < quiet) {
+    int64_t quiet = fxt_now_ms() + idle_ms, end = fxt_now_ms() + max_ms;
+    while (fxt_now_ms() < quiet && fxt_now_ms() < end) {
         fx_mq_delivery d[16];
         size_t n = 0;
         fx_err e = fx_mpmc_get(c, d, 16, &n, 100);
@@ -964,6 +965,11 @@ static size_t drain_mark(fx_mpmc_consumer *c, int *seen, size_t cap, int idle_ms
     }
     CHECK(fx_mpmc_flush(c, 3000));
     return got;
+}
+
+static size_t drain_mark(fx_mpmc_consumer *c, int *seen, size_t cap, int idle_ms)
+{
+    return drain_mark_for(c, seen, cap, idle_ms, 60000);
 }
 
 static int64_t chan_keys(const fx_mq_keys *k, int64_t chan)
@@ -1079,7 +1085,7 @@ static void mpmc_reclaim_racing_producer_loses_nothing(void **state)
     for (int round = 0; round < 6; round++) {
         fx_mpmc_consumer *b = NULL;
         CHECK(fx_mpmc_consumer_open(c, mpmc, &b));
-        drain_mark(b, seen, CAP, 150);
+        drain_mark_for(b, seen, CAP, 150, 500);
         fx_mpmc_consumer_free(b); /* reclaims its sub-MPSC at close when not needed */
         int64_t list[64];
         size_t n = list_of(&k, mpmc, list, 64);
@@ -1088,7 +1094,7 @@ static void mpmc_reclaim_racing_producer_loses_nothing(void **state)
             CHECK(fx_mpmc_reclaim(c, mpmc, list[i], &removed));
             removed_total += removed;
         }
-        drain_mark(a, seen, CAP, 50);
+        drain_mark_for(a, seen, CAP, 50, 300);
     }
     atomic_store(&r.stop, true);
     pthread_join(th, NULL);
