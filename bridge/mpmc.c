@@ -1503,9 +1503,20 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
                 view_free(&v);
                 break;
             }
-            e = FX_OK;
             view_free(&v);
-            continue; /* publish against a fresh brief */
+            /* none claimable (a drain consumer holds them): publish ours, on a fresh brief */
+            int64_t nr = 0, na = 0;
+            if ((e = read_brief(m, &v, &nr, &na))) break;
+            fx_kv kv = {.value = v.list_raw};
+            fx_range_resp lr = {.kvs = &kv, .n_kvs = v.list_present ? 1 : 0};
+            pub_store(c, m->mpmc, &lr, nr, na);
+            view_free(&v);
+            if (!c->pub_valid || (e = pub_view(c, m->mpmc, &v))) {
+                if (!e) e = fx_seterr(FX_ENOMEM, "mpmc: out of memory");
+                break;
+            }
+            fresh = true;
+            active = c->pub_active;
         }
         if (active <= (int64_t)v.n_list) {
             view_free(&v);
@@ -1544,6 +1555,9 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
     }
     pthread_mutex_unlock(&c->publish_mu);
     reclaim_drain(c, c->op_timeout_ms);
+    if (!published && e == FX_OK && !cs->sub) /* attempts used up without a decision */
+        e = fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": no sub-MPSC published or claimed after %d "
+                      "attempts", m->mpmc, MPMC_PUBLISH_ATTEMPTS);
     if (published) {
         cs->sub = sub;
         cs->chan = chan;
