@@ -9,7 +9,7 @@
  *   fx_mpmc_producer  a member of an MPMC channel that produces: rotates (LRU) over the ready
  *                     sub-MPSCs learned by watch, falling back to the first unready one.
  *   fx_mpmc_consumer  a member that consumes: claims one sub-MPSC (an unready one first, else
- *                     creates one under the create lock) and consumes it for its whole life.
+ *                     creates one) and consumes it for its whole life.
  *
  * Delivery guarantee: at-least-once. A consumer's get() hands out messages; ack() marks them;
  * the consume offset advances only over the contiguous acknowledged prefix of each producer, and
@@ -215,7 +215,7 @@ fx_err fx_mpmc_resolve(fx_mq_client *c, const char *name, const fx_mq_chan_cfg *
 
 /* Join as a producer / consumer: attach (read and validate meta, register every shared lease),
  * grant the member lease, write the role key. The consumer also claims its sub-MPSC (unready
- * first; else creates one under the create lock when active consumers outnumber sub-MPSCs; else
+ * first; else creates one when active consumers outnumber sub-MPSCs; else
  * FX_EEXISTS "not enough active consumers"). weight may be 0. */
 fx_err fx_mpmc_producer_open(fx_mq_client *c, int64_t mpmc, int64_t weight,
                              fx_mpmc_producer **out);
