@@ -1591,9 +1591,13 @@ static fx_err consumer_claim(fx_mpmc_consumer *cs)
     if (n_ready < (int64_t)nl) { /* an unready sub-MPSC exists: try to claim one */
         if ((e = read_view(m->c, m->mpmc, &v))) return e;
         e = consumer_claim_unready(cs, &v);
-        nl = v.n_list;
         view_free(&v);
         if (e != FX_ENOTFOUND) return e;
+        /* Lost every unready one to consumers that opened meanwhile: their role keys were
+         * written before their claim, so the first count is stale. Count again. */
+        if ((e = read_brief(m, &v, &n_ready, &active))) return e;
+        nl = v.n_list;
+        view_free(&v);
     }
     if (active <= (int64_t)nl)
         return fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": not enough active consumers (%" PRId64
