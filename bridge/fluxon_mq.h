@@ -1,7 +1,7 @@
 /* fluxon_mq.h -- Fluxon MQ in C: the whole API the daemon (plugin/) uses.
  *
- * Objects (DESIGN.md §4; the seed's MQ lifecycle-and-lease design):
- *   fx_mq_client      the client root (the seed's KvClient): owns the control-plane etcd client,
+ * Objects (Fluxon MQ's lifecycle-and-lease design; docs/ARCHITECTURE.md):
+ *   fx_mq_client      the client root (Fluxon's KvClient): owns the control-plane etcd client,
  *                     the KV payload store and the LeaseManager. Endpoints register with it;
  *                     fx_mq_client_close() closes every endpoint first, then the backends.
  *   fx_mpsc_producer  a producer of one standalone MPSC channel (or of a sub-MPSC of an MPMC,
@@ -83,7 +83,7 @@ typedef struct fx_mq_client_opts {
     fx_lease_mgr_opts lease;     /* LeaseManager tuning */
     /* Identity of this client root, written as "external_client_id" into every membership
      * record it creates (producer membership of an MPSC / sub-MPSC, consumer membership), so an
-     * operator can tell which process holds a membership. The seed's value is the KV client's
+     * operator can tell which process holds a membership. Fluxon MQ writes the KV client's
      * member id; this project has no KV cluster membership, so the client root's own identity is
      * used. NULL -> "<hostname>-<pid>-<16 random hex>" generated once by fx_mq_client_new (stable
      * for the client's life). At most 255 bytes, no control characters. */
@@ -94,7 +94,7 @@ typedef struct fx_mq_client_opts {
 fx_err fx_mq_client_new(const fx_mq_client_opts *opts, fx_mq_client **out);
 /* Close every registered endpoint (as its own close would), then stop the LeaseManager and the
  * backends. Idempotent. Returns the first endpoint close error (closing continues past it).
- * Strong errors (the seed's rule): when an endpoint's close fails strongly (today: a standalone
+ * Strong errors (Fluxon MQ's rule): when an endpoint's close fails strongly (today: a standalone
  * MPSC consumer whose acknowledged messages could not be committed, see fx_mpsc_consumer_close)
  * the client close returns that error and keeps the backends and that endpoint; the next client
  * close retries it and tears the backends down once it succeeds. fx_mq_client_free forces such
