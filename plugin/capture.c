@@ -1200,6 +1200,9 @@ dm_chan *dm_chan_new(fx_daemon *d, const fx_chan_config *cc)
                               FX_METRIC_COUNTER, l);
     m->backlog = cmetric(d, "fluxon_backlog", "Stored, unconsumed messages (from etcd)",
                          FX_METRIC_GAUGE, l);
+    m->reclaimed = cmetric(d, "fluxon_sub_mpscs_reclaimed_total",
+                           "Idle sub-MPSCs (no consumer, no backlog, left by a bridge that died) "
+                           "reclaimed by this bridge's sweep", FX_METRIC_COUNTER, l);
     m->foreign_headers = cmetric(d, "fluxon_foreign_headers_total",
                                  "Captured messages carrying Fluxon-* headers that are not a delivery "
                                  "of this bridge (stored like any other)", FX_METRIC_COUNTER, l);

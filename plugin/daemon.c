@@ -14,6 +14,7 @@
 #include "admin.h"
 #include "daemon_int.h"
 #include "fx_time.h"
+#include "inspect.h"
 #include "jsack.h"
 
 typedef struct dm_admin_req {
@@ -520,45 +521,62 @@ static void hk_stats(fx_daemon *d)
     pthread_rwlock_unlock(&d->reg);
 }
 
-/* Backlog gauge and the sub-MPSC view of one channel, from the admin info document. */
-static void hk_chan_view(fx_daemon *d, const fx_config *cfg, dm_chan *ch)
+/* Reclaim up to FX_DM_RECLAIM_SWEEP idle sub-MPSCs of a channel (unready, no consumer, no
+ * backlog): those a bridge that died left behind (a consumer's own close reclaims its sub-MPSC,
+ * a killed one cannot). fx_mpmc_reclaim re-checks everything in one txn and keeps a sub-MPSC the
+ * remaining consumers need, so a stale view only costs a read. */
+static void hk_reclaim(fx_daemon *d, dm_chan *ch, int64_t mpmc, const int64_t *idle, size_t n)
 {
-    char *js = fx_admin_channel_info_json(d->mq, cfg, ch->name);
-    cJSON *o = js ? cJSON_Parse(js) : NULL;
-    free(js);
-    if (!o) return;
-    cJSON *err = cJSON_GetObjectItemCaseSensitive(o, "error");
-    if (err) {
-        cJSON *code = cJSON_GetObjectItemCaseSensitive(err, "code");
-        if (cJSON_IsNumber(code) && code->valuedouble == 404) fx_metric_set(ch->m.backlog, 0);
-        cJSON_Delete(o);
+    for (size_t i = 0; i < n; i++) {
+        bool removed = false;
+        fx_err e = fx_mpmc_reclaim(d->mq, mpmc, idle[i], &removed);
+        if (e) {
+            static fx_log_slot slot;
+            fx_log_ratelimited(&slot, 30000, FX_LOG_WRN, "channel %s: reclaim of idle sub-MPSC %"
+                               PRId64 ": %s (%s)", ch->name, idle[i], fx_strerror(e),
+                               fx_err_detail());
+            return;
+        }
+        if (!removed) return; /* kept: the rest is needed too (or changed meanwhile) */
+        fx_metric_inc(ch->m.reclaimed, 1);
+        FX_INF("channel %s: reclaimed idle sub-MPSC %" PRId64 " (no consumer, no backlog)",
+               ch->name, idle[i]);
+    }
+}
+
+/* Backlog gauge and the sub-MPSC view of one channel (bridge/inspect.h, one etcd revision):
+ * stranded sub-MPSCs (unready, no consumer, backlog: adopted by an idle claim), claimed ones and
+ * their backlog, and idle ones left by dead bridges (reclaimed here). */
+static void hk_chan_view(fx_daemon *d, dm_chan *ch)
+{
+    fx_mq_channel_info info;
+    if (fx_mq_inspect_channel(d->mq, ch->name, &info)) return; /* etcd down: keep the old view */
+    if (!info.mapped) fx_metric_set(ch->m.backlog, 0);
+    if (!info.mapped || !info.has_meta) {
+        fx_mq_channel_info_free(&info);
         return;
     }
-    cJSON *bl = cJSON_GetObjectItemCaseSensitive(o, "backlog");
-    if (cJSON_IsNumber(bl)) fx_metric_set(ch->m.backlog, (int64_t)bl->valuedouble);
-    int64_t stranded[FX_DM_SWEEP_MAX];
+    fx_metric_set(ch->m.backlog, info.backlog);
+    int64_t stranded[FX_DM_SWEEP_MAX], idle[FX_DM_RECLAIM_SWEEP];
     int64_t held[FX_DM_HELD_MAX], held_bl[FX_DM_HELD_MAX];
-    size_t ns = 0, nh = 0;
-    cJSON *subs = cJSON_GetObjectItemCaseSensitive(o, "sub_mpscs");
-    cJSON *it;
-    cJSON_ArrayForEach(it, subs)
-    {
-        cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "chan_id");
-        cJSON *rd = cJSON_GetObjectItemCaseSensitive(it, "ready");
-        cJSON *b = cJSON_GetObjectItemCaseSensitive(it, "backlog");
-        cJSON *nc = cJSON_GetObjectItemCaseSensitive(it, "consumers");
-        if (cJSON_IsNumber(id) && cJSON_IsTrue(rd) && cJSON_IsNumber(b) && nh < FX_DM_HELD_MAX) {
-            held[nh] = (int64_t)id->valuedouble;
-            held_bl[nh++] = (int64_t)b->valuedouble;
+    size_t ns = 0, nh = 0, ni = 0;
+    for (size_t i = 0; i < info.n_subs; i++) {
+        const fx_mq_sub_mpsc_info *sm = &info.subs[i];
+        if (sm->ready && nh < FX_DM_HELD_MAX) {
+            held[nh] = sm->chan_id;
+            held_bl[nh++] = sm->backlog;
         }
         /* Stranded: unready, no consumer bound, messages waiting. (An unready one with a consumer
          * is being drained by a claim that adopted it.) */
-        if (!cJSON_IsNumber(id) || cJSON_IsTrue(rd) || (cJSON_IsNumber(nc) && nc->valuedouble > 0))
-            continue;
-        if (cJSON_IsNumber(b) && b->valuedouble > 0 && ns < FX_DM_SWEEP_MAX)
-            stranded[ns++] = (int64_t)id->valuedouble;
+        if (sm->ready || sm->consumers > 0) continue;
+        if (sm->backlog > 0 && ns < FX_DM_SWEEP_MAX) stranded[ns++] = sm->chan_id;
+        if (sm->backlog == 0 && ni < FX_DM_RECLAIM_SWEEP) idle[ni++] = sm->chan_id;
     }
-    cJSON_Delete(o);
+    /* Idle ones beyond what the consumers need (one stays for store-and-forward). */
+    size_t need = info.n_consumers > 0 ? info.n_consumers : 1;
+    bool sweep = !info.truncated && info.n_subs > need;
+    int64_t mpmc = info.mpmc_id;
+    fx_mq_channel_info_free(&info);
     pthread_mutex_lock(&ch->mu);
     bool changed = ns != ch->n_stranded ||
                    memcmp(stranded, ch->stranded, ns * sizeof *stranded) != 0;
@@ -569,6 +587,7 @@ static void hk_chan_view(fx_daemon *d, const fx_config *cfg, dm_chan *ch)
     ch->n_held = nh;
     if (changed || ns) ch->view_gen++;
     pthread_mutex_unlock(&ch->mu);
+    if (sweep && ni) hk_reclaim(d, ch, mpmc, idle, ni);
 }
 
 /* Refresh the sub-MPSC views: every channel (all), or only those kicked since (view_due). */
@@ -582,10 +601,9 @@ static void hk_backlog(fx_daemon *d, bool all)
         if (all || due) list[n++] = dm_chan_ref(d->chans[c]); /* a reload may retire it */
     }
     pthread_rwlock_unlock(&d->reg);
-    fx_config *cfg = dm_cfg_get(d);
     size_t i = 0;
     for (; i < n; i++) {
-        hk_chan_view(d, cfg, list[i]);
+        hk_chan_view(d, list[i]);
         dm_chan_unref(list[i]);
         if (wait_flag(d, &d->stop_late, 0)) {
             i++;
@@ -593,7 +611,6 @@ static void hk_backlog(fx_daemon *d, bool all)
         }
     }
     for (; i < n; i++) dm_chan_unref(list[i]);
-    fx_config_unref(cfg);
 }
 
 fx_config *dm_cfg_get(fx_daemon *d)

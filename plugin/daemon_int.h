@@ -74,6 +74,7 @@
 #define FX_DM_DRAIN_LINGER_MS 1000         /* drain: wait this long for outstanding acks */
 #define FX_DM_DLQ_WAIT_MS 5000             /* release: wait for dead letters being stored */
 #define FX_DM_SWEEP_MAX 16                 /* stranded sub-MPSCs remembered per view refresh */
+#define FX_DM_RECLAIM_SWEEP 4              /* idle sub-MPSCs (dead bridges') reclaimed per refresh */
 #define FX_DM_ADOPT_IDLE_MS 200            /* an adopted sub-MPSC empty this long is let go */
 #define FX_DM_ATTW_THREADS 4               /* delivery-attempt record writers per process */
 #define FX_DM_IDLE_GET_MS 250             /* an idle claim's get wait (stop noticed within it) */
@@ -138,7 +139,7 @@ typedef struct dm_claim dm_claim;
 typedef struct dm_chan_metrics {
     fx_metric *captured, *stored, *delivered, *acked, *redelivered, *dead, *dropped,
         *invalid_acks, *backlog, *claims, *store_errors, *foreign_headers, *own_skipped,
-        *full_dropped, *duplicates, *inflight, *inflight_peak;
+        *full_dropped, *duplicates, *inflight, *inflight_peak, *reclaimed;
 } dm_chan_metrics;
 
 /* ---- producer queue ----------------------------------------------------------------------------- */
