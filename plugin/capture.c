@@ -1,6 +1,6 @@
-/* capture.c -- channels: capture subscriptions, the bounded producer queue, the producer thread
- * and its put workers (batches in flight to distinct sub-MPSCs, PubAck replies, dead-letter
- * stores) and the stored header block.
+/* capture.c -- channels: capture subscriptions, the producer thread and its put workers (batches
+ * in flight to distinct sub-MPSCs, PubAck replies, dead-letter stores), fed by the channel's
+ * producer queue (pqueue.h); stored header blocks are built by hdr.h.
  * Contract: daemon_int.h. */
 #include <inttypes.h>
 #include <stdio.h>
@@ -124,289 +124,6 @@ bool dm_origin_ours(const fx_daemon *d, const char *subject, const char *reply, 
     return diff == 0;
 }
 
-/* ---- header block --------------------------------------------------------------------------- */
-
-#define HDR_LINE0 "NATS/1.0\r\n"
-
-/* The header lines of a stored block, as dm_hdr_delivery and dm_hdr_apply both read them: the lines after the
- * status line, up to the empty line (or the end); a line without ':' or with an empty key is
- * skipped; the value is what follows ':' without its leading spaces and tabs. */
-typedef struct hdr_iter {
-    const char *p, *end; /* p: the "\r\n" ending the previous line; NULL when done */
-} hdr_iter;
-
-static void hdr_iter_init(hdr_iter *it, const char *b, size_t len)
-{
-    it->end = b + len;
-    it->p = len >= sizeof HDR_LINE0 - 1 ? memmem(b, len, "\r\n", 2) : NULL;
-}
-
-static bool hdr_iter_next(hdr_iter *it, fx_slice *key, fx_slice *val)
-{
-    while (it->p) {
-        const char *p = it->p + 2;
-        const char *eol = memmem(p, (size_t)(it->end - p), "\r\n", 2);
-        if (!eol || eol == p) break; /* the empty line ends the block */
-        it->p = eol;
-        const char *colon = memchr(p, ':', (size_t)(eol - p));
-        if (!colon || colon == p) continue;
-        const char *v = colon + 1;
-        while (v < eol && (*v == ' ' || *v == '\t')) v++;
-        *key = (fx_slice){p, (size_t)(colon - p)};
-        *val = (fx_slice){v, (size_t)(eol - v)};
-        return true;
-    }
-    it->p = NULL;
-    return false;
-}
-
-/* "key: value\r\n" at o; returns the end. */
-static char *put_line(char *o, fx_slice key, fx_slice val)
-{
-    memcpy(o, key.data, key.len);
-    o += key.len;
-    *o++ = ':';
-    *o++ = ' ';
-    memcpy(o, val.data, val.len);
-    o += val.len;
-    *o++ = '\r';
-    *o++ = '\n';
-    return o;
-}
-
-fx_err dm_hdr_from_msg(natsMsg *m, char **out, size_t *out_len)
-{
-    *out = NULL;
-    *out_len = 0;
-    const char **keys = NULL;
-    int nk = 0;
-    if (natsMsgHeader_Keys(m, &keys, &nk) != NATS_OK || nk <= 0) {
-        free((void *)keys);
-        return FX_OK;
-    }
-    size_t len = sizeof HDR_LINE0 - 1 + 2;
-    /* two passes: size, then write (values fetched twice; cheap, local map) */
-    for (int pass = 0; pass < 2; pass++) {
-        char *p = pass ? *out : NULL;
-        if (pass) {
-            memcpy(p, HDR_LINE0, sizeof HDR_LINE0 - 1);
-            p += sizeof HDR_LINE0 - 1;
-        }
-        for (int i = 0; i < nk; i++) {
-            const char **vals = NULL;
-            int nv = 0;
-            if (natsMsgHeader_Values(m, keys[i], &vals, &nv) != NATS_OK) continue;
-            size_t kl = strlen(keys[i]);
-            for (int j = 0; j < nv; j++) {
-                size_t vl = strlen(vals[j]);
-                if (!pass) {
-                    len += kl + 2 + vl + 2;
-                } else {
-                    memcpy(p, keys[i], kl);
-                    p += kl;
-                    *p++ = ':';
-                    *p++ = ' ';
-                    memcpy(p, vals[j], vl);
-                    p += vl;
-                    *p++ = '\r';
-                    *p++ = '\n';
-                }
-            }
-            free((void *)vals);
-        }
-        if (!pass) {
-            *out = malloc(len + 1);
-            if (!*out) {
-                free((void *)keys);
-                return fx_seterr(FX_ENOMEM, "capture: out of memory");
-            }
-        } else {
-            *p++ = '\r';
-            *p++ = '\n';
-            *p = '\0';
-            *out_len = (size_t)(p - *out);
-        }
-    }
-    free((void *)keys);
-    return FX_OK;
-}
-
-fx_err dm_hdr_append(fx_slice block, const char *const *kv, size_t n_pairs, char **out,
-                     size_t *out_len)
-{
-    size_t base = 0;
-    const char *b = block.data;
-    if (block.len >= sizeof HDR_LINE0 - 1 + 2 && memcmp(b + block.len - 2, "\r\n", 2) == 0)
-        base = block.len - 2; /* drop the terminating empty line */
-    size_t len = (base ? base : sizeof HDR_LINE0 - 1) + 2;
-    for (size_t i = 0; i < n_pairs; i++) len += strlen(kv[2 * i]) + 2 + strlen(kv[2 * i + 1]) + 2;
-    char *o = malloc(len + 1);
-    if (!o) return fx_seterr(FX_ENOMEM, "headers: out of memory");
-    char *p = o;
-    if (base) {
-        memcpy(p, b, base);
-        p += base;
-    } else {
-        memcpy(p, HDR_LINE0, sizeof HDR_LINE0 - 1);
-        p += sizeof HDR_LINE0 - 1;
-    }
-    for (size_t i = 0; i < n_pairs; i++)
-        p = put_line(p, FX_SLICE_STR(kv[2 * i]), FX_SLICE_STR(kv[2 * i + 1]));
-    *p++ = '\r';
-    *p++ = '\n';
-    *p = '\0';
-    *out = o;
-    *out_len = (size_t)(p - o);
-    return FX_OK;
-}
-
-fx_err dm_hdr_delivery(fx_slice block, const char *const *kv, size_t n_pairs, char **buf,
-                       size_t *cap, size_t *out_len)
-{
-    /* Upper bound: the stored lines, each at most one byte longer once rewritten (the space after
-     * "k:"; a line is at least "k:\r\n", 4 bytes), the status line, our lines, the end. */
-    size_t need = block.len + block.len / 4 + sizeof HDR_LINE0 + 4;
-    for (size_t i = 0; i < n_pairs; i++) need += strlen(kv[2 * i]) + 2 + strlen(kv[2 * i + 1]) + 2;
-    if (need > *cap) {
-        size_t nc = *cap ? *cap : 1024;
-        while (nc < need) nc *= 2;
-        char *nb = realloc(*buf, nc);
-        if (!nb) return fx_seterr(FX_ENOMEM, "headers: out of memory");
-        *buf = nb;
-        *cap = nc;
-    }
-    char *o = *buf;
-    memcpy(o, HDR_LINE0, sizeof HDR_LINE0 - 1);
-    o += sizeof HDR_LINE0 - 1;
-    hdr_iter it;
-    fx_slice k, v;
-    hdr_iter_init(&it, block.data, block.len);
-    while (hdr_iter_next(&it, &k, &v)) {
-        bool ours = false; /* ours replace stored values of the same key (natsMsgHeader_Set) */
-        for (size_t i = 0; i < n_pairs && !ours; i++)
-            ours = strlen(kv[2 * i]) == k.len && memcmp(kv[2 * i], k.data, k.len) == 0;
-        if (!ours) o = put_line(o, k, v);
-    }
-    for (size_t i = 0; i < n_pairs; i++)
-        o = put_line(o, FX_SLICE_STR(kv[2 * i]), FX_SLICE_STR(kv[2 * i + 1]));
-    *o++ = '\r';
-    *o++ = '\n';
-    *out_len = (size_t)(o - *buf);
-    return FX_OK;
-}
-
-natsStatus dm_hdr_apply(natsMsg *m, fx_slice block)
-{
-    if (block.len < sizeof HDR_LINE0 - 1) return NATS_OK;
-    char stackbuf[2048]; /* a copy, so each key and value can be NUL-terminated in place */
-    char *buf = block.len < sizeof stackbuf ? stackbuf : malloc(block.len + 1);
-    if (!buf) return NATS_NO_MEMORY;
-    memcpy(buf, block.data, block.len);
-    buf[block.len] = '\0';
-    natsStatus s = NATS_OK;
-    hdr_iter it;
-    fx_slice k, v;
-    hdr_iter_init(&it, buf, block.len);
-    while (s == NATS_OK && hdr_iter_next(&it, &k, &v)) {
-        buf[(const char *)k.data - buf + k.len] = '\0'; /* the ':' */
-        buf[(const char *)v.data - buf + v.len] = '\0'; /* the '\r' of the line end */
-        s = natsMsgHeader_Add(m, k.data, v.data);
-    }
-    if (buf != stackbuf) free(buf);
-    return s;
-}
-
-/* ---- queue ------------------------------------------------------------------------------------ */
-
-pq_item *dm_pq_item_new(int kind, const char *reply, size_t rec_len)
-{
-    return dm_pq_item_new_id(kind, reply, NULL, rec_len);
-}
-
-pq_item *dm_pq_item_new_id(int kind, const char *reply, const char *msgid, size_t rec_len)
-{
-    size_t rl = reply ? strlen(reply) + 1 : 0;
-    size_t il = msgid ? strlen(msgid) + 1 : 0;
-    pq_item *it = malloc(sizeof *it + rl + il + rec_len + 1);
-    if (!it) return NULL;
-    memset(it, 0, sizeof *it);
-    it->kind = kind;
-    it->in_ms = fx_now_ms();
-    char *p = (char *)(it + 1);
-    if (reply) {
-        memcpy(p, reply, rl);
-        it->reply = p;
-        p += rl;
-    }
-    if (msgid) {
-        memcpy(p, msgid, il);
-        it->msgid = p;
-        p += il;
-    }
-    it->rec = (uint8_t *)p;
-    it->rec_len = rec_len;
-    return it;
-}
-
-void dm_pq_item_free(pq_item *it) { free(it); }
-
-static bool pq_push_kind(dm_pq *q, pq_item *it)
-{
-    pthread_mutex_lock(&q->mu);
-    if (q->closed || q->n + 1 > FX_DM_CAPQ_MAX_MSGS ||
-        (q->n > 0 && q->bytes + it->rec_len > FX_DM_CAPQ_MAX_BYTES)) {
-        pthread_mutex_unlock(&q->mu);
-        return false;
-    }
-    it->next = NULL;
-    if (q->tail)
-        q->tail->next = it;
-    else
-        q->head = it;
-    q->tail = it;
-    q->n++;
-    q->bytes += it->rec_len;
-    if (q->n == 1) pthread_cond_signal(&q->cv);
-    pthread_mutex_unlock(&q->mu);
-    return true;
-}
-
-bool dm_pq_push(dm_pq *q, pq_item *it) { return pq_push_kind(q, it); }
-
-/* Put items taken from the queue back at its head, in order (they were counted before: no
- * bound check). Producer thread and its put workers; q->mu held. */
-static void pq_requeue_front_locked(dm_pq *q, pq_item **items, size_t n)
-{
-    for (size_t i = n; i > 0; i--) {
-        pq_item *it = items[i - 1];
-        it->next = q->head;
-        q->head = it;
-        if (!q->tail) q->tail = it;
-        q->n++;
-        q->bytes += it->rec_len;
-    }
-}
-
-static void pq_requeue_front(dm_pq *q, pq_item **items, size_t n)
-{
-    if (!n) return;
-    pthread_mutex_lock(&q->mu);
-    pq_requeue_front_locked(q, items, n);
-    pthread_mutex_unlock(&q->mu);
-}
-
-static pq_item *pq_take_locked(dm_pq *q)
-{
-    pq_item *it = q->head;
-    if (!it) return NULL;
-    q->head = it->next;
-    if (!q->head) q->tail = NULL;
-    q->n--;
-    q->bytes -= it->rec_len;
-    it->next = NULL;
-    return it;
-}
-
 /* ---- capture callback -------------------------------------------------------------------------- */
 
 static void on_capture(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
@@ -441,9 +158,9 @@ static void on_capture(natsConnection *nc, natsSubscription *sub, natsMsg *m, vo
     if (hlen) { /* Fluxon-* headers not proven ours; JetStream's Nats-Expected-*, Nats-Msg-Id */
         hdr_iter hi;
         fx_slice hk, hv;
-        hdr_iter_init(&hi, hdr, hlen);
+        dm_hdr_iter_init(&hi, hdr, hlen);
         const size_t el = sizeof FX_DM_HDR_EXPECTED - 1;
-        while (hdr_iter_next(&hi, &hk, &hv)) {
+        while (dm_hdr_iter_next(&hi, &hk, &hv)) {
             if (!foreign && hk.len > 7 && strncasecmp(hk.data, "Fluxon-", 7) == 0) {
                 foreign = true; /* captured, counted */
                 static fx_log_slot fslot;
@@ -820,7 +537,7 @@ static size_t dedup_filter(dm_chan *ch, pq_item **batch, size_t n)
     size_t m = 0;
     for (size_t i = 0; i < n; i++)
         if (batch[i]) batch[m++] = batch[i];
-    pq_requeue_front(&ch->q, later, nl);
+    dm_pq_requeue_front(&ch->q, later, nl);
     return m;
 }
 
@@ -900,7 +617,7 @@ static void store_batch(dm_chan *ch, dm_flight *fl, dm_slot *sl)
                 batch[i] = NULL;
             }
             pthread_mutex_lock(&ch->q.mu);
-            pq_requeue_front_locked(&ch->q, back, nb);
+            dm_pq_requeue_front_locked(&ch->q, back, nb);
             fl->reopen = true;
             pthread_mutex_unlock(&ch->q.mu);
             return;
@@ -1104,7 +821,7 @@ static void *producer_main(void *arg)
             if (!fl->slot[i].busy) sl = &fl->slot[i];
         size_t cap = batch_cap(q->n, ready), n = 0, bytes = 0;
         while (q->head && n < cap && (n == 0 || bytes + q->head->rec_len <= FX_DM_BATCH_BYTES)) {
-            pq_item *it = pq_take_locked(q);
+            pq_item *it = dm_pq_take_locked(q);
             bytes += it->rec_len;
             sl->batch[n++] = it;
         }
@@ -1172,8 +889,7 @@ dm_chan *dm_chan_new(fx_daemon *d, const fx_chan_config *cc)
     atomic_init(&ch->attached, false);
     atomic_init(&ch->view_due, false);
     snprintf(ch->attach_err, sizeof ch->attach_err, "attaching");
-    pthread_mutex_init(&ch->q.mu, NULL);
-    fx_cond_init_monotonic(&ch->q.cv);
+    dm_pq_init(&ch->q);
     ch->mpmc = -1;
     if (!ok) {
         chan_free(ch);
@@ -1266,8 +982,7 @@ static void chan_free(dm_chan *ch)
     free(ch->name);
     free(ch->deliver_prefix);
     pthread_mutex_destroy(&ch->mu);
-    pthread_mutex_destroy(&ch->q.mu);
-    pthread_cond_destroy(&ch->q.cv);
+    dm_pq_destroy(&ch->q);
     free(ch);
 }
 

@@ -21,11 +21,8 @@
  *    and read by its steps; completed dead letters come back through `dlq_done` (never dropped;
  *    bounded by the in-flight table). Lock order: claim.mu -> the scheduler's lock.
  *
- * Stored message form: bridge/flatdict.h fx_mq_msg. The "headers" entry is a canonical NATS header
- * block rebuilt from cnats' parsed headers: "NATS/1.0\r\n" + one "Key: Value\r\n" line per value
- * (keys in cnats order, values in arrival order) + "\r\n"; empty when the message had none.
- * Dead letters carry the original block plus Fluxon-Dead-Reason, Fluxon-Dead-Delivered and
- * Fluxon-Dead-Id lines.
+ * Stored message form: bridge/flatdict.h fx_mq_msg; its "headers" entry is the header block of
+ * hdr.h. The producer queue (its items, bounds and lock) is pqueue.h. Both are included here.
  */
 #ifndef FX_PLUGIN_DAEMON_INT_H
 #define FX_PLUGIN_DAEMON_INT_H
@@ -41,14 +38,15 @@
 #include "daemon.h"
 #include "fluxon_mq.h"
 #include "fx_log.h"
+#include "hdr.h"
 #include "http.h"
 #include "leaf.h"
 #include "metrics.h"
+#include "pqueue.h"
 
 /* ---- bounds ------------------------------------------------------------------------------------ */
 #define FX_DM_DELIVERY_THREADS 4           /* cnats global delivery pool */
-#define FX_DM_CAPQ_MAX_MSGS 16384          /* producer queue per channel: messages ... */
-#define FX_DM_CAPQ_MAX_BYTES (64u << 20)   /* ... and bytes; full -> 503 "bridge queue full" */
+/* producer queue per channel: FX_DM_CAPQ_MAX_MSGS, FX_DM_CAPQ_MAX_BYTES (pqueue.h) */
 #define FX_DM_SUB_PENDING_MSGS 65536       /* cnats pending per capture sub (slow consumer) */
 #define FX_DM_SUB_PENDING_BYTES (128 << 20)
 /* One batch = what queued while the previous batch was being stored (no linger: a lone publish
@@ -142,33 +140,7 @@ typedef struct dm_chan_metrics {
         *full_dropped, *duplicates, *inflight, *inflight_peak, *reclaimed;
 } dm_chan_metrics;
 
-/* ---- producer queue ----------------------------------------------------------------------------- */
-enum { PQ_CAPTURE = 0, PQ_DEADLETTER = 1 };
-
-typedef struct pq_item {
-    struct pq_item *next;
-    int kind;
-    char *reply;         /* capture: reply subject or NULL (points into the allocation) */
-    char *msgid;         /* capture: Nats-Msg-Id when the channel dedups, else NULL (ditto) */
-    uint8_t *rec;        /* encoded fx_mq_msg (points into the allocation) */
-    size_t rec_len;
-    int64_t in_ms;       /* fx_now_ms() when queued: its put deadline is in_ms + FX_DM_PUT_TIMEOUT_MS */
-    /* dead letter: */
-    dm_claim *claim;     /* reference held while the item lives */
-    uint32_t ent_idx;
-    uint64_t ent_gen;
-    fx_err result;       /* set by the producer thread */
-    uint8_t reopens;     /* put retried after the producer was reopened (at most 2) */
-} pq_item;
-
-typedef struct dm_pq {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    pq_item *head, *tail;
-    size_t n, bytes;
-    bool closed; /* refuse new items */
-    bool stop;   /* producer: exit once empty */
-} dm_pq;
+/* ---- producer queue: pqueue.h (pq_item, dm_pq) ---------------------------------------------- */
 
 /* ---- channel ------------------------------------------------------------------------------------- */
 struct dm_chan {
@@ -343,25 +315,7 @@ void dm_chan_stop_producer_wait(dm_chan *ch);
 /* Resolve the channel's MPMC id (cached; force re-resolves). */
 fx_err dm_chan_resolve(dm_chan *ch, bool force, int64_t *out);
 void dm_chan_forget_mpmc(dm_chan *ch);
-/* Queue a dead letter. false when the queue is full or closed (item not taken). */
-bool dm_pq_push(dm_pq *q, pq_item *it);
-pq_item *dm_pq_item_new(int kind, const char *reply, size_t rec_len);
-pq_item *dm_pq_item_new_id(int kind, const char *reply, const char *msgid, size_t rec_len);
-void dm_pq_item_free(pq_item *it);
-/* Header block helpers. */
-fx_err dm_hdr_from_msg(natsMsg *m, char **out, size_t *out_len); /* NULL/0 when none */
-/* Append "Key: Value\r\n" lines to a block (creating it when empty); out is malloc'd. */
-fx_err dm_hdr_append(fx_slice block, const char *const *kv, size_t n_pairs, char **out,
-                     size_t *out_len);
-/* The header block of a delivery, written into *buf (grown with realloc as needed; the caller
- * owns it and reuses it across calls): "NATS/1.0", the stored block's lines (parsed as
- * dm_hdr_apply does) except those whose key is one of kv's keys, then kv's pairs, then the empty
- * line. The same headers as dm_hdr_apply + natsMsgHeader_Set + dm_hdr_from_msg, without a
- * natsMsg and without an allocation per message. */
-fx_err dm_hdr_delivery(fx_slice block, const char *const *kv, size_t n_pairs, char **buf,
-                       size_t *cap, size_t *out_len);
-/* Add the lines of a stored block to a message (natsMsgHeader_Add). */
-natsStatus dm_hdr_apply(natsMsg *m, fx_slice block);
+/* The producer queue (dm_pq_*): pqueue.h. The header block codec (dm_hdr_*): hdr.h. */
 size_t dm_max_msg_bytes(fx_daemon *d);
 void dm_reply_error(fx_daemon *d, const char *reply, int code, const char *desc);
 /* Fluxon-Origin of a delivery on subject with reply (NULL: none): FX_DM_ORIGIN_LEN hex digits and

@@ -1,7 +1,7 @@
-/* fuzz_hdr.c -- libFuzzer target: the NATS header block codec of plugin/capture.c (declared in
- * plugin/daemon_int.h) on any stored block, as read back from Fluxon MQ: dm_hdr_delivery (the
- * delivery's header block: stored lines + the bridge's own pairs, written into a buffer sized by
- * its own bound), dm_hdr_append, and dm_hdr_apply (the lines onto a cnats message). Properties:
+/* fuzz_hdr.c -- libFuzzer target: the NATS header block codec (plugin/hdr.h, hdr.c) on any
+ * stored block, as read back from Fluxon MQ: dm_hdr_delivery (the delivery's header block:
+ * stored lines + the bridge's own pairs, written into a buffer sized by its own bound),
+ * dm_hdr_append, and dm_hdr_apply (the lines onto a cnats message). Properties:
  * the delivery block starts with "NATS/1.0\r\n", ends with an empty line, fits in the buffer
  * (ASan), and carries each of our pairs exactly once; dm_hdr_apply then dm_hdr_from_msg round
  * trips through cnats without error. */
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon_int.h"
+#include "hdr.h"
 #include "fx_log.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -1,4 +1,4 @@
-/* Unit tests for the delivery header block (plugin/capture.c, dm_hdr_delivery): it must carry
+/* Unit tests for the delivery header block (plugin/hdr.c, dm_hdr_delivery): it must carry
  * the same headers as the cnats path it replaces on the leaf connection (dm_hdr_apply onto a
  * natsMsg, natsMsgHeader_Set of the Fluxon-* headers, dm_hdr_from_msg), for every shape of
  * stored block; line order may differ (cnats keeps headers in a hash map). */
@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "daemon_int.h"
+#include "hdr.h"
 
 #define MAXL 64
 
