@@ -20,7 +20,7 @@ bool fx_life_constructed(fx_life *lf, pthread_cond_t *cv)
 
 bool fx_life_lease_lost(fx_life *lf, int64_t lease)
 {
-    if (lf->fault || lf->state == FX_LIFE_CLOSED) return false;
+    if (lf->fault || lf->state >= FX_LIFE_RETRY) return false;
     lf->fault = FX_ELEASE_LOST;
     lf->fault_lease = lease;
     lf->stop = true;

@@ -78,8 +78,9 @@ void fx_life_init(fx_life *lf, bool constructing);
  * loss arrived meanwhile: the owner fails its open). */
 bool fx_life_constructed(fx_life *lf, pthread_cond_t *cv);
 
-/* Record a lease loss (`lease`: its id, 0 unknown) and set stop. Ignored once CLOSED. Returns
- * true the first time (the caller logs). */
+/* Record a lease loss (`lease`: its id, 0 unknown) and set stop. Ignored in RETRY and CLOSED
+ * (the close is over for the caller: a retried close finds the loss itself). Returns true the
+ * first time (the caller logs). */
 bool fx_life_lease_lost(fx_life *lf, int64_t lease);
 /* The next gate reports the recorded fault (FX_ELEASE_LOST) once. No-op without a fault. */
 void fx_life_fault_arm(fx_life *lf);

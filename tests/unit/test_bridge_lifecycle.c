@@ -318,6 +318,8 @@ static void life_retryable_close(void **state)
     assert_int_equal(o.lf.state, FX_LIFE_RETRY);
     assert_int_equal(fx_life_gate(&o.lf), FX_ECLOSED);
     assert_int_equal(fx_life_op_enter(&o.lf, true), FX_ECLOSED);
+    assert_false(fx_life_lease_lost(&o.lf, 5)); /* ignored: the close is over for the caller */
+    assert_int_equal(fx_life_gate(&o.lf), FX_ECLOSED);
     assert_int_equal(fx_life_close_begin(&o.lf, &o.mu, &o.cv, &r), FX_LIFE_CLOSE_RERUN);
     assert_int_equal(o.lf.state, FX_LIFE_CLOSING);
     fx_life_close_done(&o.lf, &o.cv, FX_OK);
