@@ -1,6 +1,6 @@
 /* lifecycle.h -- the one endpoint lifecycle of the Fluxon MQ (internal to bridge/): the close
- * state machine shared by the MPSC producer and consumer (mpsc.c), the MPMC members (mpmc.c)
- * and the client root (client.c).
+ * state machine shared by the MPSC producer and consumer (mpsc_prod.c, mpsc_cons.c, helpers in
+ * mpsc_int.h), the MPMC members (mpmc.c) and the client root (client.c).
  *
  * States (lf->state):
  *     OPEN ----close----> CLOSING ----done----> CLOSED

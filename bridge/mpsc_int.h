@@ -37,9 +37,10 @@
 #define COMMIT_GROUP 64                /* producers per commit txn (2 ops each) */
 #define SKIP_LOG_MS 1000
 
-/* FX_LIFE_RETRY (standalone consumer only): a close failed strongly (acknowledged messages
- * could not be committed); the data path is closed, the endpoint keeps its leases and membership,
- * and the next close runs again (free() forces it to finish). */
+/* Close states: lifecycle.h (`life` below). FX_LIFE_RETRY (standalone consumer only): a close
+ * failed strongly (acknowledged messages could not be committed); the data path is closed, the
+ * endpoint keeps its leases and membership, and the next close runs again (free() forces it to
+ * finish). */
 
 /* ---- shared pieces --------------------------------------------------------------------------- */
 
