@@ -1,6 +1,6 @@
 /* idalloc.c -- etcd CAS id counters, cluster leases, lease registration helpers (mq_int.h).
  *
- * CAS counter (fluxon-mq-notes §4.1, with the re-read fixed): the value is the last allocated
+ * CAS counter (the reference implementation's, with its re-read fixed): the value is the last allocated
  * id; allocating n moves it from old to old+n and returns old+1 (ids start at 1). One txn per
  * attempt: compare (create==0 when absent, else value==old), put the new value; the failure
  * branch reads the key back, so a lost race costs no extra round trip.

@@ -1,11 +1,11 @@
 /* kv.c -- the KV payload store: generic layer (dispatch, deadlines, same-key admission control)
- * and the etcd backend. Contract: kv.h; design: DESIGN.md §3.2; seed 004 (lease_id and
+ * and the etcd backend. Contract: kv.h (Fluxon KV's lease semantics: lease_id and
  * reject_if_inflight_same_key).
  *
  * Generic layer
  *  - Every put (put and put_many, with or without the reject flag) counts its keys as in flight
  *    from admission until the backend call returns, in a small chained hash table of per-key
- *    counts (the seed's inflight_put_key_counts) under one mutex. The mutex is held only for the
+ *    counts (Fluxon KV's inflight_put_key_counts) under one mutex. The mutex is held only for the
  *    lookups/updates, never across I/O, so other keys are never blocked.
  *  - A put with reject_if_inflight_same_key is refused with FX_EKEY_BEING_WRITTEN when any of its
  *    keys has a count > 0 (a batch is all-or-nothing: either every key is admitted or none).

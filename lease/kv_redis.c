@@ -1,5 +1,5 @@
 /* kv_redis.c -- the Redis backend of the KV payload store (kv.h), over hiredis.
- * Contract: kv.h; design: DESIGN.md §3.2; seed 004 (lease_id semantics).
+ * Contract: kv.h (Fluxon KV's lease_id semantics).
  *
  * Mapping (one Redis key per lease, so a lease's keys live and die together)
  *  - Lease L is the sorted set <prefix>l:<L>. Every key bound to L is one member "key NUL value",

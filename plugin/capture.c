@@ -638,9 +638,10 @@ static fx_err prod_open(dm_chan *ch, prod_state *ps)
     fx_err e = dm_chan_resolve(ch, false, &id);
     if (!e) e = fx_mpmc_producer_open(ch->d->mq, id, 0, &ch->prod);
     if (e) {
-        char detail[256];
-        snprintf(detail, sizeof detail, "%s", fx_err_detail());
+        bool held = fx_err_hold();
         dm_chan_forget_mpmc(ch);
+        fx_err_release(held);
+        const char *detail = fx_err_detail();
         ch->prod = NULL;
         ps->backoff_ms = ps->backoff_ms ? ps->backoff_ms * 2 : 100;
         if (ps->backoff_ms > 2000) ps->backoff_ms = 2000;

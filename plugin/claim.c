@@ -24,7 +24,7 @@
  * connection that found no subscriber comes back as a no-responders 503 and releases the claim at
  * once (the message stays unacked for the next consumer; its delivery count is not changed).
  *
- * Control messages are trusted only when the bridge caused them (DESIGN.md §9): an ack or a
+ * Control messages are trusted only when the bridge caused them (deploy/README.md "Securing a deployment"): an ack or a
  * no-responders status changes state only when its (claim seq, nonce) is the one of a delivery in
  * flight; a no-responders status only for a delivery made over the client connection (the leaf
  * path never asks for one). A claim seq never issued, a nonce that does not match, a status on

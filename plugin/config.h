@@ -1,4 +1,4 @@
-/* config.h -- fluxon-bridge configuration (JSON, DESIGN.md §7): defaults in one place, full
+/* config.h -- fluxon-bridge configuration (JSON, deploy/README.md "Configuration fields"): defaults in one place, full
  * validation before anything starts, errors that name the field ("channels[1].subjects[0]: ...").
  *
  * Ownership: fx_config owns every string and array in it; free with fx_config_free().

@@ -419,9 +419,7 @@ static fx_err chans_preflight(fx_daemon *d, const fx_config *cfg)
         int64_t id = -1;
         fx_err e = fx_mpmc_resolve(d->mq, cc->name, &mc, &id);
         if (e == FX_EINVAL) {
-            char detail[512];
-            snprintf(detail, sizeof detail, "%s", fx_err_detail());
-            return fx_seterr(FX_EINVAL, "channels[%s]: %s", cc->name, detail);
+            return fx_err_wrap(FX_EINVAL, "channels[%s]: ", cc->name);
         }
         if (e) {
             FX_WRN("channel %s: cannot check it yet: %s (%s); attaching in the background",

@@ -1,4 +1,4 @@
-/* daemon.h -- the fluxon-bridge daemon core (DESIGN.md §5, §6; issue 4).
+/* daemon.h -- the fluxon-bridge daemon core (docs/ARCHITECTURE.md: the message path, threads).
  *
  * Lifecycle (driven by main.c):
  *   fx_daemon_new(cfg)     takes ownership of a validated config; no I/O, no threads.

@@ -1,6 +1,7 @@
 /* daemon_int.h -- internal contract between daemon.c, capture.c and claim.c (not a public API).
  *
- * Ownership and threads (DESIGN.md §6: one owner per piece of state, bounded queues):
+ * Ownership and threads (docs/ARCHITECTURE.md "Threads": one owner per piece of state, bounded
+ * queues):
  *  - fx_daemon: created and freed by main; `reg` (rwlock) guards the active channel list and
  *    every channel's claim list. Writers: the interest thread (claims) and the control thread
  *    (channels, drain). Readers: NATS callbacks (ack routing), house-keeping, admin.
@@ -94,7 +95,7 @@
 #define FX_DM_HDR_MSG_ID "Nats-Msg-Id"               /* dedup (channel duplicate_window) */
 #define FX_DM_HDR_EXPECTED "Nats-Expected-"          /* only ...-Stream is supported */
 #define FX_DM_HDR_EXPECTED_STREAM "Nats-Expected-Stream"
-/* Loop prevention by proof (DESIGN.md §9): every delivery carries Fluxon-Origin, a keyed hash
+/* Loop prevention by proof (deploy/README.md "Securing a deployment"): every delivery carries Fluxon-Origin, a keyed hash
  * (dm_origin_tag) of its subject and reply subject under a 128-bit key drawn from getrandom at
  * start. Capture skips a message only when its Fluxon-Origin verifies for the subject and reply it
  * arrived with, i.e. it is this bridge process's own delivery (the reply carries the per-delivery
@@ -104,12 +105,12 @@
 #define FX_DM_HDR_ORIGIN "Fluxon-Origin"
 #define FX_DM_ORIGIN_LEN 16 /* hex digits of the tag */
 /* ack none reply: _FLUXON.NR.<bridge>.<chan>.<claim>.<claim seq>.<nonce> (the nonce binds a
- * no-responders status to the one delivery the bridge made; DESIGN.md §9 "revised") */
+ * no-responders status to the one delivery the bridge made; deploy/README.md "Securing a deployment") */
 #define FX_DM_NR_PREFIX "_FLUXON.NR."
 /* Ack reply subjects. nats-server (2.9.10 verified) refuses a client PUB whose reply starts with
  * "$JS.ACK." ("Publish Violation": reserved reply); a LEAFNODE connection is not checked. So:
  *  - with nats.leaf_url set, explicit-ack deliveries go over the leaf connection (leaf.h) with the
- *    exact jsack.h reply "$JS.ACK.FLUXON.<bridge>...." (the contract of DESIGN.md §5);
+ *    exact jsack.h reply "$JS.ACK.FLUXON.<bridge>...." (deploy/README.md "Ack reply subjects");
  *  - without it they go over the client connection with "$JS.ACK." replaced by this prefix:
  *   $FLUXON.ACK.FLUXON.<bridge>.<channel>.<claim>.<delivered>.<seq>.<claim seq>.<ts>.<pending>.<nonce>
  *    (a client recovers JetStream metadata by swapping the first two tokens back to "$JS.ACK").

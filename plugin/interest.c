@@ -1,5 +1,5 @@
 /* interest.c -- literal-subject interest from nats-server's /subsz monitoring endpoint (see
- * interest.h and reference/nats-notes.md §2.1).
+ * interest.h; the /subsz shapes are those of nats-server 2.9).
  *
  * Parsing is defensive about the 2.9.x quirks: an empty page comes back as the bare sublist
  * stats object (page_len 0), `total` is ignored, '>' arrives as \u003e (cJSON decodes it), the
@@ -9,7 +9,7 @@
  * counted in page_len (so paging stops correctly).
  *
  * Paging (fx_interest_fetch): nats-server builds the /subsz list by walking its sublist, whose
- * levels are Go maps, so the ORDER CHANGES ON EVERY CALL (nats-notes §2.1): offset/limit pages of
+ * levels are Go maps, so the ORDER CHANGES ON EVERY CALL (seen on nats-server 2.9): offset/limit pages of
  * different calls are samples of different orderings and their union misses subscriptions
  * (measured: 1367 of 2500 found with offset paging by 1024). So every request asks for offset=0:
  * first limit=1024; when that page comes back full, the fetch starts over with a page big

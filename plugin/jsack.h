@@ -1,6 +1,6 @@
 /* jsack.h -- the JetStream-shaped wire pieces of the bridge (pure, thread-safe, bounded).
  *
- * Ack reply subject of a delivery (12 tokens, DESIGN.md §5), parsed by JetStream clients as
+ * Ack reply subject of a delivery (12 tokens, deploy/README.md "Ack reply subjects"), parsed by JetStream clients as
  * metadata (domain, account hash, stream, consumer, delivered, stream seq, consumer seq,
  * timestamp, pending):
  *   $JS.ACK.FLUXON.<bridge>.<channel>.<claim>.<delivered>.<seq>.<claim seq>.<ts ns>.<pending>.<nonce>

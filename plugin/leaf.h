@@ -3,7 +3,7 @@
  * Why: nats-server refuses a CLIENT connection's publish whose reply subject starts with
  * "$JS.ACK." ("Publish Violation", reserved reply). A LEAFNODE connection is not subject to that
  * check, so the bridge publishes its explicit-ack deliveries over a leaf connection to the local
- * server's leafnode listener, with the true "$JS.ACK.FLUXON...." reply (DESIGN.md §5).
+ * server's leafnode listener, with the true "$JS.ACK.FLUXON...." reply (deploy/README.md "Ack reply subjects").
  *
  * Wire (we are the soliciting side; server/leafnode.go, server/parser.go of nats-server 2.9):
  *   server -> INFO {...}                       (first line; tls_required, headers, max_payload)
