@@ -177,7 +177,13 @@ fx_err fx_mq_client_new(const fx_mq_client_opts *opts, fx_mq_client **out)
         free(p);
         return fx_seterr(FX_ENOMEM, "mq client: mutex init failed");
     }
+    if (pthread_mutex_init(&c->publish_mu, NULL) != 0 || pthread_mutex_init(&c->ids_mu, NULL)) {
+        pthread_mutex_destroy(&c->mu);
+        free(p);
+        return fx_seterr(FX_ENOMEM, "mq client: mutex init failed");
+    }
     if (fx_cond_init_monotonic(&p->cv) != 0) {
+        pthread_mutex_destroy(&c->publish_mu);
         pthread_mutex_destroy(&c->mu);
         free(p);
         return fx_seterr(FX_ENOMEM, "mq client: condvar init failed");
@@ -246,6 +252,8 @@ fail:
     free_backends(c);
     free_strs(c);
     pthread_cond_destroy(&p->cv);
+    pthread_mutex_destroy(&c->publish_mu);
+    pthread_mutex_destroy(&c->ids_mu);
     pthread_mutex_destroy(&c->mu);
     free(p);
     return e;
@@ -492,6 +500,9 @@ void fx_mq_client_free(fx_mq_client *c)
     /* Endpoints still registered cannot exist here: close unlinks every one. */
     free_strs(c);
     pthread_cond_destroy(&p->cv);
+    fx_bytes_free(&c->pub_list);
+    pthread_mutex_destroy(&c->publish_mu);
+    pthread_mutex_destroy(&c->ids_mu);
     pthread_mutex_destroy(&c->mu);
     free(p);
 }

@@ -253,7 +253,8 @@ fx_err fx_mpmc_get(fx_mpmc_consumer *c, fx_mq_delivery *out, size_t max, size_t 
 fx_err fx_mpmc_ack(fx_mpmc_consumer *c, const fx_mq_msg_id *ids, size_t n);
 fx_err fx_mpmc_flush(fx_mpmc_consumer *c, int timeout_ms);
 /* Close order: sub-MPSC consumer close (membership delete) -> ready key delete only if the
- * membership delete was confirmed -> role key delete -> release lease handles. */
+ * membership delete was confirmed -> role key delete -> release lease handles -> when both
+ * deletes were confirmed, the reclaim of its sub-MPSC if no longer needed (fx_mpmc_reclaim). */
 fx_err fx_mpmc_consumer_close(fx_mpmc_consumer *c);
 void fx_mpmc_consumer_free(fx_mpmc_consumer *c);
 int64_t fx_mpmc_consumer_member(const fx_mpmc_consumer *c);
@@ -273,6 +274,17 @@ void fx_mpmc_consumer_set_notify(fx_mpmc_consumer *c, void (*fn)(void *arg), voi
  * other (get/ack/flush/close); its close deletes the membership (no ready key to delete). */
 fx_err fx_mpmc_consumer_open_drain(fx_mq_client *c, int64_t mpmc, int64_t chan,
                                    fx_mpmc_consumer **out);
+
+/* Reclaim sub-MPSC `chan` of MPMC `mpmc` when nobody needs it (issue 13: sub-MPSCs follow the
+ * consumers in use, not the peak): it is removed from the MPMC's list and its keys are deleted
+ * in ONE txn, and its global-long lease is revoked, only when it is unready (no ready key), has
+ * no consumer membership, holds no backlog (every produce offset below its consume offset), the
+ * list keeps more entries than the active consumers need (at least one: store-and-forward), and
+ * nothing under it changed since the read (the txn compares the list value, the ready key's
+ * absence and mod_revision <= the read revision over every key of the channel). *removed says
+ * whether it was. A consumer's close calls it for its own sub-MPSC; protocol and races: mpmc.c.
+ * FX_OK with *removed false: kept. Errors: of etcd (nothing or everything was applied). */
+fx_err fx_mpmc_reclaim(fx_mq_client *c, int64_t mpmc, int64_t chan, bool *removed);
 
 /* ---- released claims ---------------------------------------------------------------------------- */
 

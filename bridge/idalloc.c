@@ -35,22 +35,24 @@ static fx_err counter_from(const fx_range_resp *r, bool *present, int64_t *val, 
     return FX_OK;
 }
 
-fx_err fx__mq_alloc_ids(fx_mq_client *c, const fx_mq_key *key, int64_t lease, int64_t n,
-                        int64_t *first)
+static fx_err alloc_ids(fx_mq_client *c, const fx_mq_key *key, int64_t lease, int64_t n,
+                        bool fresh, int64_t *first)
 {
     if (!c || !key || !first || n < 1 || lease < 0)
         return fx_seterr(FX_EINVAL, "id allocator: bad arguments");
     fx_slice k = fx_mq_key_slice(key);
-    fx_range_req rq = {.key = k};
-    fx_range_resp rr = {0};
-    fx_err e = fx_etcd_range(c->etcd, &rq, &rr, c->op_timeout_ms);
-    if (e) return e;
-    bool present;
-    int64_t old;
+    bool present = false;
+    int64_t old = 0;
     fx_bytes raw = {0};
-    e = counter_from(&rr, &present, &old, &raw);
-    fx_range_resp_free(&rr);
-    if (e) goto out;
+    fx_err e = FX_OK;
+    if (!fresh) {
+        fx_range_req rq = {.key = k};
+        fx_range_resp rr = {0};
+        if ((e = fx_etcd_range(c->etcd, &rq, &rr, c->op_timeout_ms))) return e;
+        e = counter_from(&rr, &present, &old, &raw);
+        fx_range_resp_free(&rr);
+        if (e) goto out;
+    }
     for (int attempt = 0; attempt < CAS_ATTEMPTS; attempt++) {
         if (old > INT64_MAX - n) {
             e = fx_seterr(FX_EPROTO, "id allocator %s: counter exhausted", key->s);
@@ -95,6 +97,18 @@ fx_err fx__mq_alloc_ids(fx_mq_client *c, const fx_mq_key *key, int64_t lease, in
 out:
     fx_bytes_free(&raw);
     return e;
+}
+
+fx_err fx__mq_alloc_ids(fx_mq_client *c, const fx_mq_key *key, int64_t lease, int64_t n,
+                        int64_t *first)
+{
+    return alloc_ids(c, key, lease, n, false, first);
+}
+
+fx_err fx__mq_alloc_ids_fresh(fx_mq_client *c, const fx_mq_key *key, int64_t lease, int64_t n,
+                              int64_t *first)
+{
+    return alloc_ids(c, key, lease, n, true, first);
 }
 
 fx_err fx__mq_grant(fx_mq_client *c, int64_t ttl_s, int64_t *id)
@@ -159,17 +173,30 @@ fx_err fx__mq_cluster_lease(fx_mq_client *c, const fx_mq_key *key, int64_t ttl_s
                      CLUSTER_LEASE_ATTEMPTS);
 }
 
-fx_err fx__mq_hold(fx_mq_client *c, bool kv_backend, int64_t ttl_s, int64_t id, bool skip_probe,
-                   fx_lease_expired_fn on_expired, void *arg, fx_lease **out)
+static fx_err hold(fx_mq_client *c, bool kv_backend, int64_t ttl_s, int64_t id, bool skip_probe,
+                   bool join_held, fx_lease_expired_fn on_expired, void *arg, fx_lease **out)
 {
     if (!c || !out) return fx_seterr(FX_EINVAL, "lease hold: bad arguments");
     *out = NULL;
     if (!c->leases) return fx_seterr(FX_ECLOSED, "lease hold: client closed");
-    fx_lease_reg_opts o = {.skip_probe = skip_probe, .on_expired = on_expired, .arg = arg};
+    fx_lease_reg_opts o = {.skip_probe = skip_probe, .join_held = join_held,
+                           .on_expired = on_expired, .arg = arg};
     fx_err e = fx_lease_register(c->leases, kv_backend ? &c->kv_backend : &c->etcd_backend, ttl_s,
                                  id, &o, out);
     if (e)
         return fx_err_wrap(e, "%s lease %lld (ttl %lld s): ", kv_backend ? "kv" : "etcd",
                            (long long)id, (long long)ttl_s);
     return FX_OK;
+}
+
+fx_err fx__mq_hold(fx_mq_client *c, bool kv_backend, int64_t ttl_s, int64_t id, bool skip_probe,
+                   fx_lease_expired_fn on_expired, void *arg, fx_lease **out)
+{
+    return hold(c, kv_backend, ttl_s, id, skip_probe, false, on_expired, arg, out);
+}
+
+fx_err fx__mq_hold_shared(fx_mq_client *c, bool kv_backend, int64_t ttl_s, int64_t id,
+                          fx_lease_expired_fn on_expired, void *arg, fx_lease **out)
+{
+    return hold(c, kv_backend, ttl_s, id, false, true, on_expired, arg, out);
 }

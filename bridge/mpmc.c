@@ -27,10 +27,36 @@
  *    knows (keeper_sync: at open, when a producer's list grows, on ready-watch events), so a
  *    sub-MPSC whose binders all left stays bindable after long_lease_ttl_s while any member
  *    lives. Consumers sync only at open.
- *  - Create lock: key R/mpmc_channels/{mpmc}/create_lock, txn create==0 under a fresh 10 s lease
- *    (not kept alive; re-granted when half used), polled with backoff 20..500 ms for at most
- *    10 s. It is only an optimisation: when not acquired in time the creation goes on without it
- *    (WARN); the CAS publish of list+ready keeps it correct.
+ *  - No create lock (issue 13: a lock held across the ~20 round trips of a creation made 1,000
+ *    claims take minutes). A consumer creates and binds its sub-MPSC in parallel with others;
+ *    only the read-check-publish step (view, consumer count, CAS of list+ready) is serialised
+ *    among the threads of one process (client publish_mu), so they do not lose CASes to each
+ *    other; across processes the CAS decides and the loser re-reads. A creation that turns out
+ *    not to be needed (an unready sub-MPSC appeared, or no more consumers than sub-MPSCs) is
+ *    rolled back strictly (below).
+ *  - Reclaim (issue 13; fx_mpmc_reclaim, and every consumer's close for its own sub-MPSC):
+ *    sub-MPSCs follow the consumers in use. Protocol: read in one txn (revision R) the list, the
+ *    ready key of S, the consumer role count, S's meta and every key under R/channels/{S}/
+ *    (memberships, weights, offsets). Keep S unless: S is listed, unready, has no consumer
+ *    membership, no backlog (each producer's produce offset < its consume offset), and the list
+ *    has more entries than max(1, active consumers) (the one left is the store-and-forward
+ *    sub-MPSC). Then ONE txn: compare list == the value read, ready(S) absent, mod_revision < R+1
+ *    on S's meta and on every key under S's prefix; on success put the list without S (its
+ *    lease kept), delete S's meta, channel keys, counters and cluster-lease keys; afterwards
+ *    revoke S's global-long lease (best effort) and drop this client's hold on it. Races:
+ *     - a producer that put into S after R changed an offset: the compare fails, S is kept (its
+ *       backlog then keeps it); a producer that puts after the txn finds its membership key gone
+ *       (its put txn compares it), its chunk fails with nothing stored (a payload written to a
+ *       split plane is deleted again) and it reroutes: its sub-producer is dropped, the list
+ *       re-read; nothing acknowledged is lost.
+ *     - a consumer claiming S: its ready put or membership before the txn fails the compare;
+ *       after it, its bind finds no meta, it deletes its ready key and claims or creates another.
+ *     - two reclaimers (of S, or of S and T): the list CAS lets one win; the other re-reads
+ *       (a few attempts) and decides again. Publishers race the same way (the list CAS).
+ *     - an ambiguous txn error: either nothing or everything applied (one txn); the next
+ *       reclaim or the next read settles it.
+ *    In one process reclaims and publishes take publish_mu, so they do not lose CASes to each
+ *    other.
  *  - A publish txn that fails ambiguously (timeout) is verified by re-reading the list; if that
  *    is impossible, the sub-MPSC is closed but its keys are not rolled back (a rollback of a
  *    channel that did get published would be worse); they expire with the leases.
@@ -56,12 +82,7 @@
 #include "fx_time.h"
 #include "mq_int.h"
 
-#define MPMC_LOCK_TTL_S 10
-#define MPMC_LOCK_WAIT_MS 10000
-#define MPMC_LOCK_BACKOFF_MIN_MS 20
-#define MPMC_LOCK_BACKOFF_MAX_MS 500
 #define MPMC_PUBLISH_ATTEMPTS 10
-#define MPMC_CLAIM_ROUNDS 4
 #define MPMC_RESOLVE_ATTEMPTS 8
 #define MPMC_CREATE_FIRST_ATTEMPTS 3
 #define MPMC_ROLLBACK_ATTEMPTS 3
@@ -749,6 +770,32 @@ static bool keeper_knows(mpmc_keeper *k, int64_t chan)
  * (mpmc_keeper): a sub-MPSC already held costs nothing. Best effort: a read or registration
  * failure is retried on the next sync; a lease found gone is remembered and not retried. Runs
  * with no lock held. */
+/* Add a hold (h may be NULL: a lease found gone, remembered) unless chan is held already. */
+static void keeper_put(mpmc_keeper *k, int64_t chan, fx_lease *h)
+{
+    pthread_mutex_lock(&k->mu);
+    bool dup = false;
+    for (size_t j = 0; j < k->n_holds && !dup; j++) dup = k->holds[j].chan == chan;
+    bool added = false;
+    if (!dup && k->n_holds < FX_MQ_MAX_MPSC_CHANNELS) {
+        size_t need = k->n_holds + 1;
+        if (need > k->cap_holds) {
+            size_t nc = k->cap_holds ? k->cap_holds * 2 : 8;
+            long_hold *na = realloc(k->holds, nc * sizeof *na);
+            if (na) {
+                k->holds = na;
+                k->cap_holds = nc;
+            }
+        }
+        if (need <= k->cap_holds) {
+            k->holds[k->n_holds++] = (long_hold){.chan = chan, .h = h};
+            added = true;
+        }
+    }
+    pthread_mutex_unlock(&k->mu);
+    if (!added) fx_lease_release(h);
+}
+
 static void keeper_sync(mpmc_member *m, const int64_t *ids, size_t n)
 {
     fx_mq_client *c = m->c;
@@ -781,29 +828,20 @@ static void keeper_sync(mpmc_member *m, const int64_t *ids, size_t n)
         pthread_mutex_lock(&m->mu);
         bool closing = m->state >= ST_CLOSING;
         pthread_mutex_unlock(&m->mu);
-        pthread_mutex_lock(&k->mu);
-        bool dup = false;
-        for (size_t j = 0; j < k->n_holds && !dup; j++) dup = k->holds[j].chan == ids[i];
-        bool added = false;
-        if (!dup && k->n_holds < FX_MQ_MAX_MPSC_CHANNELS) {
-            size_t need = k->n_holds + 1;
-            if (need > k->cap_holds) {
-                size_t nc = k->cap_holds ? k->cap_holds * 2 : 8;
-                long_hold *na = realloc(k->holds, nc * sizeof *na);
-                if (na) {
-                    k->holds = na;
-                    k->cap_holds = nc;
-                }
-            }
-            if (need <= k->cap_holds) {
-                k->holds[k->n_holds++] = (long_hold){.chan = ids[i], .h = h};
-                added = true;
-            }
-        }
-        pthread_mutex_unlock(&k->mu);
-        if (!added) fx_lease_release(h);
+        keeper_put(k, ids[i], h);
         if (closing) return;
     }
+}
+
+/* A sub-MPSC this member has just created (its long lease granted moments ago): into the keeper
+ * without a read or a probe. Best effort, as keeper_sync. */
+static void keeper_add_new(mpmc_member *m, int64_t chan, int64_t long_lease)
+{
+    mpmc_keeper *k = keeper_of(m);
+    if (!k || keeper_knows(k, chan)) return;
+    fx_lease *h = NULL;
+    if (fx__mq_hold(m->c, false, m->parent.long_ttl_s, long_lease, true, NULL, NULL, &h)) return;
+    keeper_put(k, chan, h);
 }
 
 /* Give the member's keeper back; the last member of the MPMC in this client releases the holds.
@@ -1039,12 +1077,13 @@ static fx_err member_attach(mpmc_member *m)
 
     int64_t data_ttl = meta_data_ttl(mt), long_ttl = meta_long_ttl(c, mt);
     fx_lease *h = NULL;
-    e = fx__mq_hold(c, false, data_ttl, mt->metadata_lease_id, false, on_lease_expired, m, &h);
+    /* The shared leases: probed unless another member in this client keeps them alive. */
+    e = fx__mq_hold_shared(c, false, data_ttl, mt->metadata_lease_id, on_lease_expired, m, &h);
     if (!e) {
         pthread_mutex_lock(&m->mu);
         m->h_meta = h;
         pthread_mutex_unlock(&m->mu);
-        e = fx__mq_hold(c, true, data_ttl, mt->payload_lease_id, false, on_lease_expired, m, &h);
+        e = fx__mq_hold_shared(c, true, data_ttl, mt->payload_lease_id, on_lease_expired, m, &h);
     }
     if (e == FX_ELEASE_EXPIRED) {
         return fx_seterr(FX_ELEASE_EXPIRED, "mpmc %" PRId64 ": mpmc meta stale (%s)", m->mpmc,
@@ -1054,7 +1093,7 @@ static fx_err member_attach(mpmc_member *m)
     pthread_mutex_lock(&m->mu);
     m->h_payload = h;
     pthread_mutex_unlock(&m->mu);
-    e = fx__mq_hold(c, false, long_ttl, mt->id_allocator_cluster_lease_id, false, NULL, NULL, &h);
+    e = fx__mq_hold_shared(c, false, long_ttl, mt->id_allocator_cluster_lease_id, NULL, NULL, &h);
     if (e == FX_ELEASE_EXPIRED) e = member_renew_idalloc(m, long_ttl, &h);
     if (e) return e;
     pthread_mutex_lock(&m->mu);
@@ -1193,79 +1232,6 @@ static fx_err member_construct_end(mpmc_member *m, fx_err e)
     return e;
 }
 
-/* ---- create lock (an etcd lock emulated with txn create==0 under a short lease) ------------- */
-
-typedef struct create_lock {
-    fx_mq_key key;
-    int64_t lease;
-    int64_t granted_ms;
-    bool held;
-} create_lock;
-
-static void lock_drop_lease(fx_mq_client *c, create_lock *lk)
-{
-    if (!lk->lease) return;
-    fx_err e = fx_etcd_lease_revoke(c->etcd, lk->lease, c->op_timeout_ms);
-    if (e && e != FX_ENOTFOUND)
-        FX_DBG("create lock: revoke of lease %" PRId64 " failed: %s", lk->lease, fx_errname(e));
-    lk->lease = 0;
-}
-
-static fx_err lock_acquire(mpmc_member *m, create_lock *lk)
-{
-    fx_mq_client *c = m->c;
-    memset(lk, 0, sizeof *lk);
-    fx_err e = fx_mq_key_mpmc_create_lock(&c->keys, m->mpmc, &lk->key);
-    if (e) return e;
-    int64_t deadline = fx_now_ms() + MPMC_LOCK_WAIT_MS;
-    int64_t backoff = MPMC_LOCK_BACKOFF_MIN_MS;
-    for (;;) {
-        if ((e = member_construct_check(m))) break;
-        if (!lk->lease || fx_now_ms() - lk->granted_ms > MPMC_LOCK_TTL_S * 1000 / 2) {
-            lock_drop_lease(c, lk);
-            if ((e = fx__mq_grant(c, MPMC_LOCK_TTL_S, &lk->lease))) break;
-            lk->granted_ms = fx_now_ms();
-        }
-        fx_cmp cmp = cmp_absent(ks(&lk->key));
-        fx_op put = op_put(ks(&lk->key), (fx_slice){m->member_dec, m->member_dec_len}, lk->lease);
-        fx_txn_req t = {.cmp = &cmp, .n_cmp = 1, .success = &put, .n_success = 1};
-        fx_txn_resp r = {0};
-        e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
-        bool won = !e && r.succeeded;
-        fx_txn_resp_free(&r);
-        if (e) break;
-        if (won) {
-            lk->held = true;
-            return FX_OK;
-        }
-        if (fx_now_ms() >= deadline) {
-            FX_WRN("mpmc %" PRId64 ": create lock not acquired within %d ms; creating without it "
-                   "(the CAS publish keeps it correct)", m->mpmc, MPMC_LOCK_WAIT_MS);
-            lock_drop_lease(c, lk);
-            return FX_OK;
-        }
-        int64_t left = fx_ms_left(deadline);
-        member_wait(m, backoff < left ? backoff : left);
-        backoff = backoff * 2 > MPMC_LOCK_BACKOFF_MAX_MS ? MPMC_LOCK_BACKOFF_MAX_MS : backoff * 2;
-    }
-    lock_drop_lease(c, lk);
-    return e;
-}
-
-static void lock_release(mpmc_member *m, create_lock *lk)
-{
-    fx_mq_client *c = m->c;
-    if (lk->held) {
-        fx_cmp cmp = cmp_value(ks(&lk->key), (fx_slice){m->member_dec, m->member_dec_len});
-        fx_op del = op_del(ks(&lk->key), (fx_slice){NULL, 0});
-        fx_txn_req t = {.cmp = &cmp, .n_cmp = 1, .success = &del, .n_success = 1};
-        fx_err e = fx_etcd_txn(c->etcd, &t, NULL, c->op_timeout_ms);
-        if (e) FX_DBG("mpmc %" PRId64 ": create lock delete failed: %s", m->mpmc, fx_errname(e));
-        lk->held = false;
-    }
-    lock_drop_lease(c, lk);
-}
-
 /* ---- consumer ----------------------------------------------------------------------------------- */
 
 struct fx_mpmc_consumer {
@@ -1274,6 +1240,9 @@ struct fx_mpmc_consumer {
     int64_t chan;
     fx_mq_key ready_key;
     bool ready_put;
+    int64_t *seen; /* the list this consumer published into (open: keeper_sync without a read) */
+    size_t n_seen;
+    bool have_seen;
 };
 
 static fx_err ready_key_delete(mpmc_member *m, const fx_mq_key *rk, int timeout_ms)
@@ -1336,29 +1305,72 @@ static fx_err consumer_claim_unready(fx_mpmc_consumer *cs, const mpmc_view *v)
         fx_err e = member_construct_check(&cs->m);
         if (e) return e;
         e = consumer_claim_one(cs, v->list[i]);
-        if (e == FX_EEXISTS) continue;
+        if (e == FX_EEXISTS || e == FX_ENOTFOUND) continue; /* claimed, or reclaimed meanwhile */
         return e;
     }
     return FX_ENOTFOUND;
 }
 
-static fx_err count_consumers(mpmc_member *m, int64_t *out)
+/* The MPMC in brief, in one read txn (one revision): the mpsc_channels list (as a view without
+ * ready ids), how many ready keys and how many consumer role keys exist. Counting instead of
+ * reading every ready key keeps the serialised publish step small with 1,000 sub-MPSCs; the full
+ * ready set is read only when the counts say an unready sub-MPSC exists. */
+static fx_err read_brief(mpmc_member *m, mpmc_view *v, int64_t *n_ready, int64_t *active)
 {
-    fx_mq_key p;
-    fx_err e = fx_mq_prefix_mpmc_role(&m->c->keys, FX_MQ_ROLE_CONSUMER, m->mpmc, &p);
+    fx_mq_client *c = m->c;
+    memset(v, 0, sizeof *v);
+    fx_mq_key lk, rp, cp;
+    fx_err e = fx_mq_key_mpmc_mpsc_channels(&c->keys, m->mpmc, &lk);
+    if (!e) e = fx_mq_prefix_mpmc_ready(&c->keys, m->mpmc, &rp);
+    if (!e) e = fx_mq_prefix_mpmc_role(&c->keys, FX_MQ_ROLE_CONSUMER, m->mpmc, &cp);
     if (e) return e;
-    uint8_t end[FX_MQ_KEY_CAP];
-    size_t el = fx_prefix_end(ks(&p), end);
-    fx_range_req rq = {.key = ks(&p), .range_end = {end, el}, .count_only = true};
-    fx_range_resp r = {0};
-    e = fx_etcd_range(m->c->etcd, &rq, &r, m->c->op_timeout_ms);
-    if (!e) *out = r.count;
-    fx_range_resp_free(&r);
+    uint8_t rend[FX_MQ_KEY_CAP], cend[FX_MQ_KEY_CAP];
+    size_t rl = fx_prefix_end(ks(&rp), rend), cl = fx_prefix_end(ks(&cp), cend);
+    fx_op ops[3] = {op_range(ks(&lk), (fx_slice){NULL, 0}), op_range(ks(&rp), (fx_slice){rend, rl}),
+                    op_range(ks(&cp), (fx_slice){cend, cl})};
+    ops[1].u.range.count_only = ops[2].u.range.count_only = true;
+    fx_txn_req t = {.success = ops, .n_success = 3};
+    fx_txn_resp r = {0};
+    e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
+    if (!e && (!r.succeeded || r.n_responses != 3 || r.responses[0].type != FX_OP_RANGE ||
+               r.responses[1].type != FX_OP_RANGE || r.responses[2].type != FX_OP_RANGE))
+        e = fx_seterr(FX_EPROTO, "mpmc %" PRId64 ": unexpected brief txn response", m->mpmc);
+    if (!e) e = view_from(&c->keys, m->mpmc, &r.responses[0].u.range, NULL, v);
+    if (!e) {
+        *n_ready = r.responses[1].u.range.count;
+        *active = r.responses[2].u.range.count;
+    }
+    fx_txn_resp_free(&r);
     return e;
 }
 
+/* The publish cache (fx_mq_client.pub_*, under publish_mu). */
+static void pub_store(fx_mq_client *c, int64_t mpmc, const fx_range_resp *lr, int64_t n_ready,
+                      int64_t active)
+{
+    fx_bytes_free(&c->pub_list);
+    c->pub_valid = false;
+    if (lr && lr->n_kvs > 0 && bytes_copy(&c->pub_list, &lr->kvs[0].value) != FX_OK) return;
+    c->pub_mpmc = mpmc;
+    c->pub_ready = n_ready;
+    c->pub_active = active;
+    c->pub_valid = true;
+}
+
+static fx_err pub_view(fx_mq_client *c, int64_t mpmc, mpmc_view *v)
+{
+    memset(v, 0, sizeof *v);
+    if (!c->pub_list.data) return FX_OK;
+    fx_range_resp lr = {0};
+    fx_kv kv = {.value = c->pub_list};
+    lr.kvs = &kv;
+    lr.n_kvs = 1;
+    return view_from(&c->keys, mpmc, &lr, NULL, v);
+}
+
 /* Publish `chan` with the CAS: list == snapshot (create==0 when absent) && create(ready)==0 ->
- * list+[chan] (metadata lease), ready = member (member lease). */
+ * list+[chan] (metadata lease), ready = member (member lease). Both branches also read the brief
+ * (success: the ready and consumer counts; failure: the list too) into the publish cache. */
 static fx_err consumer_publish(fx_mpmc_consumer *cs, const mpmc_view *v, int64_t chan, bool *won)
 {
     mpmc_member *m = &cs->m;
@@ -1380,12 +1392,35 @@ static fx_err consumer_publish(fx_mpmc_consumer *cs, const mpmc_view *v, int64_t
                                                                      v->list_raw.len})
                                      : cmp_absent(ks(&lk)),
                      cmp_absent(ks(&rk))};
-    fx_op ops[2] = {op_put(ks(&lk), FX_SLICE_STR(json), m->meta.metadata_lease_id),
-                    op_put(ks(&rk), (fx_slice){m->member_dec, m->member_dec_len}, m->member_lease)};
-    fx_txn_req t = {.cmp = cmp, .n_cmp = 2, .success = ops, .n_success = 2};
+    fx_mq_key rp, cp;
+    if ((e = fx_mq_prefix_mpmc_ready(&c->keys, m->mpmc, &rp)) ||
+        (e = fx_mq_prefix_mpmc_role(&c->keys, FX_MQ_ROLE_CONSUMER, m->mpmc, &cp))) {
+        free(json);
+        return e;
+    }
+    uint8_t rend[FX_MQ_KEY_CAP], cend[FX_MQ_KEY_CAP];
+    fx_slice rps = {rend, fx_prefix_end(ks(&rp), rend)}, cps = {cend, fx_prefix_end(ks(&cp), cend)};
+    fx_op ops[4] = {op_put(ks(&lk), FX_SLICE_STR(json), m->meta.metadata_lease_id),
+                    op_put(ks(&rk), (fx_slice){m->member_dec, m->member_dec_len}, m->member_lease),
+                    op_range(ks(&rp), rps), op_range(ks(&cp), cps)};
+    ops[2].u.range.count_only = ops[3].u.range.count_only = true;
+    fx_op fops[3] = {op_range(ks(&lk), (fx_slice){NULL, 0}), ops[2], ops[3]};
+    fx_txn_req t = {.cmp = cmp, .n_cmp = 2, .success = ops, .n_success = 4, .failure = fops,
+                    .n_failure = 3};
     fx_txn_resp r = {0};
     e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
     *won = !e && r.succeeded;
+    c->pub_valid = false;
+    if (!e && r.succeeded && r.n_responses == 4 && r.responses[2].type == FX_OP_RANGE &&
+        r.responses[3].type == FX_OP_RANGE) {
+        fx_kv kv = {.value = {(uint8_t *)json, strlen(json)}};
+        fx_range_resp lr = {.kvs = &kv, .n_kvs = 1};
+        pub_store(c, m->mpmc, &lr, r.responses[2].u.range.count, r.responses[3].u.range.count);
+    } else if (!e && !r.succeeded && r.n_responses == 3 && r.responses[0].type == FX_OP_RANGE &&
+               r.responses[1].type == FX_OP_RANGE && r.responses[2].type == FX_OP_RANGE) {
+        pub_store(c, m->mpmc, &r.responses[0].u.range, r.responses[1].u.range.count,
+                  r.responses[2].u.range.count);
+    }
     fx_txn_resp_free(&r);
     free(json);
     cs->ready_key = rk;
@@ -1410,145 +1445,484 @@ static fx_err consumer_publish(fx_mpmc_consumer *cs, const mpmc_view *v, int64_t
     return FX_OK;
 }
 
-/* Every id of old is in new (mpsc_channels is append-only). */
-static bool list_superset(const mpmc_view *nv, const mpmc_view *old)
-{
-    for (size_t i = 0; i < old->n_list; i++)
-        if (!ids_has(nv->list, nv->n_list, old->list[i])) return false;
-    return true;
-}
+static void reclaim_drain(fx_mq_client *c, int timeout_ms);
 
-static bool view_has_unready(const mpmc_view *v)
-{
-    for (size_t i = 0; i < v->n_list; i++)
-        if (!view_ready(v, v->list[i])) return true;
-    return false;
-}
-
-/* Under the create lock: claim an unready sub-MPSC, else create + bind + publish one. */
-static fx_err consumer_create_locked(fx_mpmc_consumer *cs)
+/* Create a sub-MPSC for this consumer and bind it, then publish it. The creation and the bind
+ * take no lock (the claim workers of a process and other bridges create in parallel); only the
+ * short read-check-publish step is taken in turn by the threads of this process (client
+ * publish_mu), across processes the CAS on the list decides. Each attempt reads the view: an
+ * unready sub-MPSC appeared -> claim it and roll ours back; active consumers <= listed sub-MPSCs ->
+ * roll back, FX_EEXISTS; else the CAS publish. */
+static fx_err consumer_create(fx_mpmc_consumer *cs)
 {
     mpmc_member *m = &cs->m;
     fx_mq_client *c = m->c;
-    fx_err e = FX_OK;
-    for (int round = 0; round < MPMC_CLAIM_ROUNDS; round++) {
-        if ((e = member_construct_check(m))) return e;
-        mpmc_view v;
-        if ((e = read_view(c, m->mpmc, &v))) return e;
-        e = consumer_claim_unready(cs, &v);
-        if (e != FX_ENOTFOUND) {
-            view_free(&v);
-            return e;
-        }
-        int64_t active = 0;
-        if ((e = count_consumers(m, &active))) {
-            view_free(&v);
-            return e;
-        }
-        if (active <= (int64_t)v.n_list) {
-            size_t nl = v.n_list;
-            view_free(&v);
-            return fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": not enough active consumers (%" PRId64
-                             " active, %zu sub-MPSCs, none unready)", m->mpmc, active, nl);
-        }
-        fx_mq_chan_cfg cfg = {.capacity = m->meta.capacity, .ttl_s = m->meta.ttl_seconds,
-                              .weight = 1};
-        int64_t chan = -1;
-        if ((e = fx__mpsc_create(c, &cfg, &m->parent, &chan))) {
-            view_free(&v);
-            return e;
-        }
-        fx_mpsc_consumer *sub = NULL;
-        if ((e = fx__mpsc_consumer_open_sub(c, chan, &m->parent, &sub))) {
-            saved_err se;
-            save_err(&se, e);
-            fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL);
-            view_free(&v);
-            if (re) return rollback_err(re, &se);
-            return restore_err(&se);
-        }
-        bool retry_round = false;
-        for (int attempt = 0; attempt < MPMC_PUBLISH_ATTEMPTS; attempt++) {
-            if ((e = member_construct_check(m))) break;
-            bool won = false;
-            e = consumer_publish(cs, &v, chan, &won);
-            if (e) {
-                /* Unknown whether it was published: close the sub-consumer, keep its keys. */
-                saved_err se;
-                save_err(&se, e);
-                fx_mpsc_consumer_close(sub);
-                fx_mpsc_consumer_free(sub);
-                view_free(&v);
-                FX_WRN("mpmc %" PRId64 ": publish of sub-MPSC %" PRId64 " failed ambiguously (%s)",
-                       m->mpmc, chan, se.detail);
-                return restore_err(&se);
-            }
-            if (won) {
-                cs->sub = sub;
-                cs->chan = chan;
-                view_free(&v);
-                FX_INF("mpmc %" PRId64 ": consumer %" PRId64 " created sub-MPSC %" PRId64, m->mpmc,
-                       m->member, chan);
-                return FX_OK;
-            }
-            /* CAS lost: re-read and apply the append-only rules. */
-            mpmc_view nv;
-            if ((e = read_view(c, m->mpmc, &nv))) break;
-            if (ids_has(nv.list, nv.n_list, chan) || !list_superset(&nv, &v)) {
-                view_free(&nv);
-                e = fx_seterr(FX_EPROTO, "mpmc %" PRId64 ": mpsc_channels changed in a way that "
-                              "is not an append", m->mpmc);
-                break;
-            }
-            if (view_has_unready(&nv)) { /* another creator added an unready one: claim it */
-                view_free(&nv);
-                retry_round = true;
-                break;
-            }
-            if ((e = count_consumers(m, &active))) {
-                view_free(&nv);
-                break;
-            }
-            if (active <= (int64_t)nv.n_list) {
-                size_t nl = nv.n_list;
-                view_free(&nv);
-                e = fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": not enough active consumers (%" PRId64
-                              " active, %zu sub-MPSCs)", m->mpmc, active, nl);
-                break;
-            }
-            view_free(&v);
-            v = nv;
-            if (attempt + 1 == MPMC_PUBLISH_ATTEMPTS)
-                e = fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": publish still contended after %d "
-                              "attempts", m->mpmc, MPMC_PUBLISH_ATTEMPTS);
-        }
+    fx_mq_chan_cfg cfg = {.capacity = m->meta.capacity, .ttl_s = m->meta.ttl_seconds, .weight = 1};
+    int64_t chan = -1;
+    fx_mq_chan_meta meta;
+    fx_err e = fx__mpsc_create_sub(c, &cfg, &m->parent, &chan, &meta);
+    if (e) {
+        if (chan < 0) return e;
+        saved_err se; /* the create txn may have landed */
+        save_err(&se, e);
+        fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL);
+        return re ? rollback_err(re, &se) : restore_err(&se);
+    }
+    fx__mpsc_parent np = m->parent;
+    np.fresh_meta = &meta;
+    fx_mpsc_consumer *sub = NULL;
+    if ((e = fx__mpsc_consumer_open_sub(c, chan, &np, &sub))) {
         saved_err se;
         save_err(&se, e);
-        fx_err re = rollback_unpublished(c, m->mpmc, chan, sub);
-        view_free(&v);
-        if (re) return rollback_err(re, &se);
-        if (!retry_round) return se.e ? restore_err(&se) : fx_seterr(FX_EEXISTS, "publish lost");
+        fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL);
+        return re ? rollback_err(re, &se) : restore_err(&se);
     }
-    return fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": no sub-MPSC claimed after %d rounds", m->mpmc,
-                     MPMC_CLAIM_ROUNDS);
+    bool published = false;
+    pthread_mutex_lock(&c->publish_mu);
+    bool fresh = false; /* the cached brief comes from a read or a txn of this call */
+    for (int attempt = 0; attempt < MPMC_PUBLISH_ATTEMPTS; attempt++) {
+        if ((e = member_construct_check(m))) break;
+        mpmc_view v;
+        if (!c->pub_valid || c->pub_mpmc != m->mpmc) {
+            int64_t nr = 0, na = 0;
+            if ((e = read_brief(m, &v, &nr, &na))) break;
+            fx_kv kv = {.value = v.list_raw};
+            fx_range_resp lr = {.kvs = &kv, .n_kvs = v.list_present ? 1 : 0};
+            pub_store(c, m->mpmc, &lr, nr, na);
+            view_free(&v);
+            if (!c->pub_valid) {
+                e = fx_seterr(FX_ENOMEM, "mpmc: out of memory");
+                break;
+            }
+            fresh = true;
+        }
+        if ((e = pub_view(c, m->mpmc, &v))) break;
+        int64_t n_ready = c->pub_ready, active = c->pub_active;
+        if (n_ready < (int64_t)v.n_list) { /* an unready one exists: claim it, drop ours */
+            view_free(&v);
+            c->pub_valid = false;
+            if ((e = read_view(c, m->mpmc, &v))) break;
+            e = consumer_claim_unready(cs, &v);
+            if (e != FX_ENOTFOUND) { /* claimed another one (FX_OK) or failed */
+                view_free(&v);
+                break;
+            }
+            view_free(&v);
+            /* none claimable (a drain consumer holds them): publish ours, on a fresh brief */
+            int64_t nr = 0, na = 0;
+            if ((e = read_brief(m, &v, &nr, &na))) break;
+            fx_kv kv = {.value = v.list_raw};
+            fx_range_resp lr = {.kvs = &kv, .n_kvs = v.list_present ? 1 : 0};
+            pub_store(c, m->mpmc, &lr, nr, na);
+            view_free(&v);
+            if (!c->pub_valid || (e = pub_view(c, m->mpmc, &v))) {
+                if (!e) e = fx_seterr(FX_ENOMEM, "mpmc: out of memory");
+                break;
+            }
+            fresh = true;
+            active = c->pub_active;
+        }
+        if (active <= (int64_t)v.n_list) {
+            view_free(&v);
+            if (!fresh) { /* the cached counts may be old: confirm with a read */
+                c->pub_valid = false;
+                continue;
+            }
+            e = fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": not enough active consumers (%" PRId64
+                          " active, %zu sub-MPSCs)", m->mpmc, active, v.n_list);
+            break;
+        }
+        e = consumer_publish(cs, &v, chan, &published);
+        if (published && !e && (cs->seen = malloc((v.n_list + 1) * sizeof *cs->seen))) {
+            if (v.n_list) memcpy(cs->seen, v.list, v.n_list * sizeof *cs->seen);
+            cs->seen[v.n_list] = chan;
+            cs->n_seen = v.n_list + 1;
+            cs->have_seen = true;
+        }
+        view_free(&v);
+        if (e) {
+            /* Unknown whether it was published: close the sub-consumer, keep its keys. */
+            pthread_mutex_unlock(&c->publish_mu);
+            saved_err se;
+            save_err(&se, e);
+            fx_mpsc_consumer_close(sub);
+            fx_mpsc_consumer_free(sub);
+            FX_WRN("mpmc %" PRId64 ": publish of sub-MPSC %" PRId64 " failed ambiguously (%s)",
+                   m->mpmc, chan, se.detail);
+            return restore_err(&se);
+        }
+        if (published) break;
+        fresh = true; /* a lost CAS brought the current brief into the cache */
+        if (attempt + 1 == MPMC_PUBLISH_ATTEMPTS)
+            e = fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": publish still contended after %d "
+                          "attempts", m->mpmc, MPMC_PUBLISH_ATTEMPTS);
+    }
+    pthread_mutex_unlock(&c->publish_mu);
+    reclaim_drain(c, c->op_timeout_ms);
+    if (!published && e == FX_OK && !cs->sub) /* attempts used up without a decision */
+        e = fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": no sub-MPSC published or claimed after %d "
+                      "attempts", m->mpmc, MPMC_PUBLISH_ATTEMPTS);
+    if (published) {
+        cs->sub = sub;
+        cs->chan = chan;
+        keeper_add_new(m, chan, meta.global_long_lease_id);
+        FX_INF("mpmc %" PRId64 ": consumer %" PRId64 " created sub-MPSC %" PRId64, m->mpmc,
+               m->member, chan);
+        return FX_OK;
+    }
+    saved_err se;
+    save_err(&se, e);
+    fx_err re = rollback_unpublished(c, m->mpmc, chan, sub);
+    if (re) return rollback_err(re, &se);
+    return restore_err(&se);
 }
 
+/* Claim an unready sub-MPSC, else (when there are more active consumers than sub-MPSCs) create,
+ * bind and publish one. */
 static fx_err consumer_claim(fx_mpmc_consumer *cs)
 {
     mpmc_member *m = &cs->m;
     mpmc_view v;
-    fx_err e = read_view(m->c, m->mpmc, &v);
+    int64_t n_ready = 0, active = 0;
+    fx_err e = read_brief(m, &v, &n_ready, &active);
     if (e) return e;
-    e = consumer_claim_unready(cs, &v);
+    size_t nl = v.n_list;
     view_free(&v);
-    if (e != FX_ENOTFOUND) return e;
-    create_lock lk;
-    if ((e = lock_acquire(m, &lk))) return e;
-    e = consumer_create_locked(cs);
-    saved_err se;
-    save_err(&se, e);
-    lock_release(m, &lk);
-    return restore_err(&se);
+    if (n_ready < (int64_t)nl) { /* an unready sub-MPSC exists: try to claim one */
+        if ((e = read_view(m->c, m->mpmc, &v))) return e;
+        e = consumer_claim_unready(cs, &v);
+        nl = v.n_list;
+        view_free(&v);
+        if (e != FX_ENOTFOUND) return e;
+    }
+    if (active <= (int64_t)nl)
+        return fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": not enough active consumers (%" PRId64
+                         " active, %zu sub-MPSCs, none unready)", m->mpmc, active, nl);
+    return consumer_create(cs);
+}
+
+/* ---- reclaim of unneeded sub-MPSCs (protocol: the header comment) ------------------------ */
+
+#define MPMC_RECLAIM_ATTEMPTS 5
+
+/* Drop this client's keeper hold of chan (its lease is being revoked). */
+static void keeper_forget(fx_mq_client *c, int64_t mpmc, int64_t chan)
+{
+    fx_lease *h = NULL;
+    pthread_mutex_lock(&c->mu);
+    mpmc_keeper *k = c->keepers;
+    while (k && k->mpmc != mpmc) k = k->next;
+    if (k) {
+        pthread_mutex_lock(&k->mu);
+        for (size_t i = 0; i < k->n_holds; i++)
+            if (k->holds[i].chan == chan) {
+                h = k->holds[i].h;
+                k->holds[i] = k->holds[--k->n_holds];
+                break;
+            }
+        pthread_mutex_unlock(&k->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+    fx_lease_release(h);
+}
+
+/* Backlog and consumer memberships of a channel from the keys under its prefix. */
+static void chan_state(const fx_mq_keys *keys, int64_t chan, const fx_range_resp *r,
+                       int64_t *backlog, int64_t *consumers)
+{
+    *backlog = 0;
+    *consumers = 0;
+    for (size_t i = 0; i < r->n_kvs; i++) {
+        fx_slice k = {r->kvs[i].key.data, r->kvs[i].key.len};
+        int64_t ch = -1, idx = -1;
+        if (fx_mq_parse_consumer_member_key(keys, k, &ch, &idx) == FX_OK && ch == chan)
+            (*consumers)++;
+    }
+    for (size_t i = 0; i < r->n_kvs; i++) {
+        fx_slice k = {r->kvs[i].key.data, r->kvs[i].key.len};
+        int64_t ch = -1, pidx = -1, prod = 0, cons = FX_MQ_CONSUME_OFFSET_BEGIN;
+        if (fx_mq_parse_produce_offset_key(keys, k, &ch, &pidx) != FX_OK || ch != chan) continue;
+        if (fx_mq_produce_offset_decode(r->kvs[i].value.data, r->kvs[i].value.len, &prod)) {
+            *backlog += 1; /* unreadable: keep the channel */
+            continue;
+        }
+        for (size_t j = 0; j < r->n_kvs; j++) {
+            fx_slice k2 = {r->kvs[j].key.data, r->kvs[j].key.len};
+            int64_t ch2 = -1, p2 = -1;
+            if (fx_mq_parse_consume_offset_key(keys, k2, &ch2, &p2) == FX_OK && ch2 == chan &&
+                p2 == pidx &&
+                fx_mq_consume_offset_decode(r->kvs[j].value.data, r->kvs[j].value.len, &cons)) {
+                *backlog += 1; /* unreadable: keep the channel */
+                cons = FX_MQ_CONSUME_OFFSET_BEGIN;
+            }
+        }
+        if (prod >= cons) *backlog += prod - cons + 1;
+    }
+}
+
+#define MPMC_RECLAIM_BATCH 16 /* sub-MPSCs decided in one read and removed in one txn */
+#define MPMC_RECLAIM_QUEUE 256
+
+/* Keys of one reclaim candidate. */
+typedef struct rc_keys {
+    fx_mq_key rk, pc, mk, cl, cll, pa;
+    uint8_t pce[FX_MQ_KEY_CAP], pae[FX_MQ_KEY_CAP];
+    fx_slice pcend, paend;
+} rc_keys;
+
+/* One reclaim decision + txn for up to MPMC_RECLAIM_BATCH sub-MPSCs of one MPMC (called with
+ * publish_mu held). removed[i]: chans[i] was removed; long_leases[i]: its global-long lease, to
+ * revoke (0: none). *again: the txn lost a compare, decide again. */
+static fx_err reclaim_once(fx_mq_client *c, int64_t mpmc, const int64_t *chans, size_t k,
+                           int timeout_ms, bool *removed, int64_t *long_leases, bool *again)
+{
+    *again = false;
+    for (size_t i = 0; i < k; i++) {
+        removed[i] = false;
+        long_leases[i] = 0;
+    }
+    fx_mq_key lk, cp;
+    fx_err e = fx_mq_key_mpmc_mpsc_channels(&c->keys, mpmc, &lk);
+    if (!e) e = fx_mq_prefix_mpmc_role(&c->keys, FX_MQ_ROLE_CONSUMER, mpmc, &cp);
+    if (e) return e;
+    rc_keys *rk = calloc(k, sizeof *rk);
+    fx_op *rd = calloc(2 + 3 * k, sizeof *rd);
+    fx_cmp *cmp = calloc(1 + 3 * k, sizeof *cmp);
+    fx_op *ops = calloc(1 + 5 * k, sizeof *ops);
+    bool *elig = calloc(k, sizeof *elig);
+    if (!rk || !rd || !cmp || !ops || !elig) {
+        e = fx_seterr(FX_ENOMEM, "mpmc reclaim: out of memory");
+        goto done;
+    }
+    uint8_t cpe[FX_MQ_KEY_CAP];
+    fx_slice cpend = {cpe, fx_prefix_end(ks(&cp), cpe)}, none = {NULL, 0};
+    rd[0] = op_range(ks(&lk), none);
+    rd[1] = op_range(ks(&cp), cpend);
+    rd[1].u.range.count_only = true;
+    for (size_t i = 0; i < k; i++) {
+        rc_keys *x = &rk[i];
+        e = fx_mq_key_mpmc_ready(&c->keys, mpmc, chans[i], &x->rk);
+        if (!e) e = fx_mq_prefix_chan(&c->keys, chans[i], &x->pc);
+        if (!e) e = fx_mq_key_chan_meta(&c->keys, chans[i], &x->mk);
+        if (!e) e = fx_mq_key_cluster_lease_chan(&c->keys, chans[i], &x->cl);
+        if (!e) e = fx_mq_key_cluster_lease_id_alloc(&c->keys, chans[i], &x->cll);
+        if (!e) e = fx_mq_prefix_alloc_chan(&c->keys, chans[i], &x->pa);
+        if (e) goto done;
+        x->pcend = (fx_slice){x->pce, fx_prefix_end(ks(&x->pc), x->pce)};
+        x->paend = (fx_slice){x->pae, fx_prefix_end(ks(&x->pa), x->pae)};
+        rd[2 + 3 * i] = op_range(ks(&x->rk), none);
+        rd[2 + 3 * i].u.range.count_only = true;
+        rd[3 + 3 * i] = op_range(ks(&x->pc), x->pcend);
+        rd[4 + 3 * i] = op_range(ks(&x->mk), none);
+    }
+    fx_txn_req rt = {.success = rd, .n_success = 2 + 3 * k};
+    fx_txn_resp r = {0};
+    if ((e = fx_etcd_txn(c->etcd, &rt, &r, timeout_ms))) {
+        fx_txn_resp_free(&r);
+        goto done;
+    }
+    bool ok = r.succeeded && r.n_responses == 2 + 3 * k;
+    for (size_t i = 0; ok && i < r.n_responses; i++) ok = r.responses[i].type == FX_OP_RANGE;
+    if (!ok) {
+        fx_txn_resp_free(&r);
+        e = fx_seterr(FX_EPROTO, "mpmc %" PRId64 ": unexpected reclaim read response", mpmc);
+        goto done;
+    }
+    const fx_range_resp *lr = &r.responses[0].u.range;
+    int64_t rev = r.revision, active = r.responses[1].u.range.count;
+    int64_t *ids = NULL;
+    size_t n = 0;
+    char *json = NULL;
+    if (lr->n_kvs != 1 ||
+        fx_mq_mpsc_list_decode(lr->kvs[0].value.data, lr->kvs[0].value.len, &ids, &n) != FX_OK)
+        goto out;
+    int64_t need = active > 1 ? active : 1;
+    size_t take = 0;
+    for (size_t i = 0; i < k && (int64_t)n - (int64_t)take > need; i++) {
+        int64_t ready = r.responses[2 + 3 * i].u.range.count, backlog = 0, consumers = 0;
+        chan_state(&c->keys, chans[i], &r.responses[3 + 3 * i].u.range, &backlog, &consumers);
+        if (!ids_has(ids, n, chans[i]) || ready > 0 || consumers > 0 || backlog > 0) {
+            FX_DBG("mpmc %" PRId64 ": sub-MPSC %" PRId64 " kept (ready %" PRId64 ", consumers %"
+                   PRId64 ", backlog %" PRId64 ")", mpmc, chans[i], ready, consumers, backlog);
+            continue;
+        }
+        bool dup = false;
+        for (size_t j = 0; j < i && !dup; j++) dup = elig[j] && chans[j] == chans[i];
+        if (dup) continue;
+        elig[i] = true;
+        take++;
+        const fx_range_resp *mr = &r.responses[4 + 3 * i].u.range;
+        fx_mq_chan_meta cm;
+        if (mr->n_kvs == 1 &&
+            fx_mq_chan_meta_decode(mr->kvs[0].value.data, mr->kvs[0].value.len, &cm) == FX_OK)
+            long_leases[i] = cm.global_long_lease_id;
+    }
+    if (!take) goto out;
+    size_t nk = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool gone = false;
+        for (size_t j = 0; j < k && !gone; j++) gone = elig[j] && chans[j] == ids[i];
+        if (!gone) ids[nk++] = ids[i];
+    }
+    if ((e = fx_mq_mpsc_list_encode(ids, nk, &json))) goto out;
+    size_t nc = 0, no = 0;
+    cmp[nc++] = cmp_value(ks(&lk), (fx_slice){lr->kvs[0].value.data, lr->kvs[0].value.len});
+    ops[no++] = op_put(ks(&lk), FX_SLICE_STR(json), lr->kvs[0].lease);
+    for (size_t i = 0; i < k; i++) {
+        if (!elig[i]) continue;
+        rc_keys *x = &rk[i];
+        cmp[nc++] = cmp_absent(ks(&x->rk));
+        cmp[nc++] = (fx_cmp){.target = FX_CMP_MOD, .result = FX_CMP_LESS, .key = ks(&x->pc),
+                             .range_end = x->pcend, .num = rev + 1};
+        cmp[nc++] = (fx_cmp){.target = FX_CMP_MOD, .result = FX_CMP_LESS, .key = ks(&x->mk),
+                             .num = rev + 1};
+        ops[no++] = op_del(ks(&x->pc), x->pcend);
+        ops[no++] = op_del(ks(&x->mk), none);
+        ops[no++] = op_del(ks(&x->cl), none);
+        ops[no++] = op_del(ks(&x->cll), none);
+        ops[no++] = op_del(ks(&x->pa), x->paend);
+    }
+    fx_txn_req t = {.cmp = cmp, .n_cmp = nc, .success = ops, .n_success = no};
+    fx_txn_resp w = {0};
+    e = fx_etcd_txn(c->etcd, &t, &w, timeout_ms);
+    bool won = !e && w.succeeded;
+    fx_txn_resp_free(&w);
+    if (e) goto out;
+    if (!won) {
+        *again = true;
+        goto out;
+    }
+    c->pub_valid = false; /* the list changed (under publish_mu) */
+    for (size_t i = 0; i < k; i++) {
+        if (!elig[i]) continue;
+        removed[i] = true;
+        FX_INF("mpmc %" PRId64 ": reclaimed sub-MPSC %" PRId64 " (unready, empty; %zu left)",
+               mpmc, chans[i], nk);
+    }
+out:
+    for (size_t i = 0; i < k; i++)
+        if (!removed[i]) long_leases[i] = 0;
+    free(json);
+    free(ids);
+    fx_txn_resp_free(&r);
+done:
+    free(rk);
+    free(rd);
+    free(cmp);
+    free(ops);
+    free(elig);
+    return e;
+}
+
+/* After a reclaim, outside publish_mu: this client's holds dropped, the leases revoked. */
+static void reclaim_after(fx_mq_client *c, int64_t mpmc, const int64_t *chans, size_t k,
+                          const bool *removed, const int64_t *long_leases, int timeout_ms)
+{
+    for (size_t i = 0; i < k; i++) {
+        if (!removed[i]) continue;
+        keeper_forget(c, mpmc, chans[i]);
+        if (long_leases[i] <= 0) continue;
+        fx_err re = fx_etcd_lease_revoke(c->etcd, long_leases[i], timeout_ms);
+        if (re && re != FX_ENOTFOUND)
+            FX_DBG("mpmc %" PRId64 ": revoke of reclaimed sub-MPSC %" PRId64 "'s lease: %s", mpmc,
+                   chans[i], fx_errname(re));
+    }
+}
+
+static fx_err reclaim_batch(fx_mq_client *c, int64_t mpmc, const int64_t *chans, size_t k,
+                            int timeout_ms, bool *removed)
+{
+    int64_t ll[MPMC_RECLAIM_BATCH];
+    fx_err e = FX_OK;
+    for (int i = 0; i < MPMC_RECLAIM_ATTEMPTS; i++) {
+        bool again = false;
+        if ((e = reclaim_once(c, mpmc, chans, k, timeout_ms, removed, ll, &again)) || !again)
+            break;
+    }
+    pthread_mutex_unlock(&c->publish_mu);
+    reclaim_after(c, mpmc, chans, k, removed, ll, timeout_ms);
+    pthread_mutex_lock(&c->publish_mu);
+    return e;
+}
+
+/* A closing consumer's reclaim of its own sub-MPSC, grouped and without waiting: it queues the
+ * sub-MPSC; if publish_mu is free it takes it and decides every queued sub-MPSC (per MPMC, up to
+ * MPMC_RECLAIM_BATCH in one read and one txn) until the queue is empty; if another thread holds
+ * it, that thread (or the next closer) handles the queue: after releasing the lock, the holder
+ * looks at the queue again and goes on when it is not empty, so nothing queued is left behind.
+ * Consumers leaving together (a thousand names) thus cost one read and one txn per batch, and a
+ * closing claim never waits for another's reclaim. */
+static void reclaim_queued(fx_mq_client *c, int64_t mpmc, int64_t chan, int timeout_ms)
+{
+    pthread_mutex_lock(&c->mu);
+    bool queued = c->n_rq < MPMC_RECLAIM_QUEUE;
+    if (queued) {
+        c->rq[c->n_rq][0] = mpmc;
+        c->rq[c->n_rq][1] = chan;
+        c->n_rq++;
+    }
+    pthread_mutex_unlock(&c->mu);
+    bool rm[MPMC_RECLAIM_BATCH];
+    if (!queued) { /* queue full: this one alone, waiting for the lock */
+        pthread_mutex_lock(&c->publish_mu);
+        fx_err e = reclaim_batch(c, mpmc, &chan, 1, timeout_ms, rm);
+        pthread_mutex_unlock(&c->publish_mu);
+        if (e) FX_DBG("mpmc %" PRId64 ": reclaim of sub-MPSC %" PRId64 ": %s", mpmc, chan,
+                      fx_errname(e));
+    }
+    reclaim_drain(c, timeout_ms);
+}
+
+/* Handle the reclaim queue if publish_mu is free (see reclaim_queued); also called by a publisher
+ * after it releases publish_mu, so a sub-MPSC queued while it held the lock is not left behind. */
+static void reclaim_drain(fx_mq_client *c, int timeout_ms)
+{
+    bool rm[MPMC_RECLAIM_BATCH];
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        bool any = c->n_rq > 0;
+        pthread_mutex_unlock(&c->mu);
+        if (!any) return;
+        if (pthread_mutex_trylock(&c->publish_mu) != 0) return; /* the holder handles it */
+        for (;;) {
+            int64_t batch[MPMC_RECLAIM_BATCH], bm = -1;
+            size_t k = 0;
+            pthread_mutex_lock(&c->mu);
+            if (c->n_rq) bm = c->rq[0][0];
+            for (size_t i = 0; i < c->n_rq && k < MPMC_RECLAIM_BATCH;) {
+                if (c->rq[i][0] == bm) {
+                    batch[k++] = c->rq[i][1];
+                    c->rq[i][0] = c->rq[c->n_rq - 1][0];
+                    c->rq[i][1] = c->rq[c->n_rq - 1][1];
+                    c->n_rq--;
+                } else {
+                    i++;
+                }
+            }
+            pthread_mutex_unlock(&c->mu);
+            if (!k) break;
+            fx_err e = reclaim_batch(c, bm, batch, k, timeout_ms, rm);
+            if (e)
+                FX_DBG("mpmc %" PRId64 ": reclaim of %zu sub-MPSC(s) at close: %s (%s)", bm, k,
+                       fx_errname(e), fx_err_detail());
+        }
+        pthread_mutex_unlock(&c->publish_mu);
+    }
+}
+
+fx_err fx_mpmc_reclaim(fx_mq_client *c, int64_t mpmc, int64_t chan, bool *removed)
+{
+    bool dummy;
+    if (!removed) removed = &dummy;
+    *removed = false;
+    if (!c || mpmc < 0 || chan < 0) return fx_seterr(FX_EINVAL, "mpmc reclaim: bad arguments");
+    fx_err e = fx__mq_op_enter(c);
+    if (e) return e;
+    pthread_mutex_lock(&c->publish_mu);
+    e = reclaim_batch(c, mpmc, &chan, 1, c->op_timeout_ms, removed);
+    pthread_mutex_unlock(&c->publish_mu);
+    fx__mq_op_leave(c);
+    return e;
 }
 
 /* Close pass: sub-consumer close (membership delete) -> ready key delete only if that delete was
@@ -1572,6 +1946,7 @@ static fx_err consumer_close_pass(void *self)
         confirmed = fx__mpsc_consumer_membership_deleted(cs->sub);
         unconfirmed = !confirmed; /* then the member lease is revoked (member_close_tail) */
     }
+    bool released = confirmed; /* its sub-MPSC is free of this consumer */
     if (cs->ready_put) {
         if (!confirmed) {
             FX_WRN("mpmc %" PRId64 " consumer %" PRId64 ": membership delete of sub-MPSC %" PRId64
@@ -1583,10 +1958,17 @@ static fx_err consumer_close_pass(void *self)
                 FX_WRN("mpmc %" PRId64 " consumer %" PRId64 ": ready key delete failed: %s (%s)",
                        m->mpmc, m->member, fx_errname(e), fx_err_detail());
                 unconfirmed = true;
+                released = false;
             }
+        } else {
+            released = false;
         }
     }
     member_close_tail(m, deadline, have_op, unconfirmed);
+    /* Its sub-MPSC, if no longer needed (best effort). After the role key delete, so that
+     * consumers closing together do not count each other as active and keep every sub-MPSC. */
+    if (released && have_op && cs->chan >= 0)
+        reclaim_queued(c, m->mpmc, cs->chan, step_ms(deadline));
     if (have_op) fx__mq_op_leave(c);
     FX_DBG("mpmc %" PRId64 ": consumer %" PRId64 " closed", m->mpmc, m->member);
     return first ? restore_err(&se) : FX_OK;
@@ -1608,6 +1990,7 @@ static void consumer_dealloc(fx_mpmc_consumer *cs)
 {
     member_wait_users(&cs->m);
     if (cs->sub) fx_mpsc_consumer_free(cs->sub);
+    free(cs->seen);
     member_destroy(&cs->m);
     free(cs);
 }
@@ -1672,9 +2055,12 @@ static fx_err consumer_open_impl(fx_mq_client *c, int64_t mpmc, int64_t drain,
     e = member_attach(&cs->m);
     if (!e) e = member_construct_check(&cs->m);
     if (!e) e = drain >= 0 ? consumer_bind_drain(cs, drain) : consumer_claim(cs);
-    if (!e) { /* keep every listed sub-MPSC's long lease alive too (best effort) */
+    if (!e && cs->have_seen) { /* the list it published into: no read needed */
+        keeper_sync(&cs->m, cs->seen, cs->n_seen);
+    } else if (!e) { /* keep every listed sub-MPSC's long lease alive too (best effort) */
         mpmc_view v;
-        if (read_view(c, mpmc, &v) == FX_OK) {
+        int64_t n_ready = 0, active = 0;
+        if (read_brief(&cs->m, &v, &n_ready, &active) == FX_OK) {
             keeper_sync(&cs->m, v.list, v.n_list);
             view_free(&v);
         }
@@ -2197,6 +2583,7 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
     /* Waiting for a sub-MPSC reserved by another put is not waiting for room: bounded apart. */
     int64_t busy_deadline = now + (timeout_ms > MPMC_BUSY_WAIT_MS ? timeout_ms : MPMC_BUSY_WAIT_MS);
     int64_t poll = MPMC_FULL_POLL_MIN_MS;
+    int rereads = 0; /* list re-reads after a sub-MPSC vanished (reclaimed) */
     fx_err e;
     for (;;) {
         if ((e = member_gate(m))) return e;
@@ -2209,7 +2596,7 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
             fx_err se = producer_stop_err(p, e == FX_ELEASE_EXPIRED);
             return se ? se : e;
         }
-        bool full = false, busy = false;
+        bool full = false, busy = false, gone = false;
         saved_err last = {0};
         for (size_t i = 0; i < nc; i++) {
             if ((e = member_gate(m))) break;
@@ -2231,6 +2618,7 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
                 FX_DBG("mpmc %" PRId64 ": bind of sub-MPSC %" PRId64 " failed: %s (%s)", m->mpmc,
                        cand[i], fx_errname(last.e), last.detail);
                 if (last.e == FX_ELEASE_LOST || last.e == FX_ECLOSED) last.e = FX_EUNAVAIL;
+                if (last.e == FX_ENOTFOUND) gone = true; /* meta gone: reclaimed */
                 continue;
             }
             size_t k = 0;
@@ -2267,6 +2655,7 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
                                           "itself: %s", cand[i], d));
                 producer_drop_sub(p, cand[i]);
                 producer_unreserve(p, cand[i]);
+                gone = true; /* membership gone: reclaimed, or its lease lost */
                 continue;
             }
             producer_unreserve(p, cand[i]);
@@ -2274,6 +2663,12 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
         }
         free(cand);
         if (e || *done == n || (hold && *held >= 0)) return e;
+        if (!full && last.e && gone && rereads++ < 2) { /* re-read the list, route again */
+            pthread_mutex_lock(&m->mu);
+            p->list_read_ms = 0;
+            pthread_mutex_unlock(&m->mu);
+            continue;
+        }
         if (!full && !busy && last.e) return restore_err(&last);
         int64_t until = full ? deadline : busy_deadline;
         if (fx_now_ms() >= until) {

@@ -152,8 +152,15 @@ fx_err mgr_open(fx_mq_client *c, int64_t chan, const fx__mpsc_parent *parent,
     m->c = c;
     m->chan = chan;
     m->sub = parent != NULL;
-    fx_err e = read_meta(c, chan, &m->meta);
-    if (e) return e;
+    /* A fresh sub-MPSC (just created by this caller, unpublished): its meta is known and the
+     * leases it shares with the parent are held by the parent member, the long one was just
+     * granted: no read, no probes. */
+    bool fresh = parent && parent->fresh_meta;
+    fx_err e = FX_OK;
+    if (fresh)
+        m->meta = *parent->fresh_meta;
+    else if ((e = read_meta(c, chan, &m->meta)))
+        return e;
     if (parent) {
         if (m->meta.global_lease_id != parent->global_lease ||
             m->meta.payload_lease_id != parent->payload_lease)
@@ -171,14 +178,14 @@ fx_err mgr_open(fx_mq_client *c, int64_t chan, const fx__mpsc_parent *parent,
         m->ttl_s = m->data_ttl_s = m->meta.ttl_seconds;
         m->long_ttl_s = c->long_ttl_s;
     }
-    if ((e = fx__mq_hold(c, false, m->data_ttl_s, m->meta.global_lease_id, false, cb, arg,
+    if ((e = fx__mq_hold(c, false, m->data_ttl_s, m->meta.global_lease_id, fresh, cb, arg,
                          &m->h_global)))
         goto fail;
-    e = fx__mq_hold(c, false, m->long_ttl_s, m->meta.global_long_lease_id, false, NULL, NULL,
+    e = fx__mq_hold(c, false, m->long_ttl_s, m->meta.global_long_lease_id, fresh, NULL, NULL,
                     &m->h_long);
     if (e == FX_ELEASE_EXPIRED) e = mgr_renew_long(c, m);
     if (e) goto fail;
-    if ((e = fx__mq_hold(c, true, m->data_ttl_s, m->meta.payload_lease_id, false, cb, arg,
+    if ((e = fx__mq_hold(c, true, m->data_ttl_s, m->meta.payload_lease_id, fresh, cb, arg,
                          &m->h_payload)))
         goto fail;
     bool granted = false;
@@ -188,7 +195,8 @@ fx_err mgr_open(fx_mq_client *c, int64_t chan, const fx__mpsc_parent *parent,
         if ((e = fx__mq_grant(c, m->ttl_s, &m->member_lease))) goto fail;
         granted = true;
     }
-    if ((e = fx__mq_hold(c, false, m->ttl_s, m->member_lease, granted, cb, arg, &m->h_member)))
+    if ((e = fx__mq_hold(c, false, m->ttl_s, m->member_lease, granted || fresh, cb, arg,
+                         &m->h_member)))
         goto fail;
     return FX_OK;
 fail:
@@ -262,6 +270,98 @@ out:
     fx_lease_release(hp);
     fx_lease_release(hl);
     fx_lease_release(hg);
+    fx__mq_op_leave(c);
+    return e;
+}
+
+#define SUB_CHAN_ID_BLOCK 16
+
+/* A sub-MPSC channel id: from this client's block, a new block of SUB_CHAN_ID_BLOCK ids from the
+ * shared counter when it is used up (ids stay unique; a client that exits leaves a gap). */
+static fx_err sub_chan_id(fx_mq_client *c, int64_t *out)
+{
+    pthread_mutex_lock(&c->ids_mu);
+    fx_err e = FX_OK;
+    if (c->chan_next >= c->chan_end) {
+        fx_mq_key k;
+        int64_t first = 0;
+        e = key_err(fx_mq_key_alloc_chan_ids(&c->keys, &k), "chan counter");
+        if (!e) e = fx__mq_alloc_ids(c, &k, 0, SUB_CHAN_ID_BLOCK, &first);
+        if (!e) {
+            c->chan_next = first;
+            c->chan_end = first + SUB_CHAN_ID_BLOCK;
+        }
+    }
+    if (!e) *out = c->chan_next++;
+    pthread_mutex_unlock(&c->ids_mu);
+    return e;
+}
+
+/* The sub-MPSC creation in two round trips (issue 13; fx__mpsc_create took about eight): a
+ * channel id from the client's block, a grant of the new global-long lease, then ONE txn that
+ * creates the id-allocator cluster-lease key and the meta (both create==0). The global and
+ * payload leases are the parent's, held by the parent member: no registration here. On an error
+ * after the txn was sent *out_chan is set: the txn may have landed and the caller rolls the
+ * channel's keys back (rollback_unpublished); otherwise *out_chan is -1. */
+fx_err fx__mpsc_create_sub(fx_mq_client *c, const fx_mq_chan_cfg *cfg,
+                           const fx__mpsc_parent *parent, int64_t *out_chan,
+                           fx_mq_chan_meta *out_meta)
+{
+    if (!c || !cfg || !out_chan || !out_meta || !parent)
+        return fx_seterr(FX_EINVAL, "mpsc create: NULL argument");
+    *out_chan = -1;
+    fx_err e = fx__mq_cfg_validate(c, cfg);
+    if (e) return e;
+    if (parent->global_lease <= 0 || parent->payload_lease <= 0 || parent->mpmc < 0)
+        return fx_seterr(FX_EINVAL, "mpsc create: parent overrides need global and payload leases");
+    if ((e = fx__mq_new_op_enter(c))) return e;
+    int64_t chan = -1, gll = 0;
+    int64_t long_ttl = parent->long_ttl_s > 0 ? parent->long_ttl_s : c->long_ttl_s;
+    char *js = NULL;
+    fx_mq_key lk, mk;
+    if ((e = sub_chan_id(c, &chan))) goto out;
+    if ((e = key_err(fx_mq_key_cluster_lease_id_alloc(&c->keys, chan, &lk), "cluster lease")))
+        goto out;
+    if ((e = key_err(fx_mq_key_chan_meta(&c->keys, chan, &mk), "meta"))) goto out;
+    if ((e = fx__mq_grant(c, long_ttl, &gll))) goto out;
+    fx_mq_chan_meta meta = {.capacity = cfg->capacity, .ttl_seconds = cfg->ttl_s,
+                            .global_lease_id = parent->global_lease, .global_long_lease_id = gll,
+                            .payload_lease_id = parent->payload_lease, .segments = c->segments};
+    if ((e = fx_mq_chan_meta_encode(&meta, &js))) goto out;
+    char lv[FX_MQ_DEC_BUF];
+    size_t lvl = fx_mq_dec_format(gll, lv);
+    fx_cmp cmp[2] = {
+        {.target = FX_CMP_CREATE, .result = FX_CMP_EQUAL, .key = fx_mq_key_slice(&lk)},
+        {.target = FX_CMP_CREATE, .result = FX_CMP_EQUAL, .key = fx_mq_key_slice(&mk)}};
+    fx_op put[2] = {
+        {.type = FX_OP_PUT, .u.put = {.key = fx_mq_key_slice(&lk), .value = {lv, lvl},
+                                      .lease = gll}},
+        {.type = FX_OP_PUT, .u.put = {.key = fx_mq_key_slice(&mk), .value = FX_SLICE_STR(js),
+                                      .lease = parent->global_lease}}};
+    fx_txn_req tx = {.cmp = cmp, .n_cmp = 2, .success = put, .n_success = 2};
+    fx_txn_resp resp = {0};
+    e = fx_etcd_txn(c->etcd, &tx, &resp, c->op_timeout_ms);
+    if (e) {
+        *out_chan = chan; /* maybe landed: the caller rolls back */
+    } else if (!resp.succeeded) {
+        e = fx_seterr(FX_EEXISTS, "mpsc create: keys of channel %lld already exist",
+                      (long long)chan);
+    }
+    fx_txn_resp_free(&resp);
+    if (e == FX_OK) {
+        *out_chan = chan;
+        *out_meta = meta;
+        FX_DBG("sub-mpsc channel %lld created (global %lld, long %lld, payload %lld)",
+               (long long)chan, (long long)meta.global_lease_id, (long long)gll,
+               (long long)meta.payload_lease_id);
+    } else if (gll && *out_chan < 0) {
+        fx_err re = fx_etcd_lease_revoke(c->etcd, gll, c->op_timeout_ms);
+        if (re && re != FX_ENOTFOUND)
+            FX_DBG("sub-mpsc create: revoke of unused lease %lld: %s", (long long)gll,
+                   fx_errname(re));
+    }
+out:
+    free(js);
     fx__mq_op_leave(c);
     return e;
 }

@@ -1225,7 +1225,10 @@ static fx_err cons_build(fx_mpsc_consumer *c, int64_t chan, const fx__mpsc_paren
     fx_mq_key k;
     if ((e = key_err(fx_mq_key_alloc_consumer_idx(&cl->keys, chan, &k), "consumer counter")))
         return e;
-    if ((e = fx__mq_alloc_ids(cl, &k, c->m.meta.global_long_lease_id, 1, &c->cidx))) return e;
+    bool fresh = parent && parent->fresh_meta; /* see fx__mpsc_parent: nothing to read back */
+    if ((e = (fresh ? fx__mq_alloc_ids_fresh : fx__mq_alloc_ids)(
+             cl, &k, c->m.meta.global_long_lease_id, 1, &c->cidx)))
+        return e;
     if ((e = key_err(fx_mq_key_consumer_member(&cl->keys, chan, c->cidx, &c->k_member), "member")))
         return e;
     fx_mq_key cpre;
@@ -1243,12 +1246,12 @@ static fx_err cons_build(fx_mpsc_consumer *c, int64_t chan, const fx__mpsc_paren
     if (e) return e;
     c->member_written = true;
     if (cons_abort_requested(c)) return fx_seterr(FX_ECLOSED, "mpsc consumer closed while opening");
-    if ((e = read_resume(c))) return e;
+    if (!fresh && (e = read_resume(c))) return e;
     fx_pwatch *pw = NULL;
     if ((e = fx__mq_pwatch(cl, &pw))) return e;
     if ((e = fx_pwatch_add(pw, chan, cons_pwatch_cb, c))) return e;
     c->pw = pw;
-    if ((e = read_produce(c))) return e;
+    if (!fresh && (e = read_produce(c))) return e;
     struct fx__cpool *cp = NULL;
     if ((e = fx__mq_cpool(cl, &cp))) return e;
     pthread_mutex_lock(&cp->mu);

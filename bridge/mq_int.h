@@ -53,6 +53,23 @@ struct fx_mq_client {
     struct fx_pwatch *pwatch;   /* shared produce-offset watch (pwatch.h): first use, under mu */
     struct fx__cpool *cpool;    /* commit pool of the MPSC consumers (mpsc_cons.c): first use, under mu */
     struct mpmc_keeper *keepers; /* per-MPMC sub-MPSC lease keepers shared by members (mpmc.c) */
+    /* Serialises this process's CAS publishes of new sub-MPSCs (mpmc.c: the creation itself runs
+     * in parallel; only the short read-check-publish step is taken in turn). */
+    pthread_mutex_t publish_mu;
+    /* The brief of one MPMC as the last publish txn of this process left it (mpmc.c, under
+     * publish_mu): its list value (absent: data NULL), ready and consumer role counts. The next
+     * publish CASes against it without reading first; a lost CAS brings the current one back. */
+    /* Sub-MPSCs (mpmc, chan) queued for a grouped reclaim by closing consumers (mpmc.c); under
+     * mu. */
+    int64_t rq[256][2];
+    size_t n_rq;
+    bool pub_valid;
+    int64_t pub_mpmc, pub_ready, pub_active;
+    fx_bytes pub_list;
+    /* Sub-MPSC channel ids taken from the shared counter in blocks (fx__mpsc_create with a
+     * parent): [chan_next, chan_end) is this client's unused rest; guarded by ids_mu. */
+    pthread_mutex_t ids_mu;
+    int64_t chan_next, chan_end;
     /* owned copies of option strings */
     char **strs;
     size_t n_strs;
@@ -81,6 +98,10 @@ fx_err fx__mq_cfg_validate(const fx_mq_client *c, const fx_mq_chan_cfg *cfg);
 /* CAS counter at `key` (fx_mq_key_alloc_*): advance by n >= 1 and return the first id of the
  * range in *first (ids start at 1). lease 0: the counter key has no lease. Bounded: 100 CAS
  * attempts, each with the client's op deadline; a lost CAS re-reads the value. */
+/* fx__mq_alloc_ids_fresh: the same for a counter the caller expects to be absent (a channel it
+ * has just created): the first CAS is create==0 without a read (one round trip when right). */
+fx_err fx__mq_alloc_ids_fresh(fx_mq_client *c, const fx_mq_key *key, int64_t lease, int64_t n,
+                              int64_t *first);
 fx_err fx__mq_alloc_ids(fx_mq_client *c, const fx_mq_key *key, int64_t lease, int64_t n,
                         int64_t *first);
 /* get_cluster_lease_id: reuse the lease id stored at `key` or grant one with ttl_s and publish
@@ -91,6 +112,10 @@ fx_err fx__mq_cluster_lease(fx_mq_client *c, const fx_mq_key *key, int64_t ttl_s
 /* Register a lease with the client's LeaseManager (etcd or kv backend) with an expiry callback. */
 fx_err fx__mq_hold(fx_mq_client *c, bool kv_backend, int64_t ttl_s, int64_t id, bool skip_probe,
                    fx_lease_expired_fn on_expired, void *arg, fx_lease **out);
+/* The same with a probe only when no active holder in this client keeps the lease alive yet
+ * (fx_lease_reg_opts.join_held): for the leases every member of an MPMC shares. */
+fx_err fx__mq_hold_shared(fx_mq_client *c, bool kv_backend, int64_t ttl_s, int64_t id,
+                          fx_lease_expired_fn on_expired, void *arg, fx_lease **out);
 /* Grant an etcd lease with the client's op deadline. */
 fx_err fx__mq_grant(fx_mq_client *c, int64_t ttl_s, int64_t *id);
 
@@ -110,11 +135,20 @@ typedef struct fx__mpsc_parent {
     /* TTL of a sub-MPSC's global-long lease: granted with it for new sub-MPSCs, registered with it
      * (a legacy one may be longer: registering with a shorter TTL only renews more often). */
     int64_t long_ttl_s;
+    /* Set only for the bind of a sub-MPSC this caller has just created and not yet published
+     * (fx__mpsc_create's fresh_meta): the bind takes that meta instead of reading it, joins the
+     * parent's leases (held by the parent member) without a probe, and reads nothing back (no
+     * producer can have routed to an unpublished channel: no offsets, no counters). */
+    const fx_mq_chan_meta *fresh_meta;
 } fx__mpsc_parent;
 
 /* create_mpsc_channel with parent overrides (parent NULL: standalone, as fx_mpsc_create). */
 fx_err fx__mpsc_create(fx_mq_client *c, const fx_mq_chan_cfg *cfg, const fx__mpsc_parent *parent,
                        int64_t *out_chan);
+/* With a parent: also return the meta written (for a fresh bind, fx__mpsc_parent.fresh_meta). */
+fx_err fx__mpsc_create_sub(fx_mq_client *c, const fx_mq_chan_cfg *cfg,
+                           const fx__mpsc_parent *parent, int64_t *out_chan,
+                           fx_mq_chan_meta *out_meta);
 /* new_mpmc_subchannel_with_chan_id: bind a sub-producer / sub-consumer, validating that the
  * channel meta's global and payload lease ids equal the parent's (FX_EPROTO otherwise). Sub
  * endpoints are NOT registered with the client root (their MPMC endpoint is). */

@@ -440,6 +440,9 @@ fx_err fx_lease_register(fx_lease_mgr *m, const fx_lease_backend *b, int64_t ttl
         if (e && e->state == LS_EXPIRED)
             r = fx_seterr(FX_ELEASE_EXPIRED, "lease %" PRId64 " on %s is known expired", id,
                           b->uid);
+        else if (e && opts && opts->join_held && e->state == LS_ACTIVE && e->nhandles > 0 &&
+                 fx_now_ms() < e->due_ms)
+            skip_probe = true;
     }
     pthread_mutex_unlock(&m->mu);
     if (r) return r;

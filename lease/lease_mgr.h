@@ -38,8 +38,9 @@
  *  - fx_lease_release() of the last handle using a backend ctx also waits for a keepalive call
  *    on that ctx that is in flight (bounded by min(op_timeout_ms, cadence)), so the caller may
  *    free the fx_etcd / fx_kv_store right after releasing its last handle.
- *  - Every registration probes (unless skip_probe), also when it joins an existing entry; a probe
- *    that finds the lease expired marks the shared entry expired and notifies its holders.
+ *  - Every registration probes (unless skip_probe, or join_held and the entry it joins is active
+ *    and not overdue), also when it joins an existing entry; a probe that finds the lease expired
+ *    marks the shared entry expired and notifies its holders.
  */
 #ifndef FX_LEASE_MGR_H
 #define FX_LEASE_MGR_H
@@ -84,6 +85,12 @@ typedef void (*fx_lease_expired_fn)(void *arg, fx_lease *h, int64_t lease_id);
 
 typedef struct fx_lease_reg_opts {
     bool skip_probe;             /* the caller just granted this lease */
+    /* Skip the probe when the registration joins an entry of this manager that is active (its
+     * last renewal or probe succeeded) and not overdue: another holder in this process keeps it
+     * alive, so a probe tells nothing new but a revoke since the last renewal, which the next
+     * renewal finds (then every holder is notified). For callers that register the same shared
+     * lease for many members (issue 13: 1,000 claims of one channel). */
+    bool join_held;
     fx_lease_expired_fn on_expired; /* may be NULL */
     void *arg;
 } fx_lease_reg_opts;

@@ -210,10 +210,11 @@ static void consumer_drop(cst *s)
     s->lost = false;
 }
 
-/* Consumer opens running at once (FX_DM_OPEN_MAX per process): every open of a new sub-MPSC
- * appends to the MPMC's one sub-MPSC list under its create lock, so a thousand names subscribing
- * together made a thousand concurrent creators that timed each other out (issue 13: one claim
- * of 1,000 after 45 s). A claim that finds no free slot tries again after FX_DM_OPEN_POLL_MS. */
+/* Consumer opens running at once (FX_DM_OPEN_MAX per process, fewer than the workers, so the
+ * steps of open claims keep running while a burst of names opens): an open blocks its worker for
+ * its etcd round trips. The sub-MPSC creations of concurrent opens run in parallel; only their
+ * short publish step is taken in turn (mpmc.c). A claim that finds no free slot tries again after
+ * FX_DM_OPEN_POLL_MS. */
 static atomic_int open_running;
 
 static bool open_slot_try(void)

@@ -79,7 +79,7 @@
 #define FX_DM_IDLE_GET_MS 250             /* an idle claim's get wait (stop noticed within it) */
 #define FX_DM_CLAIM_WORKERS 8              /* threads that run every claim's steps (per process) */
 #define FX_DM_OPEN_POLL_MS 50              /* a claim waiting for an open slot tries again */
-#define FX_DM_OPEN_MAX 1                   /* consumer opens running at once per bridge */
+#define FX_DM_OPEN_MAX 6                   /* consumer opens running at once per bridge (< workers) */
 #define FX_DM_ADOPT_MAX 4                  /* stranded sub-MPSCs one claim drains at a time */
 #define FX_DM_VIEW_MS 2000                 /* house-keeping refresh of backlog and sub-MPSC views */
 #define FX_DM_KICK_MIN_MS 100             /* kicked view refreshes (released claims): at most 10/s */

@@ -3,6 +3,7 @@
 #   tests/bench/run.sh [etcd_bench options, e.g. -d 5 -c 8 -r 1]
 #   tests/bench/run.sh --soak [seconds]   only the bridge memory soak (nats_bench -S, default 300)
 #   tests/bench/run.sh --cluster          only the cluster-shape row (2 bridges vs 1, issue 13)
+#   tests/bench/run.sh --claims           only the claims-scale table (1,000 claims, issue 13)
 # Environment: BUILD (build dir, default build); FX_ETCD_ENDPOINT to bench an existing etcd
 # instead of one started by the program. The etcd a bench starts lives in a fresh temp dir that
 # is removed (and any leftover process killed) when this script ends, also on failure or Ctrl-C.
@@ -17,10 +18,13 @@ fi
 
 SOAK=
 CLUSTER_ONLY=
+CLAIMS_ONLY=
 if [ "${1:-}" = "--soak" ]; then
   SOAK=${2:-300}
 elif [ "${1:-}" = "--cluster" ]; then
   CLUSTER_ONLY=1
+elif [ "${1:-}" = "--claims" ]; then
+  CLAIMS_ONLY=1
 fi
 
 export FXT_TMPDIR
@@ -95,6 +99,25 @@ run_all() {
     "$NB" -d 5 -K "$plane" -o 2,3,4,5 -b "$BUILD/fluxon-bridge" || exit 1
   done
   run_cluster
+  run_claims
+}
+
+# Issue 13: claims scale on one bridge: threads, descriptors, RSS per 100 claims opened and the
+# idle etcd request rate with 1,000 claims, from the e2e_thousand_claims test's phase log (its
+# table rows are the lines starting with "|"). FXE2E_CLAIMS_WAIT_MS=120000 so a slow machine
+# still yields the table (the test's own bound is 45 s).
+run_claims() {
+  echo
+  echo "## Claims scale: 1,000 claims on one bridge (issue 13)"
+  echo
+  echo "machine: $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+  echo "command: FXE2E_CLAIMS_WAIT_MS=120000 BUILD=$BUILD tests/e2e/run.sh '^e2e_thousand_claims\$'"
+  echo "(the e2e stack: one etcd, one nats-server, one bridge; 1,000 subscriber names of one channel; idle: etcd's request counters over 5 s with every claim open)"
+  echo
+  local log="$FXT_TMPDIR/claims-bench.log"
+  FXE2E_CLAIMS_WAIT_MS=120000 BUILD=$BUILD tests/e2e/run.sh '^e2e_thousand_claims$' >"$log" 2>&1 ||
+    { tail -20 "$log" >&2; exit 1; }
+  sed -n 's/^ *\[e2e_thousand_claims [^]]*\] //p' "$log" | grep '^|'
 }
 
 # Issue 13: end-to-end throughput on the cluster shape with 2 bridges vs 1 (an e2e scale test;
@@ -134,6 +157,9 @@ CMDLINE="BUILD=$BUILD tests/bench/run.sh${*:+ $*}"
 OUT="$FXT_TMPDIR/out.md"
 if [ -n "$CLUSTER_ONLY" ]; then
   run_cluster
+  exit $?
+elif [ -n "$CLAIMS_ONLY" ]; then
+  run_claims
   exit $?
 elif [ -n "$SOAK" ]; then
   run_soak | tee "$OUT"

@@ -26,4 +26,13 @@ if [ ! -d node_modules/nats ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; t
   echo "$want" >"$stamp"
 fi
 
+# e2e_thousand_claims (1,000 claims on one bridge, 20,000 messages) is part of the plain build's
+# pass (about 45 s); sanitizer builds (FXT_SANITIZED=1: make check under ASan+UBSan) run it
+# several times slower, which the CI's 30-minute budget cannot hold, and its resource bounds
+# (threads, descriptors, RSS) mean nothing under a sanitizer's allocator. There it is excluded
+# explicitly (not run, not counted) unless FXE2E_EXCLUDE is set by the caller.
+if [ -n "${FXT_SANITIZED:-}" ] && [ -z "${FXE2E_EXCLUDE+x}" ]; then
+  export FXE2E_EXCLUDE='^e2e_thousand_claims$'
+fi
+
 exec node lib/main.mjs "$@"

@@ -30,6 +30,14 @@
  *   flight together, each to its own sub-MPSC (a put reserves its sub-MPSC); fx_mpmc_put_hold
  *   keeps its sub-MPSC reserved until released (the next put goes elsewhere); ids are dense
  *   per sub-MPSC and every message is delivered once.
+ * mpmc_reclaim_follows_consumers (issue 13): 3 consumers, 3 sub-MPSCs; the one whose consumer
+ *   consumed everything is reclaimed when it leaves (list and every key of it gone), the one
+ *   left with a backlog is kept (fx_mpmc_reclaim keeps it too, and a ready one), a later
+ *   consumer claims it and gets the backlog: every message put is received once.
+ * mpmc_reclaim_racing_producer_loses_nothing (issue 13): a producer puts without pause while
+ *   consumers come and go (each close reclaims its sub-MPSC when it is not needed) and
+ *   fx_mpmc_reclaim is called on every listed sub-MPSC in a loop; afterwards every message whose
+ *   put succeeded is received, and the sub-MPSCs came back to what the consumers need.
  * mq_attach_registers_data_leases: ttl 2 s, retention 4 s: metadata, payload, id-allocator and
  *   sub-MPSC global-long leases are granted with the retention, the member lease with the TTL;
  *   the attacher alone keeps them past 3 x TTL (and the retention); when it leaves too, the
@@ -160,6 +168,13 @@ static int64_t raw_count(const char *prefix)
     int64_t n = out.count;
     fx_range_resp_free(&out);
     return n;
+}
+
+static bool ids_in(const int64_t *ids, size_t n, int64_t id)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == id) return true;
+    return false;
 }
 
 static void keys_of(const char *root, fx_mq_keys *k) { CHECK(fx_mq_keys_init(k, root)); }
@@ -1047,8 +1062,275 @@ static void mpmc_puts_in_flight_distinct(void **state)
     fx_mq_client_free(c);
 }
 
-int main(void)
+/* Get what is there (acking it) until nothing came for idle_ms, at most max_ms in all (a
+ * producer may still be putting); seen[i] counts payload "m<i>". */
+static size_t drain_mark_for(fx_mpmc_consumer *c, int *seen, size_t cap, int idle_ms, int max_ms)
 {
+    size_t got = 0;
+    int64_t quiet = fxt_now_ms() + idle_ms, end = fxt_now_ms() + max_ms;
+    while (fxt_now_ms() < quiet && fxt_now_ms() < end) {
+        fx_mq_delivery d[16];
+        size_t n = 0;
+        fx_err e = fx_mpmc_get(c, d, 16, &n, 100);
+        if (e == FX_ETIMEDOUT) continue;
+        if (e != FX_OK) fail_msg("get: %s (%s)", fx_errname(e), fx_err_detail());
+        for (size_t i = 0; i < n; i++) {
+            char buf[32] = {0};
+            size_t l = d[i].value.len < sizeof buf - 1 ? d[i].value.len : sizeof buf - 1;
+            memcpy(buf, d[i].value.data, l);
+            long idx = buf[0] == 'm' ? strtol(buf + 1, NULL, 10) : -1;
+            if (idx < 0 || (size_t)idx >= cap) fail_msg("unexpected payload '%s'", buf);
+            seen[idx]++;
+            CHECK(fx_mpmc_ack(c, &d[i].id, 1));
+            fx_mq_delivery_free(&d[i]);
+        }
+        if (n) quiet = fxt_now_ms() + idle_ms;
+        got += n;
+    }
+    CHECK(fx_mpmc_flush(c, 3000));
+    return got;
+}
+
+static size_t drain_mark(fx_mpmc_consumer *c, int *seen, size_t cap, int idle_ms)
+{
+    return drain_mark_for(c, seen, cap, idle_ms, 60000);
+}
+
+static int64_t chan_keys(const fx_mq_keys *k, int64_t chan)
+{
+    fx_mq_key pc, mk;
+    CHECK(fx_mq_prefix_chan(k, chan, &pc));
+    CHECK(fx_mq_key_chan_meta(k, chan, &mk));
+    return raw_count(pc.s) + (raw_get(mk.s, NULL) ? 1 : 0);
+}
+
+static void mpmc_reclaim_follows_consumers(void **state)
+{
+    (void)state;
+    const char *root = "/t_reclaim";
+    fx_mq_client *c = client_new(root, 60);
+    fx_mq_keys k;
+    keys_of(root, &k);
+    int64_t mpmc = -1;
+    CHECK(fx_mpmc_resolve(c, "rc", &CFG, &mpmc));
+    fx_mpmc_consumer *a = NULL, *b = NULL, *cc = NULL, *d = NULL;
+    CHECK(fx_mpmc_consumer_open(c, mpmc, &a));
+    CHECK(fx_mpmc_consumer_open(c, mpmc, &b));
+    CHECK(fx_mpmc_consumer_open(c, mpmc, &cc));
+    int64_t list[8];
+    assert_int_equal(list_of(&k, mpmc, list, 8), 3);
+    int64_t ca = fx_mpmc_consumer_chan(a), cb = fx_mpmc_consumer_chan(b);
+    fx_mpmc_producer *p = NULL;
+    CHECK(fx_mpmc_producer_open(c, mpmc, 0, &p));
+    char txt[16];
+    int seen[16] = {0};
+    int na = 0, nb = 0;
+    for (int i = 0; i < 6; i++) { /* rotation over the three ready sub-MPSCs */
+        snprintf(txt, sizeof txt, "m%d", i);
+        fx_mq_msg_id id = put_one(p, txt);
+        na += id.chan == ca;
+        nb += id.chan == cb;
+    }
+    assert_true(na > 0 && nb > 0);
+    assert_int_equal(drain_mark(a, seen, 16, 300), (size_t)na);
+    fx_mpmc_consumer_free(a); /* its sub-MPSC is empty, 2 consumers remain: reclaimed */
+    assert_int_equal(list_of(&k, mpmc, list, 8), 2);
+    assert_false(ids_in(list, 2, ca));
+    assert_int_equal(chan_keys(&k, ca), 0);
+    fx_mpmc_consumer_free(b); /* leaves a backlog: kept */
+    assert_int_equal(list_of(&k, mpmc, list, 8), 2);
+    assert_true(ids_in(list, 2, cb));
+    for (int i = 6; i < 10; i++) {
+        snprintf(txt, sizeof txt, "m%d", i);
+        put_one(p, txt);
+    }
+    CHECK(fx_mpmc_consumer_open(c, mpmc, &d)); /* claims the one with the backlog */
+    assert_int_equal(fx_mpmc_consumer_chan(d), cb);
+    drain_mark(d, seen, 16, 300);
+    drain_mark(cc, seen, 16, 300);
+    for (int i = 0; i < 10; i++) assert_int_equal(seen[i], 1);
+    fx_mpmc_consumer_free(d);
+    fx_mpmc_consumer_free(cc);
+    /* no consumer left: one sub-MPSC stays (store-and-forward) */
+    assert_int_equal(list_of(&k, mpmc, list, 8), 1);
+    fx_mpmc_producer_free(p);
+    fx_mq_client_free(c);
+}
+
+typedef struct race_prod {
+    fx_mpmc_producer *p;
+    atomic_bool stop;
+    int ok, failed; /* puts that succeeded / failed (not stored) */
+    int *acked;     /* acked[i]: put of "m<i>" succeeded */
+    int cap;
+} race_prod;
+
+static void *race_prod_main(void *arg)
+{
+    race_prod *r = arg;
+    for (int i = 0; i < r->cap && !atomic_load(&r->stop); i++) {
+        char txt[16];
+        snprintf(txt, sizeof txt, "m%d", i);
+        fx_slice v = FX_SLICE_STR(txt);
+        size_t n = 0;
+        fx_err e = fx_mpmc_put(r->p, &v, 1, 2000, &n, NULL);
+        if (e == FX_OK && n == 1) {
+            r->acked[i] = 1;
+            r->ok++;
+        } else {
+            r->failed++;
+        }
+    }
+    return NULL;
+}
+
+static void mpmc_reclaim_racing_producer_loses_nothing(void **state)
+{
+    (void)state;
+    const char *root = "/t_reclaim_race";
+    enum { CAP = 100000 };
+    fx_mq_client *c = client_new(root, 60);
+    fx_mq_keys k;
+    keys_of(root, &k);
+    int64_t mpmc = -1;
+    CHECK(fx_mpmc_resolve(c, "rr", &CFG, &mpmc));
+    int *seen = calloc(CAP, sizeof *seen), *acked = calloc(CAP, sizeof *acked);
+    assert_non_null(seen);
+    assert_non_null(acked);
+    fx_mpmc_consumer *a = NULL;
+    CHECK(fx_mpmc_consumer_open(c, mpmc, &a));
+    fx_mpmc_producer *p = NULL;
+    CHECK(fx_mpmc_producer_open(c, mpmc, 0, &p));
+    race_prod r = {.p = p, .acked = acked, .cap = CAP};
+    atomic_init(&r.stop, false);
+    pthread_t th;
+    pthread_create(&th, NULL, race_prod_main, &r);
+    int removed_total = 0;
+    for (int round = 0; round < 6; round++) {
+        fx_mpmc_consumer *b = NULL;
+        CHECK(fx_mpmc_consumer_open(c, mpmc, &b));
+        drain_mark_for(b, seen, CAP, 150, 500);
+        fx_mpmc_consumer_free(b); /* reclaims its sub-MPSC at close when not needed */
+        int64_t list[64];
+        size_t n = list_of(&k, mpmc, list, 64);
+        for (size_t i = 0; i < n && i < 64; i++) {
+            bool removed = false;
+            CHECK(fx_mpmc_reclaim(c, mpmc, list[i], &removed));
+            removed_total += removed;
+        }
+        drain_mark_for(a, seen, CAP, 50, 300);
+    }
+    atomic_store(&r.stop, true);
+    pthread_join(th, NULL);
+    /* Drain every sub-MPSC: consumers claim the unready ones (a backlog) until one creates. */
+    int64_t list[64];
+    for (int i = 0; i < 16; i++) {
+        size_t n = list_of(&k, mpmc, list, 64);
+        fx_mpmc_consumer *d = NULL;
+        fx_err e = fx_mpmc_consumer_open(c, mpmc, &d);
+        if (e == FX_EEXISTS) break; /* nothing unready left */
+        CHECK(e);
+        bool created = !ids_in(list, n < 64 ? n : 64, fx_mpmc_consumer_chan(d));
+        drain_mark(d, seen, CAP, 300);
+        fx_mpmc_consumer_free(d);
+        if (created) break;
+    }
+    drain_mark(a, seen, CAP, 300);
+    int lost = 0, dup = 0;
+    for (int i = 0; i < CAP; i++) {
+        if (acked[i] && !seen[i]) lost++;
+        if (seen[i] > 1) dup++;
+    }
+    print_message("      %d puts ok, %d failed (rerouted or refused, not stored), %d sub-MPSCs "
+                  "reclaimed by fx_mpmc_reclaim, lost %d, duplicated %d\n",
+                  r.ok, r.failed, removed_total, lost, dup);
+    assert_true(r.ok > 0);
+    assert_int_equal(lost, 0);
+    fx_mpmc_consumer_free(a);
+    assert_true(list_of(&k, mpmc, list, 64) <= 1);
+    fx_mpmc_producer_free(p);
+    free(seen);
+    free(acked);
+    fx_mq_client_free(c);
+}
+
+/* mpmc_many_consumers_open (issue 13): FXT_MANY (default 96) consumers opened by 8 threads on one
+ * MPMC, no producer: each creates its own sub-MPSC, all distinct, every one listed and ready; the
+ * open rate is printed (claims/s; FXT_MANY=1000 measures the scale case). */
+typedef struct many_arg {
+    fx_mq_client *c;
+    int64_t mpmc;
+    fx_mpmc_consumer **cs;
+    size_t from, to;
+    fx_err e;
+    char detail[256];
+} many_arg;
+
+static void *many_thread(void *arg)
+{
+    many_arg *a = arg;
+    for (size_t i = a->from; i < a->to; i++) {
+        fx_err e = fx_mpmc_consumer_open(a->c, a->mpmc, &a->cs[i]);
+        if (e && !a->e) {
+            a->e = e;
+            snprintf(a->detail, sizeof a->detail, "%s", fx_err_detail());
+        }
+    }
+    return NULL;
+}
+
+static void mpmc_many_consumers_open(void **state)
+{
+    (void)state;
+    const char *root = "/t_many";
+    const char *env = getenv("FXT_MANY");
+    size_t n = env ? (size_t)strtoul(env, NULL, 10) : 96;
+    enum { T = 8 };
+    fx_mq_client *c = client_new(root, 60);
+    fx_mq_keys k;
+    keys_of(root, &k);
+    int64_t mpmc = -1;
+    fx_mq_chan_cfg cfg = CFG;
+    cfg.ttl_s = 30; /* no lease may lapse while a slow open runs */
+    CHECK(fx_mpmc_resolve(c, "many", &cfg, &mpmc));
+    fx_mpmc_consumer **cs = calloc(n, sizeof *cs);
+    assert_non_null(cs);
+    many_arg a[T];
+    pthread_t th[T];
+    struct timespec t0, t1;
+    fx_etcd_stats s0, s1;
+    fx_etcd_get_stats(fx_mq_client_etcd(c), &s0);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (size_t i = 0; i < T; i++) {
+        a[i] = (many_arg){.c = c, .mpmc = mpmc, .cs = cs, .from = n * i / T, .to = n * (i + 1) / T};
+        pthread_create(&th[i], NULL, many_thread, &a[i]);
+    }
+    for (size_t i = 0; i < T; i++) pthread_join(th[i], NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    fx_etcd_get_stats(fx_mq_client_etcd(c), &s1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    print_message("      %zu consumers opened in %.2f s: %.1f claims/s, %.1f etcd requests each\n",
+                  n, s, (double)n / s, (double)(s1.requests - s0.requests) / (double)n);
+    for (size_t i = 0; i < T; i++)
+        if (a[i].e) fail_msg("open: %s (%s)", fx_errname(a[i].e), a[i].detail);
+    int64_t *list = calloc(n + 1, sizeof *list);
+    assert_non_null(list);
+    assert_int_equal(list_of(&k, mpmc, list, n + 1), n);
+    assert_int_equal(count_ready(&k, mpmc), (int64_t)n);
+    for (size_t i = 0; i < n; i++) {
+        int64_t ch = fx_mpmc_consumer_chan(cs[i]);
+        assert_int_equal(ready_owner(&k, mpmc, ch), fx_mpmc_consumer_member(cs[i]));
+        for (size_t j = 0; j < i; j++) assert_int_not_equal(fx_mpmc_consumer_chan(cs[j]), ch);
+    }
+    for (size_t i = 0; i < n; i++) fx_mpmc_consumer_free(cs[i]);
+    free(list);
+    free(cs);
+    fx_mq_client_free(c);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1) cmocka_set_test_filter(argv[1]); /* run only the tests matching argv[1] */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(mpmc_resolve_create_bind_idempotent),
         cmocka_unit_test(mpmc_resolve_replaces_stale),
@@ -1064,6 +1346,9 @@ int main(void)
         cmocka_unit_test(mpmc_attach_keeps_alive),
         cmocka_unit_test(mq_attach_registers_data_leases),
         cmocka_unit_test(mpmc_puts_in_flight_distinct),
+        cmocka_unit_test(mpmc_many_consumers_open),
+        cmocka_unit_test(mpmc_reclaim_follows_consumers),
+        cmocka_unit_test(mpmc_reclaim_racing_producer_loses_nothing),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -6,10 +6,10 @@
 // what the remaining names need (none remain: at most one sub-MPSC, the store-and-forward one).
 // The peaks and the per-phase samples are logged, so a failing run still says where it stands.
 import fs from "node:fs";
-import { test } from "../lib/runner.mjs";
-import { startStack, waitFor, metricValue, mpmcId, subMpscIds, httpGet } from "../lib/stack.mjs";
-import { natsConnect, makeMsg, Consumer, publishAll } from "../lib/client.mjs";
-import { assert, assertCovers, assertNoConsumerErrors } from "../lib/check.mjs";
+import { test } from "./lib/runner.mjs";
+import { startStack, waitFor, metricValue, mpmcId, subMpscIds, httpGet } from "./lib/stack.mjs";
+import { natsConnect, makeMsg, Consumer, publishAll } from "./lib/client.mjs";
+import { assert, assertCovers, assertNoConsumerErrors } from "./lib/check.mjs";
 
 const NAMES = 1000;
 const MSGS = 20_000;
@@ -60,12 +60,14 @@ test("e2e_thousand_claims", async (ctx) => {
   const t0 = Date.now();
   let c = 0;
   let step = 0;
+  const rows = []; // the claims-scale table (tests/bench/run.sh --claims prints the "|" lines)
   ctx.onFailure(() => `claims ${c}; peaks: threads ${peak.threads}, fds ${peak.fds}, RSS ${peak.rssMiB.toFixed(1)} MiB`);
   await waitFor(async () => {
     c = await claims();
     if (c >= step + 100) { // the claims-scale table: threads, fds, RSS per claim count
       step = c - (c % 100);
       phase(`${c} claims after ${Date.now() - t0} ms`);
+      rows.push({ c, ms: Date.now() - t0, ...last });
     }
     return c >= NAMES;
   }, { timeout: CLAIMS_WAIT_MS, interval: 200, what: () => `${NAMES} claims (have ${c})` });
@@ -84,6 +86,10 @@ test("e2e_thousand_claims", async (ctx) => {
   await new Promise((res) => setTimeout(res, 5000));
   const idleRate = ((await etcdRequests()) - r0) / ((Date.now() - w0) / 1000);
   ctx.log(`idle: ${idleRate.toFixed(0)} etcd requests/s with ${c} claims (${(idleRate / c).toFixed(2)} per claim per s)`);
+  ctx.log("| claims open | after (s) | bridge threads | descriptors | RSS (MiB) |");
+  ctx.log("|---:|---:|---:|---:|---:|");
+  for (const r of rows) ctx.log(`| ${r.c} | ${(r.ms / 1000).toFixed(1)} | ${r.threads} | ${r.fds} | ${r.rssMiB.toFixed(1)} |`);
+  ctx.log(`| idle, ${c} claims | etcd ${idleRate.toFixed(0)} requests/s (${(idleRate / c).toFixed(3)} per claim) | peak ${peak.threads} | peak ${peak.fds} | peak ${peak.rssMiB.toFixed(1)} |`);
 
   const pubNc = await natsConnect(ctx, st.nats.url, "pub");
   const msgs = Array.from({ length: MSGS }, (_, i) => makeMsg("T", i, `orders.k${i % 64}`));
