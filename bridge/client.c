@@ -46,7 +46,6 @@ typedef struct client_priv {
                                * client close; the backends stay until the list is empty) */
     bool force;               /* fx_mq_client_free: endpoint closes must finish */
     pthread_t caller;         /* the thread running it */
-    int64_t ops;              /* op references held */
     fx_err close_err;         /* first endpoint close error (returned by repeated closes) */
     bool backends_freed;
 } client_priv;
@@ -246,7 +245,7 @@ fx_err fx_mq_client_new(const fx_mq_client_opts *opts, fx_mq_client **out)
     if ((e = fx_lease_mgr_new(&opts->lease, &c->leases))) goto fail;
     c->etcd_backend = fx_lease_backend_etcd(c->etcd);
     c->kv_backend = fx_lease_backend_kv(c->kv);
-    c->state = 0;
+    fx_life_init(&c->life, false);
     *out = c;
     return FX_OK;
 fail:
@@ -293,7 +292,7 @@ fx_err fx__mq_register(fx_mq_client *c, fx__mq_endpoint *ep)
 {
     if (!c || !ep || !ep->close) return fx_seterr(FX_EINVAL, "mq client: bad endpoint");
     pthread_mutex_lock(&c->mu);
-    if (c->state != 0) {
+    if (c->life.state != FX_LIFE_OPEN) {
         pthread_mutex_unlock(&c->mu);
         return fx_seterr(FX_ECLOSED, "mq client: closed");
     }
@@ -317,44 +316,33 @@ void fx__mq_unregister(fx_mq_client *c, fx__mq_endpoint *ep)
 fx_err fx__mq_op_enter(fx_mq_client *c)
 {
     if (!c) return fx_seterr(FX_EINVAL, "mq client: NULL");
-    client_priv *p = priv_of(c);
     pthread_mutex_lock(&c->mu);
-    if (c->state == 2) {
-        pthread_mutex_unlock(&c->mu);
-        return fx_seterr(FX_ECLOSED, "mq client: closed");
-    }
-    p->ops++;
+    fx_err e = fx_life_op_enter(&c->life, false);
     pthread_mutex_unlock(&c->mu);
-    return FX_OK;
+    return e ? fx_seterr(e, "mq client: closed") : FX_OK;
 }
 
 void fx__mq_op_leave(fx_mq_client *c)
 {
     if (!c) return;
-    client_priv *p = priv_of(c);
     pthread_mutex_lock(&c->mu);
-    if (--p->ops == 0) pthread_cond_broadcast(&p->cv);
+    fx_life_op_leave(&c->life, &priv_of(c)->cv);
     pthread_mutex_unlock(&c->mu);
 }
 
 fx_err fx__mq_new_op_enter(fx_mq_client *c)
 {
     if (!c) return fx_seterr(FX_EINVAL, "mq client: NULL");
-    client_priv *p = priv_of(c);
     pthread_mutex_lock(&c->mu);
-    if (c->state != 0) {
-        pthread_mutex_unlock(&c->mu);
-        return fx_seterr(FX_ECLOSED, "mq client: closed");
-    }
-    p->ops++;
+    fx_err e = fx_life_op_enter(&c->life, true);
     pthread_mutex_unlock(&c->mu);
-    return FX_OK;
+    return e ? fx_seterr(e, "mq client: closed") : FX_OK;
 }
 
 bool fx__mq_client_closing(fx_mq_client *c)
 {
     pthread_mutex_lock(&c->mu);
-    bool r = c->state != 0;
+    bool r = c->life.state != FX_LIFE_OPEN;
     pthread_mutex_unlock(&c->mu);
     return r;
 }
@@ -364,7 +352,7 @@ fx_err fx_mq_client_close(fx_mq_client *c)
     if (!c) return fx_seterr(FX_EINVAL, "mq client: NULL");
     client_priv *p = priv_of(c);
     pthread_mutex_lock(&c->mu);
-    if (c->state == 0) c->state = 1;
+    fx_life_closing(&c->life, &p->cv); /* OPEN -> CLOSING (idempotent) */
     fx_err first = FX_OK;
     saved_detail strong = {FX_OK, ""};
     /* Retry the endpoints whose close failed strongly last time. */
@@ -429,17 +417,13 @@ fx_err fx_mq_client_close(fx_mq_client *c)
                          "backends kept, close again to retry",
                          strong.e ? strong.detail : "closed by a concurrent client close");
     }
-    if (c->state == 1) {
-        c->state = 2; /* no new op references */
+    if (c->life.state == FX_LIFE_CLOSING) {
+        fx_life_close_done(&c->life, &p->cv, FX_OK); /* no new op references */
         int64_t deadline = fx_now_ms() + 2 * (int64_t)c->op_timeout_ms + c->close_timeout_ms;
-        while (p->ops > 0) {
-            struct timespec ts = fx_deadline_ts(deadline);
-            if (pthread_cond_timedwait(&p->cv, &c->mu, &ts) == ETIMEDOUT && p->ops > 0) break;
-        }
-        if (p->ops > 0) {
+        if (!fx_life_drain(&c->life, &c->mu, &p->cv, deadline)) {
             FX_ERR("mq client close: %lld backend calls still running after the close bound; "
                    "leaking the backends instead of freeing them under a caller",
-                   (long long)p->ops);
+                   (long long)c->life.ops);
         } else if (!p->backends_freed) {
             p->backends_freed = true;
             fx_revoker *rv = c->revoker;

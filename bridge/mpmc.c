@@ -64,6 +64,10 @@
  *    keys are still there (or the read-back fails) the open / put reports that error.
  *  - Member ids: one CAS per open (no range cache).
  *
+ * Lifecycle: lifecycle.h's fx_life (m->lf, under mu). A lease loss is recorded by the expiry
+ * callback and armed only when it makes the endpoint close itself (member_fail_lost): the
+ * FX_ELEASE_LOST of a close the user asked first is not reported.
+ *
  * Locking: each endpoint has one mutex `mu` (state, flags, producer routing tables) never held
  * across I/O, and a condvar `cv` (close, lease loss, ready-set changes, a reserved sub-MPSC
  * released). Producer puts run concurrently: each reserves the sub-MPSC it writes (`busy`, under
@@ -91,8 +95,6 @@
 #define MPMC_FULL_POLL_MAX_MS 100
 #define MPMC_BUSY_WAIT_MS 10000 /* longest wait for a sub-MPSC another put reserved */
 #define MPMC_MIN_CLOSE_STEP_MS 100
-
-enum { ST_CONSTRUCTING = 0, ST_OPEN, ST_CLOSING, ST_CLOSED };
 
 /* ---- small helpers ---------------------------------------------------------------------------- */
 
@@ -659,14 +661,9 @@ typedef struct mpmc_member {
     pthread_cond_t cv;
     /* under mu */
     fx_lease *h_meta, *h_payload, *h_idalloc, *h_member;
-    int state;
-    bool close_req;     /* close asked during construction */
-    bool lost;          /* a lease the endpoint depends on expired */
-    int64_t lost_lease;
-    bool cause_lost;    /* the endpoint closed because of `lost` */
-    bool lost_reported; /* FX_ELEASE_LOST returned once */
-    fx_err close_result;
-    int users; /* threads inside close() (free waits for 0) */
+    fx_life lf; /* lifecycle (lifecycle.h): constructing until member_construct_end; fault =
+                 * a lease the endpoint depends on expired (fault_lease), armed when it made
+                 * the endpoint close itself; closers = threads inside close() */
 
     /* Keeper of the sub-MPSCs' own global-long (id-allocator) leases: see keeper_sync. Shared
      * by every member of this MPMC in this client (taken on first sync, given back at close). */
@@ -694,6 +691,12 @@ typedef struct long_hold {
 
 static const char *role_name(const mpmc_member *m) { return fx_mq_role_name(m->role); }
 
+/* Open and constructed (mu held). */
+static bool member_open_locked(const mpmc_member *m)
+{
+    return m->lf.state == FX_LIFE_OPEN && !m->lf.constructing;
+}
+
 static fx_err member_init(mpmc_member *m, fx_mq_client *c, int64_t mpmc, fx_mq_role role,
                           fx_err (*close_fn)(void *), void *self)
 {
@@ -703,7 +706,7 @@ static fx_err member_init(mpmc_member *m, fx_mq_client *c, int64_t mpmc, fx_mq_r
     m->member = -1;
     m->ep.close = close_fn;
     m->ep.self = self;
-    m->state = ST_CONSTRUCTING;
+    fx_life_init(&m->lf, true);
     if (pthread_mutex_init(&m->mu, NULL) != 0) return fx_seterr(FX_ENOMEM, "mpmc: mutex init");
     if (pthread_mutex_init(&m->kmu, NULL) != 0) {
         pthread_mutex_destroy(&m->mu);
@@ -826,7 +829,7 @@ static void keeper_sync(mpmc_member *m, const int64_t *ids, size_t n)
             continue;
         }
         pthread_mutex_lock(&m->mu);
-        bool closing = m->state >= ST_CLOSING;
+        bool closing = m->lf.state >= FX_LIFE_CLOSING;
         pthread_mutex_unlock(&m->mu);
         keeper_put(k, ids[i], h);
         if (closing) return;
@@ -874,10 +877,7 @@ static void on_lease_expired(void *arg, fx_lease *h, int64_t lease_id)
     (void)h;
     mpmc_member *m = arg;
     pthread_mutex_lock(&m->mu);
-    if (!m->lost) {
-        m->lost = true;
-        m->lost_lease = lease_id;
-    }
+    fx_life_lease_lost(&m->lf, lease_id);
     pthread_cond_broadcast(&m->cv);
     pthread_mutex_unlock(&m->mu);
     FX_WRN("mpmc %" PRId64 " %s %" PRId64 ": lease %" PRId64 " expired: closing the endpoint",
@@ -887,11 +887,9 @@ static void on_lease_expired(void *arg, fx_lease *h, int64_t lease_id)
 /* The error of a call on an endpoint that is not open. mu held. */
 static fx_err closed_err_locked(mpmc_member *m)
 {
-    if (m->cause_lost && !m->lost_reported) {
-        m->lost_reported = true;
+    if (fx_life_gate(&m->lf) == FX_ELEASE_LOST)
         return fx_seterr(FX_ELEASE_LOST, "mpmc %" PRId64 " %s %" PRId64 ": closed: lease %" PRId64
-                         " lost", m->mpmc, role_name(m), m->member, m->lost_lease);
-    }
+                         " lost", m->mpmc, role_name(m), m->member, m->lf.fault_lease);
     return fx_seterr(FX_ECLOSED, "mpmc %" PRId64 " %s %" PRId64 ": closed", m->mpmc, role_name(m),
                      m->member);
 }
@@ -900,12 +898,9 @@ static fx_err closed_err_locked(mpmc_member *m)
 static fx_err member_fail_lost(mpmc_member *m, int64_t lease)
 {
     pthread_mutex_lock(&m->mu);
-    if (m->state == ST_OPEN) {
-        if (!m->lost) {
-            m->lost = true;
-            m->lost_lease = lease;
-        }
-        m->cause_lost = true;
+    if (member_open_locked(m)) {
+        fx_life_lease_lost(&m->lf, lease);
+        fx_life_fault_arm(&m->lf); /* the loss closes the endpoint: reported once */
         pthread_mutex_unlock(&m->mu);
         m->ep.close(m->ep.self);
         pthread_mutex_lock(&m->mu);
@@ -920,21 +915,20 @@ static fx_err member_fail_lost(mpmc_member *m, int64_t lease)
 static fx_err member_gate(mpmc_member *m)
 {
     pthread_mutex_lock(&m->mu);
-    if (m->state == ST_OPEN && !m->lost) { /* flags set by the manager before the callbacks */
+    if (member_open_locked(m) && !m->lf.fault) { /* flags set by the manager before the callbacks */
         fx_lease *hs[3] = {m->h_member, m->h_meta, m->h_payload};
         for (int i = 0; i < 3; i++)
             if (hs[i] && fx_lease_is_expired(hs[i])) {
-                m->lost = true;
-                m->lost_lease = fx_lease_id(hs[i]);
+                fx_life_lease_lost(&m->lf, fx_lease_id(hs[i]));
                 break;
             }
     }
-    if (m->state == ST_OPEN && m->lost) {
-        int64_t l = m->lost_lease;
+    if (member_open_locked(m) && m->lf.fault) {
+        int64_t l = m->lf.fault_lease;
         pthread_mutex_unlock(&m->mu);
         return member_fail_lost(m, l);
     }
-    fx_err e = m->state == ST_OPEN ? FX_OK : closed_err_locked(m);
+    fx_err e = member_open_locked(m) ? FX_OK : closed_err_locked(m);
     pthread_mutex_unlock(&m->mu);
     return e;
 }
@@ -943,8 +937,8 @@ static fx_err member_gate(mpmc_member *m)
 static bool member_leases_expired(mpmc_member *m, int64_t *which)
 {
     pthread_mutex_lock(&m->mu);
-    bool r = m->lost;
-    *which = m->lost_lease;
+    bool r = m->lf.fault != FX_OK;
+    *which = m->lf.fault_lease;
     fx_lease *hs[3] = {m->h_member, m->h_meta, m->h_payload};
     for (int i = 0; i < 3 && !r; i++)
         if (hs[i] && fx_lease_is_expired(hs[i])) {
@@ -984,11 +978,11 @@ static fx_err member_construct_check(mpmc_member *m)
 {
     pthread_mutex_lock(&m->mu);
     fx_err e = FX_OK;
-    if (m->close_req)
+    if (m->lf.close_req)
         e = fx_seterr(FX_ECLOSED, "mpmc %" PRId64 ": closed during open", m->mpmc);
-    else if (m->lost)
+    else if (m->lf.fault)
         e = fx_seterr(FX_ELEASE_LOST, "mpmc %" PRId64 ": lease %" PRId64 " lost during open",
-                      m->mpmc, m->lost_lease);
+                      m->mpmc, m->lf.fault_lease);
     pthread_mutex_unlock(&m->mu);
     return e;
 }
@@ -998,11 +992,11 @@ static fx_err member_construct_check(mpmc_member *m)
 static bool member_wait(mpmc_member *m, int64_t ms)
 {
     pthread_mutex_lock(&m->mu);
-    bool stop = m->close_req || m->lost || m->state >= ST_CLOSING;
+    bool stop = m->lf.stop; /* close asked, lease lost, or closing */
     if (!stop && ms > 0) {
         struct timespec ts = fx_deadline_ts(fx_now_ms() + ms);
         pthread_cond_timedwait(&m->cv, &m->mu, &ts);
-        stop = m->close_req || m->lost || m->state >= ST_CLOSING;
+        stop = m->lf.stop;
     }
     pthread_mutex_unlock(&m->mu);
     return stop;
@@ -1155,7 +1149,7 @@ static void member_close_tail(mpmc_member *m, int64_t deadline, bool have_op, bo
     pthread_mutex_lock(&m->mu);
     fx_lease *hs[4] = {m->h_member, m->h_meta, m->h_payload, m->h_idalloc};
     m->h_member = m->h_meta = m->h_payload = m->h_idalloc = NULL;
-    bool lost = m->lost;
+    bool lost = m->lf.fault != FX_OK;
     pthread_mutex_unlock(&m->mu);
     for (int i = 0; i < 4; i++) fx_lease_release(hs[i]);
     keeper_release(m);
@@ -1170,50 +1164,38 @@ static void member_close_tail(mpmc_member *m, int64_t deadline, bool have_op, bo
     }
 }
 
-/* Close protocol of every endpoint: idempotent, concurrent-safe; waits for a running
- * construction (interrupted through close_req). pass() does the work once. */
+/* Close protocol of every endpoint (fx_life_close_begin): idempotent, concurrent-safe; waits
+ * for a running construction (interrupted through close_req). pass() does the work once. */
 static fx_err member_close(mpmc_member *m, fx_err (*pass)(void *self), void *self)
 {
     pthread_mutex_lock(&m->mu);
-    m->users++;
-    if (m->state == ST_CONSTRUCTING) {
-        m->close_req = true;
-        pthread_cond_broadcast(&m->cv);
-        while (m->state == ST_CONSTRUCTING) pthread_cond_wait(&m->cv, &m->mu);
-    }
-    if (m->state == ST_OPEN) {
-        m->state = ST_CLOSING;
-        pthread_cond_broadcast(&m->cv);
+    fx_err r = FX_OK;
+    if (fx_life_close_begin(&m->lf, &m->mu, &m->cv, &r) == FX_LIFE_CLOSE_RUN) {
         pthread_mutex_unlock(&m->mu);
-        fx_err r = pass(self);
+        r = pass(self);
         saved_err se;
         save_err(&se, r);
         pthread_mutex_lock(&m->mu);
-        m->state = ST_CLOSED;
-        m->close_result = r;
-        pthread_cond_broadcast(&m->cv);
+        fx_life_close_done(&m->lf, &m->cv, r);
         pthread_mutex_unlock(&m->mu);
         /* Concurrent closers (the client's included) may return now; then unregister. */
         if (m->registered) fx__mq_unregister(m->c, &m->ep);
         pthread_mutex_lock(&m->mu);
-        m->users--;
-        pthread_cond_broadcast(&m->cv);
+        fx_life_close_leave(&m->lf, &m->cv);
         pthread_mutex_unlock(&m->mu);
         return restore_err(&se);
     }
-    while (m->state != ST_CLOSED) pthread_cond_wait(&m->cv, &m->mu);
-    fx_err r = m->close_result;
-    m->users--;
-    pthread_cond_broadcast(&m->cv);
+    int64_t id = m->mpmc; /* m may be freed once this closer has left */
+    fx_life_close_leave(&m->lf, &m->cv);
     pthread_mutex_unlock(&m->mu);
-    return r ? fx_seterr(r, "mpmc %" PRId64 ": close failed earlier", m->mpmc) : FX_OK;
+    return r ? fx_seterr(r, "mpmc %" PRId64 ": close failed earlier", id) : FX_OK;
 }
 
-/* Before freeing: every close() caller has left. */
+/* Before freeing: closed, and every close() caller has left. */
 static void member_wait_users(mpmc_member *m)
 {
     pthread_mutex_lock(&m->mu);
-    while (m->users > 0) pthread_cond_wait(&m->cv, &m->mu);
+    fx_life_wait_closed(&m->lf, &m->mu, &m->cv);
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -1222,12 +1204,11 @@ static void member_wait_users(mpmc_member *m)
 static fx_err member_construct_end(mpmc_member *m, fx_err e)
 {
     pthread_mutex_lock(&m->mu);
-    if (!e && m->close_req) e = fx_seterr(FX_ECLOSED, "mpmc %" PRId64 ": closed during open", m->mpmc);
-    if (!e && m->lost)
+    if (!e && m->lf.close_req) e = fx_seterr(FX_ECLOSED, "mpmc %" PRId64 ": closed during open", m->mpmc);
+    if (!e && m->lf.fault)
         e = fx_seterr(FX_ELEASE_LOST, "mpmc %" PRId64 ": lease %" PRId64 " lost during open",
-                      m->mpmc, m->lost_lease);
-    m->state = ST_OPEN;
-    pthread_cond_broadcast(&m->cv);
+                      m->mpmc, m->lf.fault_lease);
+    fx_life_constructed(&m->lf, &m->cv);
     pthread_mutex_unlock(&m->mu);
     return e;
 }
@@ -2099,7 +2080,7 @@ static fx_err consumer_sub_failed(fx_mpmc_consumer *cs, fx_err e)
 {
     mpmc_member *m = &cs->m;
     pthread_mutex_lock(&m->mu);
-    bool open = m->state == ST_OPEN;
+    bool open = member_open_locked(m);
     pthread_mutex_unlock(&m->mu);
     if (!open) return member_gate(m);
     if (e == FX_ELEASE_LOST || fx__mpsc_consumer_fault(cs->sub) == FX_ELEASE_LOST)
@@ -2487,9 +2468,9 @@ static fx_err producer_sub(fx_mpmc_producer *p, int64_t chan, fx_mpsc_producer *
     fx_err e = fx__mpsc_producer_open_sub(m->c, chan, p->weight, &m->parent, &sp);
     if (e) return e;
     pthread_mutex_lock(&m->mu);
-    if (m->state != ST_OPEN ||
+    if (!member_open_locked(m) ||
         !grow((void **)&p->subs, &p->cap_subs, p->n_subs + 1, sizeof *p->subs)) {
-        bool open = m->state == ST_OPEN;
+        bool open = member_open_locked(m);
         pthread_mutex_unlock(&m->mu);
         fx_mpsc_producer_close(sp);
         fx_mpsc_producer_free(sp);
@@ -2510,7 +2491,7 @@ static void producer_drop_sub(fx_mpmc_producer *p, int64_t chan)
     mpmc_member *m = &p->m;
     fx_mpsc_producer *sp = NULL;
     pthread_mutex_lock(&m->mu);
-    if (m->state == ST_OPEN) { /* else close owns the cache */
+    if (member_open_locked(m)) { /* else close owns the cache */
         for (size_t i = 0; i < p->n_subs; i++)
             if (p->subs[i].chan == chan) {
                 sp = p->subs[i].p;
@@ -2569,7 +2550,7 @@ static fx_err producer_stop_err(fx_mpmc_producer *p, bool ask_backend)
     int64_t l;
     if (member_leases_expired(m, &l)) return member_fail_lost(m, l);
     pthread_mutex_lock(&m->mu);
-    bool open = m->state == ST_OPEN;
+    bool open = member_open_locked(m);
     pthread_mutex_unlock(&m->mu);
     if (!open) return member_gate(m);
     if (ask_backend && member_probe_leases(m, &l)) return member_fail_lost(m, l);

@@ -37,10 +37,11 @@
  * Bounds: at most MAX_UNACKED (65536) handed-out, unacknowledged ids per producer: get() skips a
  * producer at that bound (and times out if nothing else is ready) until acks come in.
  *
- * Endpoint lifecycle (both kinds): `mu` guards the state; close is a small state machine
- * (OPEN -> RUNNING -> DONE -> FINISHED): the first caller does the work, concurrent callers wait
- * for DONE, the worker unregisters from the client root after DONE and then sets FINISHED; free
- * waits for FINISHED and for every concurrent closer to have left.
+ * Endpoint lifecycle (both kinds): lifecycle.h's fx_life, guarded by the endpoint's `mu`
+ * (OPEN -> CLOSING -> CLOSED, RETRY for a consumer close that failed strongly): the first closer
+ * does the work, concurrent closers wait for CLOSED, the worker unregisters from the client root
+ * after CLOSED and then leaves the close; free waits for CLOSED and for every closer to have left.
+ * A lost lease is armed at once: the next call reports FX_ELEASE_LOST and closes the endpoint.
  */
 #include "mpsc_int.h"
 

@@ -82,7 +82,7 @@ struct fx_mpsc_consumer {
     stats st;
     fx_err final_err;       /* the commit thread's final commit failed (written before join) */
     char final_detail[256];
-    fx_err retry_err;       /* ST_RETRY: the strong error of the last close (under mu) */
+    fx_err retry_err;       /* FX_LIFE_RETRY: the strong error of the last close (under mu) */
 };
 
 static pstate *ps_find(fx_mpsc_consumer *c, int64_t pidx)
@@ -1018,7 +1018,7 @@ static int64_t uncommitted_acks(const fx_mpsc_consumer *c)
 /* Close. The first call leaves the shared watch, stops the commit thread (which makes one final bounded
  * commit attempt). Strong error (standalone consumer, no lease lost, force false): acknowledged
  * ids are still uncommitted after that attempt -> the close returns that error, *unfinished is
- * set and the endpoint stays in ST_RETRY (leases, membership and acks kept): the next close
+ * set and the endpoint stays in FX_LIFE_RETRY (leases, membership and acks kept): the next close
  * retries the commit (one bounded attempt) and, when it lands, finishes. force: finish anyway
  * (the uncommitted messages are delivered again; WARN). Sub-consumers (MPMC) never fail strongly:
  * their MPMC close goes on (the same WARN). */
@@ -1029,29 +1029,20 @@ static fx_err cons_close_impl(fx_mpsc_consumer *c, bool force, bool *unfinished)
     c->lf.stop = true;
     pthread_cond_broadcast(&c->data_cv);
     pthread_cond_broadcast(&c->commit_cv);
-    pthread_cond_broadcast(&c->cv);
-    while (c->lf.constructing) pthread_cond_wait(&c->cv, &c->mu);
-    if (c->lf.state == ST_DONE || c->lf.state == ST_FINISHED) {
-        fx_err r = c->lf.result;
-        pthread_mutex_unlock(&c->mu);
-        return r;
-    }
-    if (c->lf.state == ST_RUNNING) {
-        c->lf.waiters++;
-        while (c->lf.state == ST_RUNNING) pthread_cond_wait(&c->cv, &c->mu);
-        fx_err r = c->lf.result;
-        if (c->lf.state == ST_RETRY) {
+    fx_err r = FX_OK;
+    fx_life_close k = fx_life_close_begin(&c->lf, &c->mu, &c->cv, &r);
+    if (k == FX_LIFE_CLOSE_DONE || k == FX_LIFE_CLOSE_RETRY) {
+        if (k == FX_LIFE_CLOSE_RETRY) { /* the closer waited for left it retryable */
             r = fx_seterr(c->retry_err, "mpsc consumer %lld/%lld: close failed (acknowledged "
                           "messages not committed); close again to retry",
                           (long long)c->m.chan, (long long)c->cidx);
             if (unfinished) *unfinished = true;
         }
-        if (--c->lf.waiters == 0) pthread_cond_broadcast(&c->cv);
+        fx_life_close_leave(&c->lf, &c->cv);
         pthread_mutex_unlock(&c->mu);
         return r;
     }
-    bool retry = c->lf.state == ST_RETRY;
-    c->lf.state = ST_RUNNING;
+    bool retry = k == FX_LIFE_CLOSE_RERUN;
     pthread_mutex_unlock(&c->mu);
 
     fx_mq_client *cl = c->c;
@@ -1089,9 +1080,9 @@ static fx_err cons_close_impl(fx_mpsc_consumer *c, bool force, bool *unfinished)
         if (left > 0 && !force) {
             fx_err e = c->final_err ? c->final_err : FX_ETIMEDOUT;
             pthread_mutex_lock(&c->mu);
-            c->lf.state = ST_RETRY;
             c->retry_err = e;
-            pthread_cond_broadcast(&c->cv);
+            fx_life_close_retry(&c->lf, &c->cv);
+            fx_life_close_leave(&c->lf, &c->cv);
             pthread_mutex_unlock(&c->mu);
             if (unfinished) *unfinished = true;
             FX_WRN("mpsc consumer %lld/%lld close: %lld acknowledged message(s) not committed "
@@ -1287,7 +1278,7 @@ static fx_err cons_open(fx_mq_client *cl, int64_t chan, const fx__mpsc_parent *p
     c->cidx = -1;
     c->m.chan = chan;
     c->m.sub = parent != NULL;
-    c->lf.constructing = true;
+    fx_life_init(&c->lf, true);
     if (pthread_mutex_init(&c->mu, NULL) || pthread_mutex_init(&c->get_mu, NULL) ||
         fx_cond_init_monotonic(&c->cv) || fx_cond_init_monotonic(&c->data_cv) ||
         fx_cond_init_monotonic(&c->commit_cv)) {
@@ -1309,9 +1300,7 @@ static fx_err cons_open(fx_mq_client *cl, int64_t chan, const fx__mpsc_parent *p
         fx__mq_op_leave(cl);
     }
     pthread_mutex_lock(&c->mu);
-    c->lf.constructing = false;
-    bool aborted = c->lf.stop;
-    pthread_cond_broadcast(&c->cv);
+    bool aborted = fx_life_constructed(&c->lf, &c->cv);
     pthread_mutex_unlock(&c->mu);
     if (e || aborted) {
         if (!e) e = fx_seterr(FX_ECLOSED, "mpsc consumer closed while opening");

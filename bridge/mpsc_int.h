@@ -37,10 +37,10 @@
 #define COMMIT_GROUP 64                /* producers per commit txn (2 ops each) */
 #define SKIP_LOG_MS 1000
 
-/* ST_RETRY (standalone consumer only): a close failed strongly (acknowledged messages could not
- * be committed); the data path is closed, the endpoint keeps its leases and membership, and the
- * next close runs again (free() forces it to finish). */
-enum { ST_OPEN = 0, ST_RUNNING, ST_DONE, ST_FINISHED, ST_RETRY };
+/* Close states: lifecycle.h (`life` below). FX_LIFE_RETRY (standalone consumer only): a close
+ * failed strongly (acknowledged messages could not be committed); the data path is closed, the
+ * endpoint keeps its leases and membership, and the next close runs again (free() forces it to
+ * finish). */
 
 /* ---- shared pieces --------------------------------------------------------------------------- */
 
@@ -81,24 +81,16 @@ typedef struct chan_mgr {
     fx_lease *h_member, *h_global, *h_long, *h_payload;
 } chan_mgr;
 
-/* Endpoint lifecycle state (guarded by the endpoint's mu). */
-typedef struct life {
-    bool constructing;
-    bool stop;           /* the data path must stop: close requested or lease lost */
-    fx_err fault;        /* FX_ELEASE_LOST once a member/payload lease is lost */
-    bool fault_reported; /* the fault was returned once */
-    int state;           /* ST_* */
-    int waiters;         /* concurrent closers waiting for DONE */
-    fx_err result;
-} life;
+/* Endpoint lifecycle state (guarded by the endpoint's mu): lifecycle.h. */
+typedef fx_life life;
 
 /* A lease of the endpoint expired (expiry callback, endpoint mutex held): stop the data path and
- * remember the fault. Returns true the first time (the caller logs). */
+ * remember the fault, armed (the next call reports it). Returns true the first time (the caller
+ * logs). */
 static inline bool life_lease_lost(life *lf)
 {
-    if (lf->fault || lf->state >= ST_DONE) return false;
-    lf->fault = FX_ELEASE_LOST;
-    lf->stop = true;
+    if (!fx_life_lease_lost(lf, 0)) return false;
+    fx_life_fault_arm(lf);
     return true;
 }
 
@@ -106,30 +98,28 @@ static inline bool life_lease_lost(life *lf)
  * after a lease loss (*self_close set: the caller runs the endpoint's close); FX_ECLOSED after. */
 static inline fx_err life_gate(life *lf, const char *what, int64_t chan, int64_t idx, bool *self_close)
 {
-    if (lf->fault && !lf->fault_reported) {
-        lf->fault_reported = true;
+    fx_err e = fx_life_gate(lf);
+    if (e == FX_ELEASE_LOST) {
         *self_close = true;
         return fx_seterr(FX_ELEASE_LOST, "mpsc %s %lld/%lld: a lease it depends on was lost", what,
                          (long long)chan, (long long)idx);
     }
-    if (lf->stop || lf->state != ST_OPEN) return fx_seterr(FX_ECLOSED, "mpsc %s closed", what);
+    if (e) return fx_seterr(FX_ECLOSED, "mpsc %s closed", what);
     return FX_OK;
 }
 
-/* End of a close: mark DONE (wakes concurrent closers and waiting calls), unregister a standalone
- * endpoint from the client root (which may wait for the root's own close of it), then FINISHED. */
+/* End of a close: mark CLOSED (wakes concurrent closers and waiting calls), unregister a
+ * standalone endpoint from the client root (which may wait for the root's own close of it), then
+ * leave the close. */
 static inline void life_finish(life *lf, pthread_mutex_t *mu, pthread_cond_t *cv, fx_mq_client *c,
                         fx__mq_endpoint *ep, bool registered)
 {
     pthread_mutex_lock(mu);
-    lf->state = ST_DONE;
-    lf->result = FX_OK;
-    pthread_cond_broadcast(cv);
+    fx_life_close_done(lf, cv, FX_OK);
     pthread_mutex_unlock(mu);
     if (registered) fx__mq_unregister(c, ep);
     pthread_mutex_lock(mu);
-    lf->state = ST_FINISHED;
-    pthread_cond_broadcast(cv);
+    fx_life_close_leave(lf, cv);
     pthread_mutex_unlock(mu);
 }
 
@@ -137,7 +127,7 @@ static inline void life_finish(life *lf, pthread_mutex_t *mu, pthread_cond_t *cv
 static inline void life_wait_finished(life *lf, pthread_mutex_t *mu, pthread_cond_t *cv)
 {
     pthread_mutex_lock(mu);
-    while (lf->state != ST_FINISHED || lf->waiters > 0) pthread_cond_wait(cv, mu);
+    fx_life_wait_closed(lf, mu, cv);
     pthread_mutex_unlock(mu);
 }
 

@@ -55,9 +55,7 @@ static fx_err prod_gate(fx_mpsc_producer *p, bool *self_close)
 static fx_err prod_fault_now(fx_mpsc_producer *p, const char *why)
 {
     pthread_mutex_lock(&p->mu);
-    if (!p->lf.fault) p->lf.fault = FX_ELEASE_LOST;
-    p->lf.fault_reported = true;
-    p->lf.stop = true;
+    fx_life_fault_now(&p->lf, 0);
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     FX_WRN("mpsc producer %lld/%lld: %s; closing the producer", (long long)p->m.chan,
@@ -474,23 +472,12 @@ static void prod_destroy(fx_mpsc_producer *p)
 static fx_err prod_close_impl(fx_mpsc_producer *p)
 {
     pthread_mutex_lock(&p->mu);
-    p->lf.stop = true;
-    pthread_cond_broadcast(&p->cv);
-    while (p->lf.constructing) pthread_cond_wait(&p->cv, &p->mu);
-    if (p->lf.state >= ST_DONE) {
-        fx_err r = p->lf.result;
+    fx_err r = FX_OK; /* a producer close never fails retryably: RUN or DONE */
+    if (fx_life_close_begin(&p->lf, &p->mu, &p->cv, &r) != FX_LIFE_CLOSE_RUN) {
+        fx_life_close_leave(&p->lf, &p->cv);
         pthread_mutex_unlock(&p->mu);
         return r;
     }
-    if (p->lf.state == ST_RUNNING) {
-        p->lf.waiters++;
-        while (p->lf.state < ST_DONE) pthread_cond_wait(&p->cv, &p->mu);
-        fx_err r = p->lf.result;
-        if (--p->lf.waiters == 0) pthread_cond_broadcast(&p->cv);
-        pthread_mutex_unlock(&p->mu);
-        return r;
-    }
-    p->lf.state = ST_RUNNING;
     pthread_mutex_unlock(&p->mu);
 
     fx_mq_client *c = p->c;
@@ -607,7 +594,7 @@ static fx_err prod_open(fx_mq_client *c, int64_t chan, int64_t weight,
     p->pidx = -1;
     p->m.chan = chan;
     p->m.sub = parent != NULL;
-    p->lf.constructing = true;
+    fx_life_init(&p->lf, true);
     if (pthread_mutex_init(&p->mu, NULL) || pthread_mutex_init(&p->put_mu, NULL) ||
         fx_cond_init_monotonic(&p->cv)) {
         free(p); /* (a failed init leaves nothing to destroy on Linux) */
@@ -627,9 +614,7 @@ static fx_err prod_open(fx_mq_client *c, int64_t chan, int64_t weight,
         fx__mq_op_leave(c);
     }
     pthread_mutex_lock(&p->mu);
-    p->lf.constructing = false;
-    bool aborted = p->lf.stop;
-    pthread_cond_broadcast(&p->cv);
+    bool aborted = fx_life_constructed(&p->lf, &p->cv);
     pthread_mutex_unlock(&p->mu);
     if (e || aborted) {
         if (!e) e = fx_seterr(FX_ECLOSED, "mpsc producer closed while opening");

@@ -12,6 +12,7 @@
 
 #include "fluxon_mq.h"
 #include "keys.h"
+#include "lifecycle.h"
 #include "meta.h"
 
 /* ---- client root ------------------------------------------------------------------------------ */
@@ -44,9 +45,10 @@ struct fx_mq_client {
     int kv_timeout_ms;        /* deadline of each data-path KV call (opts; op_timeout_ms) */
     char client_id[FX_MQ_STR_MAX + 1]; /* external_client_id of our memberships (opts) */
 
-    pthread_mutex_t mu;       /* guards the registry and `state` */
+    pthread_mutex_t mu;       /* guards the registry and `life` */
     fx__mq_endpoint *endpoints;
-    int state;                /* 0 open, 1 closing, 2 closed */
+    fx_life life;             /* OPEN; CLOSING: no new endpoint or new work; CLOSED: no new op
+                               * reference (lifecycle.h; life.ops counts the op references) */
     struct fx_revoker *revoker; /* created on first use (under mu); stopped before the backends */
     struct fx_pwatch *pwatch;   /* shared produce-offset watch (pwatch.h): first use, under mu */
     struct fx__cpool *cpool;    /* commit pool of the MPSC consumers (mpsc_cons.c): first use, under mu */
