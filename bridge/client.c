@@ -1,15 +1,15 @@
-/* client.c -- the Fluxon MQ client root (the seed's KvClient): backends, LeaseManager, the
+/* client.c -- the Fluxon MQ client root (Fluxon's KvClient): backends, LeaseManager, the
  * endpoint close registry, channel-config validation. Contracts: fluxon_mq.h, mq_int.h.
  *
- * Registry protocol (the seed's child-close registry):
+ * Registry protocol (Fluxon MQ's child-close registry):
  *  - fx__mq_register() links an endpoint (before its blocking construction); refused with
  *    FX_ECLOSED once the client is closing.
  *  - fx_mq_client_close() takes the endpoints one at a time: it unlinks the endpoint, marks it as
  *    "being closed by the client" (priv->calling), calls its close outside the lock and then only
  *    clears the mark and wakes anyone waiting: it never touches the endpoint after its close
  *    returned, because a thread whose open was interrupted by this close frees the endpoint as
- *    soon as the close has finished it (the seed's "construction running while the client
- *    closes").
+ *    soon as the close has finished it (a construction may be running while the client
+ *    closes).
  *  - fx__mq_unregister() unlinks; when the client is inside that endpoint's close on another
  *    thread, it first waits until that call has returned, so an endpoint that unregistered can be
  *    freed without the client still touching it. (The endpoint must therefore let concurrent

@@ -1,7 +1,8 @@
 /* mpmc.c -- Fluxon MQ MPMC channels: name mapping, creator/attach, member lease and role keys,
  * producer LRU rotation over ready sub-MPSCs, consumer claim/create, close order.
  * Contracts: fluxon_mq.h (public), mq_int.h (the MPSC layer and the client root).
- * Protocol: DESIGN.md §4.3, shared/reference/fluxon-mq-notes.md §5, the seed's MPMC chapters.
+ * Protocol: Fluxon MQ's MPMC design (docs/ARCHITECTURE.md "Keys and objects", "Leases"), with
+ * the reference implementation's defects fixed where noted.
  *
  * Decisions (beyond the reference):
  *  - resolve() keeps no lease handle. It creates the MPMC (one mpmc id per creation; id-allocator
@@ -9,7 +10,8 @@
  *    last so its TTL starts as late as possible), publishes the name mapping and returns. The
  *    MPMC then lives one TTL (>= min_ttl_s >= 2 s) on its own; every open() -- the creator's
  *    first open and every later attach alike -- registers all three shared leases with a probe
- *    (the fix of notes §10.11: any member keeps the channel alive). A caller that resolves and
+ *    (fixed: in the reference implementation only the creator kept them alive; here any member
+ *    keeps the channel alive). A caller that resolves and
  *    opens later than one TTL gets FX_ELEASE_EXPIRED ("mpmc meta stale") from open and resolves
  *    again: a mapping whose meta is gone or whose leases are expired is replaced (CAS on the old
  *    value), so the retry heals. A losing creator leaves its MPMC unregistered to expire.
@@ -259,7 +261,7 @@ static fx_err read_view(fx_mq_client *c, int64_t mpmc, mpmc_view *v)
 
 static bool view_ready(const mpmc_view *v, int64_t id) { return ids_has(v->ready, v->n_ready, id); }
 
-/* ---- rollback of an unpublished sub-MPSC (notes §5.4 step 7) ---------------------------------- */
+/* ---- rollback of an unpublished sub-MPSC ------------------------------------------------------- */
 
 /* Keys of an unpublished sub-MPSC still present (one txn of count-only ranges over the five
  * targets of the rollback delete, so one revision). */
@@ -287,7 +289,7 @@ static fx_err rollback_left(fx_mq_client *c, const fx_op *dels, int64_t *left)
     return e;
 }
 
-/* Strict rollback (the seed's _rollback_unpublished_channel): close the sub-consumer, then delete
+/* Strict rollback (Fluxon MQ's _rollback_unpublished_channel): close the sub-consumer, then delete
  * every channel-scoped key and read them back, up to MPMC_ROLLBACK_ATTEMPTS times. FX_OK only once
  * a read-back found none left; otherwise an error (FX_EEXISTS: keys still present; or the error
  * of the read-back) whose detail names the sub-MPSC. The caller reports it instead of its own
@@ -768,7 +770,7 @@ static bool keeper_knows(mpmc_keeper *k, int64_t chan)
 
 /* Every member keeps the global-long lease of every sub-MPSC it knows alive (registered with a
  * probe, released at close), not only of those it binds: a sub-MPSC whose binders all left must
- * still be bindable by a later member after long_lease_ttl_s (DESIGN §4.3: the channel lives
+ * still be bindable by a later member after long_lease_ttl_s (the channel lives
  * while any member lives). The holds are shared by the members of the MPMC in this client
  * (mpmc_keeper): a sub-MPSC already held costs nothing. Best effort: a read or registration
  * failure is retried on the next sync; a lease found gone is remembered and not retried. Runs
@@ -2287,7 +2289,13 @@ static fx_err producer_read_list(fx_mpmc_producer *p, bool *present, fx_bytes *r
         }
     }
     pthread_mutex_lock(&m->mu);
-    /* Append-only: keep the local order, add what is new. */
+    /* Keep the local order; drop what the list no longer has (reclaimed) unless the ready watch
+     * knows it (published after this read was answered); add what is new. */
+    size_t kept = 0;
+    for (size_t i = 0; i < p->n_list; i++)
+        if (!*present || ids_has(ids, n, p->list[i]) || ready_find(p, p->list[i]) >= 0)
+            p->list[kept++] = p->list[i];
+    p->n_list = kept;
     for (size_t i = 0; i < n; i++) {
         if (ids_has(p->list, p->n_list, ids[i])) continue;
         if (!grow((void **)&p->list, &p->cap_list, p->n_list + 1, sizeof *p->list)) {
@@ -2603,7 +2611,12 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
                 FX_DBG("mpmc %" PRId64 ": bind of sub-MPSC %" PRId64 " failed: %s (%s)", m->mpmc,
                        cand[i], fx_errname(last.e), last.detail);
                 if (last.e == FX_ELEASE_LOST || last.e == FX_ECLOSED) last.e = FX_EUNAVAIL;
-                if (last.e == FX_ENOTFOUND) gone = true; /* meta gone: reclaimed */
+                if (last.e == FX_ENOTFOUND) { /* meta gone: reclaimed; route elsewhere */
+                    gone = true;
+                    pthread_mutex_lock(&m->mu);
+                    ready_remove(p, cand[i]);
+                    pthread_mutex_unlock(&m->mu);
+                }
                 continue;
             }
             size_t k = 0;

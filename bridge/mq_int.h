@@ -17,11 +17,11 @@
 
 /* ---- client root ------------------------------------------------------------------------------ */
 
-/* An endpoint registered with the client root (the seed's child-close registry). */
+/* An endpoint registered with the client root (Fluxon MQ's child-close registry). */
 typedef struct fx__mq_endpoint {
     fx_err (*close)(void *self); /* the endpoint's public close */
     /* Optional (NULL: `close` is used, which always finishes the endpoint). A close that can fail
-     * strongly (the seed's rule: such a child blocks backend teardown and stays retryable): on a
+     * strongly (Fluxon MQ's rule: such a child blocks backend teardown and stays retryable): on a
      * strong failure it returns the error with *unfinished = true and stays registered-able and
      * closable; force = true always finishes (used by fx_mq_client_free). */
     fx_err (*close_ex)(void *self, bool force, bool *unfinished);
@@ -121,7 +121,7 @@ fx_err fx__mq_grant(fx_mq_client *c, int64_t ttl_s, int64_t *id);
 
 /* ---- MPSC internals used by MPMC (mpsc*.c) ------------------------------------------------------- */
 
-/* Lease and naming overrides of a sub-MPSC of an MPMC (the seed's new_mpmc_subchannel_*). */
+/* Lease and naming overrides of a sub-MPSC of an MPMC (Fluxon MQ's new_mpmc_subchannel_*). */
 typedef struct fx__mpsc_parent {
     int64_t mpmc;          /* payload key namespace: mpmc/{mpmc}/mpsc_{chan}/... */
     int64_t global_lease;  /* MPMC metadata lease (used as the MPSC global lease) */
