@@ -1304,10 +1304,10 @@ static fx_err cons_open(fx_mq_client *cl, int64_t chan, const fx__mpsc_parent *p
     pthread_mutex_unlock(&c->mu);
     if (e || aborted) {
         if (!e) e = fx_seterr(FX_ECLOSED, "mpsc consumer closed while opening");
-        char d[512];
-        snprintf(d, sizeof d, "%s", fx_err_detail());
+        bool held = fx_err_hold();
         fx_mpsc_consumer_free(c);
-        return fx_seterr(e, "%s", d);
+        fx_err_release(held);
+        return e;
     }
     FX_DBG("mpsc consumer %lld/%lld open", (long long)chan, (long long)c->cidx);
     *out = c;

@@ -418,10 +418,9 @@ static fx_err put_impl(fx_mpsc_producer *p, const fx_slice *values, size_t n, in
     if (e == FX_EFULL) p->st.full_errors++;
     if (e == FX_ELEASE_LOST) self_close = true;
     if (self_close) {
-        char d[512];
-        snprintf(d, sizeof d, "%s", fx_err_detail());
+        bool held = fx_err_hold();
         prod_close_impl(p);
-        fx_seterr(e, "%s", d);
+        fx_err_release(held);
     }
     if (n_put) *n_put = done;
     return e;
@@ -618,10 +617,10 @@ static fx_err prod_open(fx_mq_client *c, int64_t chan, int64_t weight,
     pthread_mutex_unlock(&p->mu);
     if (e || aborted) {
         if (!e) e = fx_seterr(FX_ECLOSED, "mpsc producer closed while opening");
-        char d[512];
-        snprintf(d, sizeof d, "%s", fx_err_detail());
+        bool held = fx_err_hold();
         fx_mpsc_producer_free(p);
-        return fx_seterr(e, "%s", d);
+        fx_err_release(held);
+        return e;
     }
     FX_DBG("mpsc producer %lld/%lld open (next id %lld)", (long long)chan, (long long)p->pidx,
            (long long)p->next);
