@@ -201,6 +201,21 @@ void fx__mpsc_consumer_set_notify(fx_mpsc_consumer *c, void (*fn)(void *arg), vo
     pthread_mutex_unlock(&c->mu);
 }
 
+/* Every key under prefix `pre` (one range read, the client's op deadline); on error *rr is
+ * empty. */
+static fx_err range_prefix(fx_mq_client *cl, const fx_mq_key *pre, fx_range_resp *rr)
+{
+    uint8_t end[FX_MQ_KEY_CAP];
+    size_t el = fx_prefix_end(fx_mq_key_slice(pre), end);
+    fx_range_req rq = {.key = fx_mq_key_slice(pre), .range_end = {end, el}};
+    fx_err e = fx_etcd_range(cl->etcd, &rq, rr, cl->op_timeout_ms);
+    if (e) {
+        fx_range_resp_free(rr);
+        memset(rr, 0, sizeof *rr);
+    }
+    return e;
+}
+
 /* The channel's produce offsets, read once after registering with the shared watch (events
  * written before the registration are in this read; later ones come from the watch). */
 static fx_err read_produce(fx_mpsc_consumer *c)
@@ -209,14 +224,8 @@ static fx_err read_produce(fx_mpsc_consumer *c)
     fx_mq_key pre;
     fx_err e = key_err(fx_mq_prefix_produce_offsets(&cl->keys, c->m.chan, &pre), "prefix");
     if (e) return e;
-    uint8_t end[FX_MQ_KEY_CAP];
-    size_t el = fx_prefix_end(fx_mq_key_slice(&pre), end);
-    fx_range_req rq = {.key = fx_mq_key_slice(&pre), .range_end = {end, el}};
     fx_range_resp rr = {0};
-    if ((e = fx_etcd_range(cl->etcd, &rq, &rr, cl->op_timeout_ms))) {
-        fx_range_resp_free(&rr);
-        return e;
-    }
+    if ((e = range_prefix(cl, &pre, &rr))) return e;
     bool changed = false;
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < rr.n_kvs; i++) {
@@ -1182,14 +1191,8 @@ static fx_err read_resume(fx_mpsc_consumer *c)
     fx_mq_key pre;
     fx_err e = key_err(fx_mq_prefix_consume_offsets(&cl->keys, c->m.chan, &pre), "prefix");
     if (e) return e;
-    uint8_t end[FX_MQ_KEY_CAP];
-    size_t el = fx_prefix_end(fx_mq_key_slice(&pre), end);
-    fx_range_req rq = {.key = fx_mq_key_slice(&pre), .range_end = {end, el}};
     fx_range_resp rr = {0};
-    if ((e = fx_etcd_range(cl->etcd, &rq, &rr, cl->op_timeout_ms))) {
-        fx_range_resp_free(&rr);
-        return e;
-    }
+    if ((e = range_prefix(cl, &pre, &rr))) return e;
     c->resume = rr.n_kvs ? calloc(rr.n_kvs, sizeof *c->resume) : NULL;
     if (rr.n_kvs && !c->resume) {
         fx_range_resp_free(&rr);

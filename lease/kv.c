@@ -444,17 +444,23 @@ static fx_err kv_etcd_get(void *self, fx_slice key, fx_bytes *out, int timeout_m
     return e;
 }
 
+/* The prefixed start key and range end of [start, end) (kv_etcd_end rules); both released
+ * with kbuf_done on success, nothing held on error. */
+static fx_err kbuf_range(kv_etcd *k, fx_slice start, fx_slice end, kbuf *ks, kbuf *ke)
+{
+    fx_err e = kbuf_make(ks, k, start);
+    if (e) return e;
+    if ((e = kv_etcd_end(k, ks, end, ke))) kbuf_done(ks);
+    return e;
+}
+
 static fx_err kv_etcd_get_range(void *self, fx_slice start, fx_slice end, int64_t limit,
                                 fx_range_resp *out, int timeout_ms)
 {
     kv_etcd *k = self;
     kbuf ks, ke;
-    fx_err e = kbuf_make(&ks, k, start);
+    fx_err e = kbuf_range(k, start, end, &ks, &ke);
     if (e) return e;
-    if ((e = kv_etcd_end(k, &ks, end, &ke))) {
-        kbuf_done(&ks);
-        return e;
-    }
     fx_range_req req = {.key = kbuf_slice(&ks), .range_end = kbuf_slice(&ke), .limit = limit,
                         .sort_order = FX_SORT_ASCEND, .sort_target = FX_SORT_KEY};
     e = fx_etcd_range(k->c, &req, out, timeout_ms);
@@ -480,12 +486,8 @@ static fx_err kv_etcd_delete_range(void *self, fx_slice start, fx_slice end, int
 {
     kv_etcd *k = self;
     kbuf ks, ke;
-    fx_err e = kbuf_make(&ks, k, start);
+    fx_err e = kbuf_range(k, start, end, &ks, &ke);
     if (e) return e;
-    if ((e = kv_etcd_end(k, &ks, end, &ke))) {
-        kbuf_done(&ks);
-        return e;
-    }
     fx_del_req req = {.key = kbuf_slice(&ks), .range_end = kbuf_slice(&ke)};
     fx_del_resp resp = {0};
     e = fx_etcd_delete(k->c, &req, &resp, timeout_ms);

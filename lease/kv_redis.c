@@ -434,36 +434,34 @@ static fx_err kr_int(const redisReply *r, const char *what, long long *out)
     return fx_seterr(FX_EPROTO, "redis %s: unexpected reply type %d", what, r->type);
 }
 
+/* Run `script` with one integer argument and read its integer reply. */
+static fx_err kr_eval_int(kv_redis *k, bool ka, int timeout_ms, const char *what,
+                          const char *script, int64_t arg, long long *out)
+{
+    char num[32];
+    snprintf(num, sizeof num, "%lld", (long long)arg);
+    const char *a[1] = {num};
+    size_t l[1] = {strlen(num)};
+    redisReply *r = NULL;
+    fx_err e = kr_eval(k, ka, timeout_ms, what, script, 1, a, l, &r);
+    if (e) return e;
+    e = kr_int(r, what, out);
+    freeReplyObject(r);
+    return e;
+}
+
 static fx_err kr_allocate_lease(void *self, int64_t ttl_s, int64_t *out_id, int timeout_ms)
 {
-    kv_redis *k = self;
-    char ttl[32];
-    snprintf(ttl, sizeof ttl, "%lld", (long long)ttl_s * 1000);
-    const char *a[1] = {ttl};
-    size_t l[1] = {strlen(ttl)};
-    redisReply *r = NULL;
-    fx_err e = kr_eval(k, false, timeout_ms, "lease grant", LUA_ALLOC, 1, a, l, &r);
-    if (e) return e;
     long long id = 0;
-    e = kr_int(r, "lease grant", &id);
-    freeReplyObject(r);
+    fx_err e = kr_eval_int(self, false, timeout_ms, "lease grant", LUA_ALLOC, ttl_s * 1000, &id);
     if (!e) *out_id = id;
     return e;
 }
 
 static fx_err kr_keepalive_lease(void *self, int64_t id, int64_t *out_ttl, int timeout_ms)
 {
-    kv_redis *k = self;
-    char ids[32];
-    snprintf(ids, sizeof ids, "%lld", (long long)id);
-    const char *a[1] = {ids};
-    size_t l[1] = {strlen(ids)};
-    redisReply *r = NULL;
-    fx_err e = kr_eval(k, true, timeout_ms, "lease keepalive", LUA_KEEPALIVE, 1, a, l, &r);
-    if (e) return e;
     long long ttl = 0;
-    e = kr_int(r, "lease keepalive", &ttl);
-    freeReplyObject(r);
+    fx_err e = kr_eval_int(self, true, timeout_ms, "lease keepalive", LUA_KEEPALIVE, id, &ttl);
     if (e) return e;
     if (ttl < 0) return fx_seterr(FX_ELEASE_EXPIRED, "redis: lease %lld expired or unknown",
                                   (long long)id);

@@ -111,16 +111,19 @@ static void update_max_payload(fx_daemon *d, natsConnection *nc)
     if (mp > 0) atomic_store(&d->max_payload, mp);
 }
 
-static void on_connected(natsConnection *nc, void *arg)
+/* A (re)connection: the server's max_payload, and one INF line with the URL (credentials
+ * redacted). */
+static void log_connected(fx_daemon *d, natsConnection *nc, const char *what)
 {
-    fx_daemon *d = arg;
     char url[256] = "";
     natsConnection_GetConnectedUrl(nc, url, sizeof url);
     char red[300];
     redact_url(url, red, sizeof red);
     update_max_payload(d, nc);
-    FX_INF("nats: connected to %s", red);
+    FX_INF("nats: %s to %s", what, red);
 }
+
+static void on_connected(natsConnection *nc, void *arg) { log_connected(arg, nc, "connected"); }
 
 static void on_disconnected(natsConnection *nc, void *arg)
 {
@@ -132,13 +135,8 @@ static void on_disconnected(natsConnection *nc, void *arg)
 static void on_reconnected(natsConnection *nc, void *arg)
 {
     fx_daemon *d = arg;
-    char url[256] = "";
-    natsConnection_GetConnectedUrl(nc, url, sizeof url);
-    char red[300];
-    redact_url(url, red, sizeof red);
-    update_max_payload(d, nc);
     fx_metric_inc(d->g_reconnects, 1);
-    FX_INF("nats: reconnected to %s", red);
+    log_connected(d, nc, "reconnected");
 }
 
 static void on_closed(natsConnection *nc, void *arg)
