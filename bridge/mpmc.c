@@ -2682,21 +2682,28 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
     }
 }
 
-fx_err fx_mpmc_put(fx_mpmc_producer *p, const fx_slice *values, size_t n, int timeout_ms,
-                   size_t *n_put, fx_mq_msg_id *ids)
+/* The entry of fx_mpmc_put and fx_mpmc_put_hold (arguments checked by the caller). */
+static fx_err put_entry(fx_mpmc_producer *p, const fx_slice *values, size_t n, int timeout_ms,
+                        size_t *n_put, fx_mq_msg_id *ids, bool hold, int64_t *held)
 {
-    if (n_put) *n_put = 0;
-    if (!p || (n && !values)) return fx_seterr(FX_EINVAL, "mpmc put: bad arguments");
     fx_err e = member_gate(&p->m);
     size_t done = 0;
     if (!e && n > 0) {
         if (!(e = fx__mq_op_enter(p->m.c))) {
-            e = put_locked(p, values, n, timeout_ms, &done, ids, false, NULL);
+            e = put_locked(p, values, n, timeout_ms, &done, ids, hold, held);
             fx__mq_op_leave(p->m.c);
         }
     }
     if (n_put) *n_put = done;
     return e;
+}
+
+fx_err fx_mpmc_put(fx_mpmc_producer *p, const fx_slice *values, size_t n, int timeout_ms,
+                   size_t *n_put, fx_mq_msg_id *ids)
+{
+    if (n_put) *n_put = 0;
+    if (!p || (n && !values)) return fx_seterr(FX_EINVAL, "mpmc put: bad arguments");
+    return put_entry(p, values, n, timeout_ms, n_put, ids, false, NULL);
 }
 
 fx_err fx_mpmc_put_hold(fx_mpmc_producer *p, const fx_slice *values, size_t n, int timeout_ms,
@@ -2705,16 +2712,7 @@ fx_err fx_mpmc_put_hold(fx_mpmc_producer *p, const fx_slice *values, size_t n, i
     if (n_put) *n_put = 0;
     if (held) *held = -1;
     if (!p || !held || (n && !values)) return fx_seterr(FX_EINVAL, "mpmc put: bad arguments");
-    fx_err e = member_gate(&p->m);
-    size_t done = 0;
-    if (!e && n > 0) {
-        if (!(e = fx__mq_op_enter(p->m.c))) {
-            e = put_locked(p, values, n, timeout_ms, &done, ids, true, held);
-            fx__mq_op_leave(p->m.c);
-        }
-    }
-    if (n_put) *n_put = done;
-    return e;
+    return put_entry(p, values, n, timeout_ms, n_put, ids, true, held);
 }
 
 void fx_mpmc_put_release(fx_mpmc_producer *p, int64_t held)

@@ -584,16 +584,22 @@ static fx_err kr_range(kv_redis *k, const kr_bound *lo, const kr_bound *hi, int6
     return e;
 }
 
+/* Both bounds of [start, end) (lo_bound / hi_bound rules); both released with bound_done on
+ * success, nothing held on error. */
+static fx_err range_bounds(kr_bound *lo, kr_bound *hi, fx_slice start, fx_slice end)
+{
+    fx_err e = lo_bound(lo, start);
+    if (e) return e;
+    if ((e = hi_bound(hi, start, end))) bound_done(lo);
+    return e;
+}
+
 static fx_err kr_get_range(void *self, fx_slice start, fx_slice end, int64_t limit,
                            fx_range_resp *out, int timeout_ms)
 {
     kr_bound lo, hi;
-    fx_err e = lo_bound(&lo, start);
+    fx_err e = range_bounds(&lo, &hi, start, end);
     if (e) return e;
-    if ((e = hi_bound(&hi, start, end))) {
-        bound_done(&lo);
-        return e;
-    }
     e = kr_range(self, &lo, &hi, limit, out, timeout_ms);
     bound_done(&lo);
     bound_done(&hi);
@@ -629,12 +635,8 @@ static fx_err kr_count_or_delete(kv_redis *k, const char *script, const char *wh
                                  fx_slice end, int64_t *out, int timeout_ms)
 {
     kr_bound lo, hi;
-    fx_err e = lo_bound(&lo, start);
+    fx_err e = range_bounds(&lo, &hi, start, end);
     if (e) return e;
-    if ((e = hi_bound(&hi, start, end))) {
-        bound_done(&lo);
-        return e;
-    }
     const char *a[2] = {lo.p, hi.p};
     size_t l[2] = {lo.len, hi.len};
     redisReply *r = NULL;

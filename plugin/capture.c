@@ -637,6 +637,21 @@ static void store_batch(dm_chan *ch, dm_flight *fl, dm_slot *sl)
     }
 }
 
+/* q->mu held: a slot's batch is stored (by its worker or by the producer thread itself); the
+ * slot is free again and the dispatcher is woken. */
+static void slot_done_locked(dm_chan *ch, dm_flight *fl, dm_slot *sl)
+{
+    sl->busy = sl->mine = false;
+    sl->n = 0;
+    fl->n_busy--;
+    if (sl->has_ids) {
+        fl->n_idbusy--;
+        fl->ids_pending = true;
+    }
+    fx_metric_set(ch->m.inflight, fl->n_busy);
+    pthread_cond_broadcast(&ch->q.cv);
+}
+
 static void *worker_main(void *arg)
 {
     dm_slot *sl = arg;
@@ -650,15 +665,7 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&q->mu);
         store_batch(ch, fl, sl);
         pthread_mutex_lock(&q->mu);
-        sl->busy = false;
-        sl->n = 0;
-        fl->n_busy--;
-        if (sl->has_ids) {
-            fl->n_idbusy--;
-            fl->ids_pending = true;
-        }
-        fx_metric_set(ch->m.inflight, fl->n_busy);
-        pthread_cond_broadcast(&q->cv); /* the dispatcher: a slot is free */
+        slot_done_locked(ch, fl, sl);
     }
     pthread_mutex_unlock(&q->mu);
     nats_ReleaseThreadMemory();
@@ -763,15 +770,7 @@ static void flight_hand(dm_chan *ch, dm_flight *fl, dm_slot *sl, unsigned limit)
     if (!run_here) return;
     store_batch(ch, fl, sl);
     pthread_mutex_lock(&q->mu);
-    sl->busy = sl->mine = false;
-    sl->n = 0;
-    fl->n_busy--;
-    if (sl->has_ids) {
-        fl->n_idbusy--;
-        fl->ids_pending = true;
-    }
-    fx_metric_set(ch->m.inflight, fl->n_busy);
-    pthread_cond_broadcast(&q->cv);
+    slot_done_locked(ch, fl, sl);
     pthread_mutex_unlock(&q->mu);
 }
 
