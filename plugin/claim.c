@@ -18,11 +18,14 @@
  * earlier attempt) are ignored.
  *
  * Interest: while the last interest poll did not see the claim's subject, the claim publishes
- * nothing (no new deliveries, no redeliveries); after release_after it is released. Every
- * delivery has a reply subject (the ack subject, FX_DM_ACK_PREFIX, or with ack none
- * "_FLUXON.NR.<bridge>.<channel>.<claim>.<claim seq>.<nonce>"), so a delivery over the client
- * connection that found no subscriber comes back as a no-responders 503 and releases the claim at
- * once (the message stays unacked for the next consumer; its delivery count is not changed).
+ * nothing (no new deliveries, no redeliveries), fetches nothing and adopts no stranded backlog;
+ * after release_after it is released. A delivery counts as an attempt only when a subscriber
+ * could have received it (issue 19): every delivery has a reply subject (the ack subject,
+ * FX_DM_ACK_PREFIX, or with ack none "_FLUXON.NR.<bridge>.<channel>.<claim>.<claim seq>.<nonce>"),
+ * so a delivery over the client connection that found no subscriber comes back as a
+ * no-responders 503, which releases the claim at once and takes the attempt back (the message
+ * stays unacked for the next consumer with its earlier count; the record is rewritten at release,
+ * persist_actual).
  *
  * Control messages are trusted only when the bridge caused them (deploy/README.md "Securing a deployment"): an ack or a
  * no-responders status changes state only when its (claim seq, nonce) is the one of a delivery in
@@ -34,9 +37,12 @@
  * Leaf path (nats.leaf_url set, ack explicit): deliveries are published over the leafnode
  * connection (leaf.h) with the exact "$JS.ACK.FLUXON...." reply, which a client connection may
  * not use. The header block is the same (built on a natsMsg, then serialised). A leaf connection
- * gets no no-responders status: a delivery to a subscriber that just left is lost until ack_wait
- * redelivers it, and the claim relies on interest polling alone. While the leaf connection is
- * down, or its write buffer is full, deliveries wait (retried like a failed publish).
+ * gets no no-responders status, so before each delivery the claim asks the leaf whether the hub
+ * still has a subscriber for its subject (fx_leaf_has_interest: the hub's LS+/LS- lines, which
+ * arrive at once, unlike the interest poll); without one the delivery waits and is not counted.
+ * Only a subscriber leaving in the instant between that check and the server routing the message
+ * loses a counted delivery (redelivered after ack_wait or at release). While the leaf connection
+ * is down, or its write buffer is full, deliveries wait (retried like a failed publish).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -572,6 +578,16 @@ static void persist_attempts(cst *s)
     for (uint32_t i = 0; i < s->t.n_ents; i++) s->t.ents[i].planned = false;
 }
 
+/* Before the claim lets its sub-MPSCs go: records with the attempts actually published. A round's
+ * record counts its planned deliveries before they go out; those that did not go (the subscriber
+ * left, a publish failed) or that found no subscriber (no-responders) are not attempts. */
+static void persist_actual(cst *s)
+{
+    if (!s->own.w) return;
+    if (s->cons) persist_one(s, &s->own, fx_mpmc_consumer_chan(s->cons));
+    for (size_t a = 0; a < s->n_adopt; a++) persist_one(s, &s->adopt[a].as, s->adopt[a].chan);
+}
+
 /* May this entry be published now (its attempt count durable)? */
 static bool attempt_durable(cst *s, const ent *e)
 {
@@ -726,11 +742,20 @@ static bool publish_ent(cst *s, uint32_t idx)
     return true;
 }
 
+/* Could a subscriber receive a delivery of this claim now? The interest poll saw one, and on the
+ * leaf path (no no-responders status) the hub's interest lines still name one (a delivery the
+ * server drops there is lost without a word and must not count as an attempt). */
+static bool receivable(cst *s)
+{
+    return atomic_load(&s->cl->present) &&
+           (!s->use_leaf || fx_leaf_has_interest(s->d->leaf, s->cl->subject));
+}
+
 static bool can_publish(cst *s)
 {
-    return atomic_load(&s->cl->present) && !atomic_load(&s->d->stopping) &&
-           atomic_load(&s->cl->stop) == STOP_NONE && dm_nats_connected(s->d) &&
-           (!s->use_leaf || fx_leaf_connected(s->d->leaf));
+    return !atomic_load(&s->d->stopping) && atomic_load(&s->cl->stop) == STOP_NONE &&
+           !atomic_load(&s->cl->noresp) && dm_nats_connected(s->d) &&
+           (!s->use_leaf || fx_leaf_connected(s->d->leaf)) && receivable(s);
 }
 
 static void do_sends(cst *s)
@@ -761,6 +786,10 @@ static void do_sends(cst *s)
             s->sendq[keep++] = idx;
             continue;
         }
+        /* leaf path: the subscriber may leave during the round; what is not published is not
+         * counted (its planned record entry is corrected by the next record, or at release) */
+        if (ok_to_send && s->use_leaf && !fx_leaf_has_interest(s->d->leaf, s->cl->subject))
+            ok_to_send = false;
         if (!ok_to_send || !publish_ent(s, idx)) {
             ctab_schedule(&s->t, idx, now + (ok_to_send ? 200 : 100));
             continue;
@@ -915,6 +944,10 @@ static bool apply_ev(cst *s, const dm_ev *ev)
         }
         if (!atomic_exchange(&s->cl->noresp, true))
             FX_INF("claim %s: no responders: releasing the claim", s->cl->subject);
+        /* no subscriber could receive it: not an attempt (the record is rewritten at release) */
+        if (e->delivered) e->delivered--;
+        e->state = E_WAIT_SEND;
+        ctab_unschedule(&s->t, idx);
         return false;
     }
     if (!issued || !s->explicit_ack || (e && e->nonce != ev->nonce)) {
@@ -1042,7 +1075,7 @@ static void run_due(cst *s)
             if (!s->explicit_ack) { /* ack none: no no-responders came back */
                 ack_add(s, &e->dv.id);
                 ctab_release(&s->t, idx);
-            } else if (!atomic_load(&s->cl->present)) {
+            } else if (!receivable(s)) {
                 ctab_schedule(&s->t, idx, now + 200); /* nobody listens: hold, do not count */
             } else {
                 redeliver_or_dlq(s, idx, 0);
@@ -1168,6 +1201,10 @@ static void adopt_stranded(cst *s)
     memcpy(stranded, ch->stranded, ns * sizeof *stranded);
     pthread_mutex_unlock(&ch->mu);
     if (!ns || gen == s->view_gen || !s->cons || s->n_adopt >= FX_DM_ADOPT_MAX) return;
+    /* A claim whose subscriber is gone (its release timer runs) or that is being released takes
+     * no stranded backlog: it could not deliver it, and would only hold it until its release.
+     * The view is looked at again once the subscriber is back. */
+    if (stop_requested(s) || !can_publish(s)) return;
     s->view_gen = gen;
     int64_t own = fx_mpmc_consumer_chan(s->cons);
     int64_t mpmc = -1;
@@ -1360,7 +1397,10 @@ static void claim_release(cst *s)
                 pthread_mutex_unlock(&cl->mu);
             }
         }
+        drain_events(s); /* acks and no-responders statuses that came meanwhile */
+        s->n_send = 0;
         flush_acks(s);
+        if (!s->lost) persist_actual(s);
         while (s->n_adopt) adopt_close(s, s->n_adopt - 1, false);
         if (!s->lost) {
             fx_err e = fx_mpmc_flush(s->cons, 2000);
