@@ -1,5 +1,8 @@
-/* claim.c -- interest polling, consumer claims (run by a pool of workers), delivery, acks,
- * redelivery and dead letters. Contract: daemon_int.h.
+/* claim.c -- interest polling and consumer claims (run by a pool of workers): the push
+ * front-end of the delivery engine (bridge/delivery.h), which decides what is in flight, what is
+ * redelivered, what is dead-lettered and what an ack does; the claim gives it the consumer's
+ * operations (op_*: publish over NATS or the leaf, commit through the MQ, queue a dead letter,
+ * answer an AckSync). Contract: daemon_int.h.
  *
  * Claims have no thread of their own (issue 13): FX_DM_CLAIM_WORKERS scheduler threads run each
  * claim in steps (claim_step: one turn of what used to be the claim thread's loop, never waiting
@@ -7,8 +10,9 @@
  * means "the claim's steps". A step is due when the claim is kicked (ack or no-responders event,
  * dead-letter completion, stop, durable attempt record) or when the wait it asked for is over.
  *
- * A claim owns its fx_mpmc_consumer and an in-flight table of at most max_ack_pending
- * entries (each a message handed out by fx_mpmc_get and not yet committed). Entry states:
+ * A claim owns its fx_mpmc_consumer and a delivery engine whose in-flight table holds at most
+ * max_ack_pending entries (each a message handed out by fx_mpmc_get and not yet committed).
+ * Entry states (bridge/claim_table.h, moved by the engine):
  *   WAIT_SEND  due for (re)publication at `due` (new, NAKed, expired, publish failed)
  *   WAIT_ACK   published; `due` is the ack deadline (explicit) or the no-responders grace (none)
  *   WAIT_DLQ   dead letter queued to the <name>-dlq producer; waiting for its completion
@@ -18,11 +22,14 @@
  * earlier attempt) are ignored.
  *
  * Interest: while the last interest poll did not see the claim's subject, the claim publishes
- * nothing (no new deliveries, no redeliveries); after release_after it is released. Every
- * delivery has a reply subject (the ack subject, FX_DM_ACK_PREFIX, or with ack none
- * "_FLUXON.NR.<bridge>.<channel>.<claim>.<claim seq>.<nonce>"), so a delivery over the client
- * connection that found no subscriber comes back as a no-responders 503 and releases the claim at
- * once (the message stays unacked for the next consumer; its delivery count is not changed).
+ * nothing (no new deliveries, no redeliveries), fetches nothing and adopts no stranded backlog;
+ * after release_after it is released. A delivery counts as an attempt only when a subscriber
+ * could have received it: every delivery has a reply subject (the ack subject,
+ * FX_DM_ACK_PREFIX, or with ack none "_FLUXON.NR.<bridge>.<channel>.<claim>.<claim seq>.<nonce>"),
+ * so a delivery over the client connection that found no subscriber comes back as a
+ * no-responders 503, which releases the claim at once and takes the attempt back (the message
+ * stays unacked for the next consumer with its earlier count; the record is rewritten at release,
+ * persist_actual).
  *
  * Control messages are trusted only when the bridge caused them (deploy/README.md "Securing a deployment"): an ack or a
  * no-responders status changes state only when its (claim seq, nonce) is the one of a delivery in
@@ -34,9 +41,12 @@
  * Leaf path (nats.leaf_url set, ack explicit): deliveries are published over the leafnode
  * connection (leaf.h) with the exact "$JS.ACK.FLUXON...." reply, which a client connection may
  * not use. The header block is the same (built on a natsMsg, then serialised). A leaf connection
- * gets no no-responders status: a delivery to a subscriber that just left is lost until ack_wait
- * redelivers it, and the claim relies on interest polling alone. While the leaf connection is
- * down, or its write buffer is full, deliveries wait (retried like a failed publish).
+ * gets no no-responders status, so before each delivery the claim asks the leaf whether the hub
+ * still has a subscriber for its subject (fx_leaf_has_interest: the hub's LS+/LS- lines, which
+ * arrive at once, unlike the interest poll); without one the delivery waits and is not counted.
+ * Only a subscriber leaving in the instant between that check and the server routing the message
+ * loses a counted delivery (redelivered after ack_wait or at release). While the leaf connection
+ * is down, or its write buffer is full, deliveries wait (retried like a failed publish).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -45,17 +55,15 @@
 #include <time.h>
 
 #include "attempts.h"
-#include "claim_table.h"
 #include "daemon_int.h"
+#include "delivery.h"
 #include "flatdict.h"
 #include "fx_time.h"
 #include "interest.h"
 #include "jsack.h"
 #include "subject.h"
 
-#define NIL CTAB_NIL
-
-typedef ctab_ent ent; /* an in-flight entry (claim_table.h) */
+typedef ctab_ent ent; /* an in-flight entry (claim_table.h, owned by the delivery engine) */
 
 /* The persisted attempt record of one sub-MPSC the claim consumes (explicit ack): the record,
  * its writer thread and the generation of the last record built. */
@@ -77,6 +85,7 @@ typedef struct cst {
         fx_mpmc_consumer *c;
         int64_t chan;
         int64_t empty_since; /* 0: its last get returned messages */
+        bool lost;           /* its consumer turned out closed (op_commit): close it */
         uint64_t got, gets;  /* messages and get calls (log) */
         att_stream as;
     } adopt[FX_DM_ADOPT_MAX];
@@ -86,15 +95,7 @@ typedef struct cst {
     fx_attempt *attbuf;
     bool explicit_ack;
     bool use_leaf; /* explicit ack and d->leaf: deliveries over the leaf connection */
-    ctab t; /* the in-flight table */
-    uint32_t *sendq;
-    uint32_t n_send;
-    uint64_t next_cseq;
-    fx_mq_msg_id *acks;
-    size_t n_acks;
-    dm_ackreply **replies; /* AckSync replies of the acks in `acks`, answered after flush_acks */
-    size_t n_replies;
-    size_t dlq_pending;
+    fx_dlv q; /* the delivery engine (bridge/delivery.h): in flight, due, dead letters, acks */
     fx_mq_delivery *getbuf;
     char *hbuf; /* delivery header block (leaf path), reused */
     size_t hcap;
@@ -105,40 +106,17 @@ typedef struct cst {
     fx_log_slot slot_get, slot_pub, slot_open, slot_ack, slot_att;
 } cst;
 
-/* ---- in-flight table (claim_table.h) --------------------------------------------------------- */
+/* ---- in-flight table (owned by the engine) ----------------------------------------------------- */
 
-/* Grow hook of the table: the arrays holding up to one item per in-flight entry follow its size. */
-static bool table_grow(void *arg, uint32_t nn)
+/* Grow hook of the engine's table: the attempt buffer holds up to one item per entry. */
+static bool op_grow(void *ctx, uint32_t nn)
 {
-    cst *s = arg;
-    uint32_t *ns = realloc(s->sendq, nn * sizeof *ns);
-    if (!ns) return false;
-    s->sendq = ns;
-    fx_mq_msg_id *na = realloc(s->acks, nn * sizeof *na);
-    if (!na) return false;
-    s->acks = na;
-    dm_ackreply **nr = realloc(s->replies, nn * sizeof *nr);
-    if (!nr) return false;
-    s->replies = nr;
+    cst *s = ctx;
     fx_attempt *nab = realloc(s->attbuf, nn * sizeof *nab);
     if (!nab) return false;
     s->attbuf = nab;
     return true;
 }
-
-static bool table_init(cst *s)
-{
-    s->getbuf = calloc(FX_DM_FETCH_MAX, sizeof *s->getbuf);
-    return ctab_init(&s->t, s->ch->s.max_ack_pending, table_grow, s) && s->getbuf;
-}
-
-static void release_all(cst *s)
-{
-    ctab_release_all(&s->t);
-    s->n_send = 0;
-}
-
-static void ack_add(cst *s, const fx_mq_msg_id *id) { s->acks[s->n_acks++] = *id; }
 
 /* ---- AckSync replies ------------------------------------------------------------------------- */
 
@@ -172,12 +150,6 @@ static void ackreply_done(fx_daemon *d, dm_ackreply *r, bool ok)
     free(r);
 }
 
-static void replies_done(cst *s, bool ok)
-{
-    for (size_t i = 0; i < s->n_replies; i++) ackreply_done(s->d, s->replies[i], ok);
-    s->n_replies = 0;
-}
-
 /* ---- consumer ---------------------------------------------------------------------------------- */
 
 static bool stop_requested(cst *s)
@@ -195,9 +167,7 @@ static void consumer_drop(cst *s)
 {
     attw_sync(s, &s->own, 2000);
     while (s->n_adopt) adopt_close(s, s->n_adopt - 1, true);
-    release_all(s);
-    s->n_acks = 0;
-    replies_done(s, false);
+    fx_dlv_release_all(&s->q); /* unacked messages stay for the next consumer */
     fx_attempts_free(s->own.att);
     s->own.att = NULL;
     if (s->cons) {
@@ -532,13 +502,13 @@ static void attw_sync(cst *s, att_stream *st, int64_t ms)
 
 /* The record of one sub-MPSC (chan): its in-flight messages with the attempt count each will have
  * once the round is out; handed to its writer when it changed. Planned entries of that sub-MPSC
- * remember the generation that holds their count (do_sends waits for it). */
+ * remember the generation that holds their count (op_ready waits for it). */
 static void persist_one(cst *s, att_stream *st, int64_t chan)
 {
     if (!st->att || !st->w) return;
     size_t k = 0;
-    for (uint32_t i = 0; i < s->t.n_ents; i++) {
-        ent *e = &s->t.ents[i];
+    for (uint32_t i = 0; i < s->q.t.n_ents; i++) {
+        ent *e = &s->q.t.ents[i];
         if (e->state == E_FREE || e->dv.id.chan != chan) continue;
         uint64_t n = e->delivered + (e->planned ? 1 : 0);
         s->attbuf[k++] = (fx_attempt){e->dv.id.pidx, e->dv.id.msg, n > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)n};
@@ -548,8 +518,8 @@ static void persist_one(cst *s, att_stream *st, int64_t chan)
     if (fx_attempts_build(st->att, s->attbuf, k, &val, &len)) {
         if (attw_submit(st->w, st->att, val, len, st->att_gen + 1)) st->att_gen++;
     }
-    for (uint32_t i = 0; i < s->t.n_ents; i++) {
-        ent *e = &s->t.ents[i];
+    for (uint32_t i = 0; i < s->q.t.n_ents; i++) {
+        ent *e = &s->q.t.ents[i];
         if (!e->planned || e->dv.id.chan != chan) continue;
         e->planned = false;
         uint32_t n = (uint32_t)(e->delivered + 1);
@@ -565,11 +535,22 @@ static void persist_one(cst *s, att_stream *st, int64_t chan)
 static void persist_attempts(cst *s)
 {
     if (!s->own.w) return;
-    for (uint32_t i = 0; i < s->n_send; i++)
-        if (s->t.ents[s->sendq[i]].state == E_WAIT_SEND) s->t.ents[s->sendq[i]].planned = true;
+    ctab *t = &s->q.t;
+    for (uint32_t i = 0; i < s->q.n_send; i++)
+        if (t->ents[s->q.sendq[i]].state == E_WAIT_SEND) t->ents[s->q.sendq[i]].planned = true;
     if (s->cons) persist_one(s, &s->own, fx_mpmc_consumer_chan(s->cons));
     for (size_t a = 0; a < s->n_adopt; a++) persist_one(s, &s->adopt[a].as, s->adopt[a].chan);
-    for (uint32_t i = 0; i < s->t.n_ents; i++) s->t.ents[i].planned = false;
+    for (uint32_t i = 0; i < t->n_ents; i++) t->ents[i].planned = false;
+}
+
+/* Before the claim lets its sub-MPSCs go: records with the attempts actually published. A round's
+ * record counts its planned deliveries before they go out; those that did not go (the subscriber
+ * left, a publish failed) or that found no subscriber (no-responders) are not attempts. */
+static void persist_actual(cst *s)
+{
+    if (!s->own.w) return;
+    if (s->cons) persist_one(s, &s->own, fx_mpmc_consumer_chan(s->cons));
+    for (size_t a = 0; a < s->n_adopt; a++) persist_one(s, &s->adopt[a].as, s->adopt[a].chan);
 }
 
 /* May this entry be published now (its attempt count durable)? */
@@ -595,28 +576,27 @@ static fx_err ack_through(cst *s, fx_mpmc_consumer *c, const fx_mq_msg_id *ids, 
     return e;
 }
 
-/* Commit the acks gathered: those of each adopted sub-MPSC through its drain consumer, the rest
- * through the claim's own; then answer the acks that asked for a reply (AckSync): ok only when
- * every ack was applied. */
-static void flush_acks(cst *s)
+/* Engine op: commit the acks gathered (reordered in place): those of each adopted sub-MPSC
+ * through its drain consumer, the rest through the claim's own. true: every ack was applied. A
+ * drain consumer found closed is marked and closed by flush() once the engine returned. */
+static bool op_commit(void *ctx, fx_mq_msg_id *acks, size_t n)
 {
-    size_t n = s->n_acks;
-    s->n_acks = 0;
+    cst *s = ctx;
     bool ok = n > 0, closed = false;
     for (size_t a = s->n_adopt; a-- > 0 && n;) {
         size_t j = n; /* move this sub-MPSC's acks to [j, n) */
         for (size_t i = 0; i < j;) {
-            if (s->acks[i].chan == s->adopt[a].chan) {
-                fx_mq_msg_id t = s->acks[i];
-                s->acks[i] = s->acks[--j];
-                s->acks[j] = t;
+            if (acks[i].chan == s->adopt[a].chan) {
+                fx_mq_msg_id t = acks[i];
+                acks[i] = acks[--j];
+                acks[j] = t;
             } else {
                 i++;
             }
         }
         if (n > j) {
-            if (ack_through(s, s->adopt[a].c, s->acks + j, n - j, "adopted", &closed)) ok = false;
-            if (closed) adopt_close(s, a, true);
+            if (ack_through(s, s->adopt[a].c, acks + j, n - j, "adopted", &closed)) ok = false;
+            if (closed) s->adopt[a].lost = true;
         }
         n = j;
     }
@@ -624,25 +604,34 @@ static void flush_acks(cst *s)
         if (!s->cons) {
             ok = false;
         } else {
-            if (ack_through(s, s->cons, s->acks, n, "own", &closed)) ok = false;
+            if (ack_through(s, s->cons, acks, n, "own", &closed)) ok = false;
             if (closed) s->lost = true;
         }
     }
-    replies_done(s, ok);
+    return ok;
+}
+
+/* Commit the gathered acks and answer their AckSync replies (ok only when every ack was
+ * applied); then close the drain consumers that turned out closed. */
+static void flush(cst *s)
+{
+    fx_dlv_flush(&s->q);
+    for (size_t a = s->n_adopt; a-- > 0;)
+        if (s->adopt[a].lost) adopt_close(s, a, true);
 }
 
 /* ---- delivery ----------------------------------------------------------------------------------- */
 
-static bool publish_ent(cst *s, uint32_t idx)
+/* Engine op: publish entry e (its claim seq and nonce set by the engine) as attempt
+ * delivered + 1. true: it went out. On the leaf path the subscriber may have left during the
+ * round: no publish then (the engine retries it, uncounted). */
+static bool op_send(void *ctx, uint32_t idx, const ent *e)
 {
+    (void)idx;
+    cst *s = ctx;
     fx_daemon *d = s->d;
     dm_chan *ch = s->ch;
-    ent *e = &s->t.ents[idx];
-    ctab_unhash(&s->t, idx);
-    e->claim_seq = ++s->next_cseq;
-    e->nonce = dm_rand64() & INT64_MAX;
-    if (!e->nonce) e->nonce = 1;
-    ctab_hash(&s->t, idx);
+    if (s->use_leaf && !fx_leaf_has_interest(d->leaf, s->cl->subject)) return false;
     uint64_t attempt = e->delivered + 1;
 
     char reply[FX_JSACK_SUBJECT_MAX + 64];
@@ -657,7 +646,8 @@ static bool publish_ent(cst *s, uint32_t idx)
         /* JetStream's metadata timestamp is the time the message was stored */
         meta.ts_ns = e->msg.publish_ns > 0 ? e->msg.publish_ns : fx_wall_ns();
         /* JetStream's pending: stored, not yet handed to this claim (house-keeping view) */
-        meta.pending = s->backlog > (int64_t)s->t.n_used ? (uint64_t)(s->backlog - (int64_t)s->t.n_used) : 0;
+        int64_t used = (int64_t)s->q.t.n_used;
+        meta.pending = s->backlog > used ? (uint64_t)(s->backlog - used) : 0;
         meta.nonce = e->nonce;
         char js[FX_JSACK_SUBJECT_MAX];
         if (fx_ack_subject_build(&meta, js, sizeof js) < 0 ||
@@ -720,26 +710,34 @@ static bool publish_ent(cst *s, uint32_t idx)
                            s->cl->subject, natsStatus_GetText(st));
         return false;
     }
-    e->delivered = attempt;
     fx_metric_inc(ch->m.delivered, 1);
     if (attempt > 1) fx_metric_inc(ch->m.redelivered, 1);
     return true;
 }
 
-static bool can_publish(cst *s)
+/* Could a subscriber receive a delivery of this claim now? The interest poll saw one, and on the
+ * leaf path (no no-responders status) the hub's interest lines still name one (a delivery the
+ * server drops there is lost without a word and must not count as an attempt). */
+static bool receivable(cst *s)
 {
-    return atomic_load(&s->cl->present) && !atomic_load(&s->d->stopping) &&
-           atomic_load(&s->cl->stop) == STOP_NONE && dm_nats_connected(s->d) &&
-           (!s->use_leaf || fx_leaf_connected(s->d->leaf));
+    return atomic_load(&s->cl->present) &&
+           (!s->use_leaf || fx_leaf_has_interest(s->d->leaf, s->cl->subject));
 }
 
-static void do_sends(cst *s)
+static bool can_publish(cst *s)
 {
-    if (!s->n_send) return;
-    int64_t now = fx_now_ms();
-    bool ok_to_send = can_publish(s);
-    if (ok_to_send) persist_attempts(s);
-    if (ok_to_send && s->cons) { /* once per round: our sub-MPSC's backlog from the last view */
+    return !atomic_load(&s->d->stopping) && atomic_load(&s->cl->stop) == STOP_NONE &&
+           !atomic_load(&s->cl->noresp) && dm_nats_connected(s->d) &&
+           (!s->use_leaf || fx_leaf_connected(s->d->leaf)) && receivable(s);
+}
+
+/* Engine op: before a round that publishes: persist the attempt counts the round will make, and
+ * read our sub-MPSC's backlog from the last view (JetStream's "pending" of the ack subjects). */
+static void op_round(void *ctx)
+{
+    cst *s = ctx;
+    persist_attempts(s);
+    if (s->cons) {
         int64_t own = fx_mpmc_consumer_chan(s->cons);
         s->backlog = -1;
         pthread_mutex_lock(&s->ch->mu);
@@ -747,82 +745,44 @@ static void do_sends(cst *s)
             if (s->ch->held[i] == own) s->backlog = s->ch->held_backlog[i];
         pthread_mutex_unlock(&s->ch->mu);
     }
-    uint32_t n_pub = 0, keep = 0;
-    bool blocked = false; /* explicit ack only: waiting for the attempt record to be durable */
-    for (uint32_t i = 0; i < s->n_send; i++) {
-        uint32_t idx = s->sendq[i];
-        ent *e = &s->t.ents[idx];
-        if (e->state != E_WAIT_SEND) continue;
-        if (ok_to_send && (blocked || !attempt_durable(s, e))) {
-            /* this one and every later one wait, in order (per-producer FIFO), at the head of
-             * the send queue; the writer wakes the claim thread when the record is durable */
-            blocked = true;
-            ctab_unschedule(&s->t, idx);
-            s->sendq[keep++] = idx;
-            continue;
-        }
-        if (!ok_to_send || !publish_ent(s, idx)) {
-            ctab_schedule(&s->t, idx, now + (ok_to_send ? 200 : 100));
-            continue;
-        }
-        e->state = E_WAIT_ACK;
-        if (s->explicit_ack)
-            ctab_schedule(&s->t, idx, now + s->ch->s.ack_wait_ms);
-        else
-            s->sendq[n_pub++] = idx; /* reuse the array: published this round */
-    }
-    s->n_send = keep;
-    if (!s->explicit_ack && n_pub) {
-        /* ack none: the server has processed the publishes once the PONG is back; any 503 for
-         * them is then already in our ack-none subscription. Ack after a short grace. */
-        natsConnection_FlushTimeout(s->d->nc, 1000);
-        int64_t due = fx_now_ms() + FX_DM_NONE_GRACE_MS;
-        for (uint32_t i = 0; i < n_pub; i++) ctab_schedule(&s->t, s->sendq[i], due);
-    }
 }
 
-static void sendq_push(cst *s, uint32_t idx)
+/* Engine op: may this entry be published now (its attempt count durable)? The writer kicks the
+ * claim when a record becomes durable. */
+static bool op_ready(void *ctx, const ent *e) { return attempt_durable(ctx, e); }
+
+static bool op_can_send(void *ctx) { return can_publish(ctx); }
+
+/* Engine op, ack none: the server has processed the publishes once the PONG is back; any 503 for
+ * them is then already in our ack-none subscription. */
+static void op_sent(void *ctx, uint32_t n)
 {
-    if (s->n_send < s->t.n_ents)
-        s->sendq[s->n_send++] = idx;
-    else
-        ctab_schedule(&s->t, idx, fx_now_ms()); /* defensive: picked up by the next round */
+    (void)n;
+    cst *s = ctx;
+    natsConnection_FlushTimeout(s->d->nc, 1000);
 }
 
-static void schedule_send(cst *s, uint32_t idx, int64_t delay_ms)
+static int64_t op_now(void *ctx)
 {
-    ent *e = &s->t.ents[idx];
-    e->state = E_WAIT_SEND;
-    if (delay_ms <= 0) {
-        ctab_unschedule(&s->t, idx);
-        sendq_push(s, idx);
-    } else {
-        ctab_schedule(&s->t, idx, fx_now_ms() + delay_ms);
-    }
+    (void)ctx;
+    return fx_now_ms();
+}
+
+static uint64_t op_nonce(void *ctx)
+{
+    (void)ctx;
+    return dm_rand64();
 }
 
 /* ---- dead letters ------------------------------------------------------------------------------ */
 
-static void dead_letter(cst *s, uint32_t idx, const char *reason)
+/* Engine op: queue entry idx's message to the <channel>-dlq producer with the reason in its
+ * headers (the completion comes back through dm_claim_dlq_complete). */
+static fx_dlv_dlq op_dead_letter(void *ctx, uint32_t idx, const ent *e, const char *reason)
 {
+    cst *s = ctx;
     fx_daemon *d = s->d;
     dm_chan *ch = s->ch;
-    ent *e = &s->t.ents[idx];
-    e->dead_reason = reason;
-    if (ch->is_dlq) {
-        /* A dead letter's own channel has no DLQ: +TERM discards it, max_deliver never drops it. */
-        if (strcmp(reason, "term") == 0) {
-            FX_INF("claim %s: dead letter %" PRId64 ".%" PRId64 ".%" PRId64 " terminated: discarded",
-                   s->cl->subject, e->dv.id.chan, e->dv.id.pidx, e->dv.id.msg);
-            fx_metric_inc(ch->m.acked, 1);
-            ack_add(s, &e->dv.id);
-            ctab_release(&s->t, idx);
-        } else {
-            int64_t delay = ch->s.n_backoff ? ch->s.backoff_ms[ch->s.n_backoff - 1] : ch->s.ack_wait_ms;
-            schedule_send(s, idx, delay);
-        }
-        return;
-    }
     char dlq_name[160];
     snprintf(dlq_name, sizeof dlq_name, "%s-dlq", ch->name);
     char att[32], fid[96];
@@ -866,133 +826,98 @@ static void dead_letter(cst *s, uint32_t idx, const char *reason)
     } else {
         free(it);
     }
-    if (queued) {
-        ctab_unschedule(&s->t, idx);
-        e->state = E_WAIT_DLQ;
-        s->dlq_pending++;
-        return;
-    }
+    if (queued) return FX_DLV_DLQ_QUEUED;
     if (no_dlq) {
         FX_ERR("claim %s: no dead-letter channel %s: message %s dropped (%s)", s->cl->subject,
                dlq_name, fid, reason);
-        fx_metric_inc(ch->m.dropped, 1);
-        ack_add(s, &e->dv.id);
-        ctab_release(&s->t, idx);
-        return;
+        return FX_DLV_DLQ_NONE;
     }
     static fx_log_slot slot;
     fx_log_ratelimited(&slot, 5000, FX_LOG_WRN, "claim %s: cannot queue dead letter %s (%s): retrying",
                        s->cl->subject, fid, err ? fx_strerror(err) : "queue full");
-    e->state = E_DLQ_RETRY;
-    ctab_schedule(&s->t, idx, fx_now_ms() + 1000);
+    return FX_DLV_DLQ_RETRY;
 }
 
-/* Redeliver now / after delay, or dead-letter when the attempts are used up. */
-static void redeliver_or_dlq(cst *s, uint32_t idx, int64_t delay_ms)
+/* Engine op: an entry leaves the engine (committed at the next flush). */
+static void op_done(void *ctx, const ent *e, fx_dlv_done how)
 {
-    ent *e = &s->t.ents[idx];
-    if ((int64_t)e->delivered >= s->ch->s.max_deliver && !s->ch->is_dlq) {
-        dead_letter(s, idx, "max_deliver");
-        return;
+    cst *s = ctx;
+    dm_chan *ch = s->ch;
+    switch (how) {
+    case FX_DLV_DONE_ACKED:
+        fx_metric_inc(ch->m.acked, 1);
+        break;
+    case FX_DLV_DONE_AUTO: /* ack none: no no-responders came back */
+        break;
+    case FX_DLV_DONE_DEAD:
+        FX_INF("claim %s: message %" PRId64 ".%" PRId64 ".%" PRId64 " dead-lettered (%s)",
+               s->cl->subject, e->dv.id.chan, e->dv.id.pidx, e->dv.id.msg, e->dead_reason);
+        fx_metric_inc(ch->m.dead, 1);
+        break;
+    case FX_DLV_DONE_DROPPED:
+        fx_metric_inc(ch->m.dropped, 1);
+        break;
+    case FX_DLV_DONE_DISCARDED: /* +TERM on a dead-letter channel */
+        FX_INF("claim %s: dead letter %" PRId64 ".%" PRId64 ".%" PRId64 " terminated: discarded",
+               s->cl->subject, e->dv.id.chan, e->dv.id.pidx, e->dv.id.msg);
+        fx_metric_inc(ch->m.acked, 1);
+        break;
     }
-    schedule_send(s, idx, delay_ms);
 }
+
+/* Engine op: an AckSync answer. */
+static void op_reply(void *ctx, void *r, bool ok) { ackreply_done(((cst *)ctx)->d, r, ok); }
 
 /* ---- events ------------------------------------------------------------------------------------ */
 
-/* Apply one event; true when it changed the state of a pending delivery. */
-static bool apply_ev(cst *s, const dm_ev *ev)
-{
-    fx_daemon *d = s->d;
-    uint32_t idx = ctab_find(&s->t, ev->claim_seq);
-    ent *e = idx == NIL ? NULL : &s->t.ents[idx];
-    /* Did the bridge cause this message? (see the header comment) */
-    bool issued = ev->nonce != 0 && ev->claim_seq != 0 && ev->claim_seq <= s->next_cseq;
-    if (ev->kind == EV_NORESP) {
-        if (!issued || !e || e->nonce != ev->nonce || s->use_leaf || e->state != E_WAIT_ACK) {
-            dm_invalid_control(d, "no-responders status");
-            return false;
-        }
-        if (!atomic_exchange(&s->cl->noresp, true))
-            FX_INF("claim %s: no responders: releasing the claim", s->cl->subject);
-        return false;
-    }
-    if (!issued || !s->explicit_ack || (e && e->nonce != ev->nonce)) {
-        dm_invalid_control(d, "ack");
-        return false;
-    }
-    if (!e) {
-        fx_metric_inc(d->g_stale_acks, 1);
-        return false;
-    }
-    switch (ev->kind) {
-    case EV_ACK:
-        if (e->state != E_WAIT_ACK && e->state != E_WAIT_SEND) return false;
-        fx_metric_inc(s->ch->m.acked, 1);
-        ack_add(s, &e->dv.id);
-        ctab_release(&s->t, idx);
-        return true;
-    case EV_NAK:
-        if (e->state != E_WAIT_ACK) return false;
-        {
-            int64_t delay = ev->delay_ns > 0 ? ev->delay_ns / 1000000 : -1;
-            if (delay < 0) {
-                const fx_chan_settings *cs = &s->ch->s;
-                if (cs->n_backoff) {
-                    size_t i = e->delivered ? (size_t)e->delivered - 1 : 0;
-                    if (i >= cs->n_backoff) i = cs->n_backoff - 1;
-                    delay = cs->backoff_ms[i];
-                } else {
-                    delay = 0;
-                }
-            }
-            redeliver_or_dlq(s, idx, delay);
-        }
-        return true;
-    case EV_WPI:
-        if (e->state != E_WAIT_ACK) return false;
-        ctab_schedule(&s->t, idx, fx_now_ms() + s->ch->s.ack_wait_ms);
-        return true;
-    case EV_TERM:
-        if (e->state != E_WAIT_ACK && e->state != E_WAIT_SEND) return false;
-        dead_letter(s, idx, "term");
-        return true;
-    default:
-        return false;
-    }
-}
-
+/* Hand one event to the engine; its AckSync reply (if any) is answered by the engine. */
 static void handle_ev(cst *s, dm_ev *ev)
 {
-    bool applied = apply_ev(s, ev);
-    if (!ev->reply) return;
-    if (applied && ev->kind == EV_ACK && s->n_replies < s->n_acks)
-        s->replies[s->n_replies++] = ev->reply; /* answered once flush_acks handed it to the MQ */
-    else
-        ackreply_done(s->d, ev->reply, applied);
+    fx_daemon *d = s->d;
+    void *reply = ev->reply;
     ev->reply = NULL;
+    if (ev->kind == EV_NORESP && s->use_leaf) { /* the leaf path never asks for one */
+        dm_invalid_control(d, "no-responders status");
+        ackreply_done(d, reply, false);
+        return;
+    }
+    fx_dlv_kind k;
+    switch (ev->kind) {
+    case EV_ACK: k = FX_DLV_ACK; break;
+    case EV_NAK: k = FX_DLV_NAK; break;
+    case EV_WPI: k = FX_DLV_WPI; break;
+    case EV_TERM: k = FX_DLV_TERM; break;
+    case EV_NORESP: k = FX_DLV_NORESP; break;
+    default:
+        ackreply_done(d, reply, false);
+        return;
+    }
+    switch (fx_dlv_event(&s->q, k, ev->claim_seq, ev->nonce, ev->delay_ns, reply)) {
+    case FX_DLV_INVALID:
+        dm_invalid_control(d, k == FX_DLV_NORESP ? "no-responders status" : "ack");
+        break;
+    case FX_DLV_STALE:
+        fx_metric_inc(d->g_stale_acks, 1);
+        break;
+    case FX_DLV_APPLIED:
+        /* the delivery found no subscriber: release the claim now (the engine took the attempt
+         * back; the record is rewritten at release) */
+        if (k == FX_DLV_NORESP && !atomic_exchange(&s->cl->noresp, true))
+            FX_INF("claim %s: no responders: releasing the claim", s->cl->subject);
+        break;
+    default:
+        break;
+    }
 }
 
 static void handle_dlq_done(cst *s, pq_item *it)
 {
-    uint32_t idx = it->ent_idx;
-    if (s->dlq_pending) s->dlq_pending--;
-    if (idx < s->t.n_ents && s->t.ents[idx].state == E_WAIT_DLQ && s->t.ents[idx].gen == it->ent_gen) {
-        ent *e = &s->t.ents[idx];
-        if (it->result == FX_OK) {
-            FX_INF("claim %s: message %" PRId64 ".%" PRId64 ".%" PRId64 " dead-lettered (%s)",
-                   s->cl->subject, e->dv.id.chan, e->dv.id.pidx, e->dv.id.msg, e->dead_reason);
-            fx_metric_inc(s->ch->m.dead, 1);
-            ack_add(s, &e->dv.id);
-            ctab_release(&s->t, idx);
-        } else {
-            static fx_log_slot slot;
-            fx_log_ratelimited(&slot, 5000, FX_LOG_WRN, "claim %s: dead letter not stored (%s): retrying",
-                               s->cl->subject, fx_strerror(it->result));
-            e->state = E_DLQ_RETRY;
-            ctab_schedule(&s->t, idx, fx_now_ms() + 1000);
-        }
+    if (it->result != FX_OK) {
+        static fx_log_slot slot;
+        fx_log_ratelimited(&slot, 5000, FX_LOG_WRN, "claim %s: dead letter not stored (%s): retrying",
+                           s->cl->subject, fx_strerror(it->result));
     }
+    fx_dlv_dlq_done(&s->q, it->ent_idx, it->ent_gen, it->result == FX_OK);
     dm_claim *cl = it->claim;
     free(it);
     dm_claim_unref(cl);
@@ -1028,79 +953,24 @@ static size_t drain_events(cst *s)
 }
 
 
-/* ---- timers ------------------------------------------------------------------------------------ */
-
-static void run_due(cst *s)
-{
-    int64_t now = fx_now_ms();
-    uint32_t idx;
-    while ((idx = ctab_next(&s->t)) != NIL && s->t.ents[idx].due_ms <= now) {
-        ent *e = &s->t.ents[idx];
-        ctab_unschedule(&s->t, idx);
-        switch (e->state) {
-        case E_WAIT_ACK:
-            if (!s->explicit_ack) { /* ack none: no no-responders came back */
-                ack_add(s, &e->dv.id);
-                ctab_release(&s->t, idx);
-            } else if (!atomic_load(&s->cl->present)) {
-                ctab_schedule(&s->t, idx, now + 200); /* nobody listens: hold, do not count */
-            } else {
-                redeliver_or_dlq(s, idx, 0);
-            }
-            break;
-        case E_WAIT_SEND:
-            sendq_push(s, idx);
-            break;
-        case E_DLQ_RETRY:
-            dead_letter(s, idx, e->dead_reason ? e->dead_reason : "max_deliver");
-            break;
-        default:
-            break;
-        }
-    }
-}
-
-static int64_t next_due_in(cst *s)
-{
-    uint32_t idx = ctab_next(&s->t);
-    if (idx == NIL) return INT64_MAX;
-    int64_t left = s->t.ents[idx].due_ms - fx_now_ms();
-    return left < 0 ? 0 : left;
-}
-
 /* ---- fetch ------------------------------------------------------------------------------------- */
 
 static void accept_msgs(cst *s, size_t got)
 {
     for (size_t i = 0; i < got; i++) {
         fx_mq_delivery *dv = &s->getbuf[i];
-        uint32_t idx = ctab_alloc(&s->t);
-        if (idx == NIL) { /* cannot happen: we never fetch past the window */
-            fx_mq_delivery_free(dv);
-            continue;
-        }
-        ent *e = &s->t.ents[idx];
-        e->dv = *dv;
-        *dv = (fx_mq_delivery){0};
-        if (fx_mq_msg_decode(e->dv.value.data, e->dv.value.len, e->dv.value.len + 1, &e->msg) !=
-            FX_OK) {
+        fx_mq_msg msg;
+        if (fx_mq_msg_decode(dv->value.data, dv->value.len, dv->value.len + 1, &msg) != FX_OK) {
             FX_ERR("claim %s: message %" PRId64 ".%" PRId64 ".%" PRId64
                    " is not a valid record (%s): dropped",
-                   s->cl->subject, e->dv.id.chan, e->dv.id.pidx, e->dv.id.msg, fx_err_detail());
-            fx_metric_inc(s->ch->m.dropped, 1);
-            ack_add(s, &e->dv.id);
-            ctab_release(&s->t, idx);
+                   s->cl->subject, dv->id.chan, dv->id.pidx, dv->id.msg, fx_err_detail());
+            fx_dlv_drop(&s->q, dv);
             continue;
         }
-        e->state = E_WAIT_SEND;
-        att_stream *st = stream_of(s, e->dv.id.chan);
-        e->delivered = st && st->att ? fx_attempts_take(st->att, e->dv.id.pidx, e->dv.id.msg) : 0;
-        if (e->delivered && (int64_t)e->delivered >= s->ch->s.max_deliver && !s->ch->is_dlq) {
-            /* its attempts were used up under an earlier consumer (released, crashed, moved) */
-            dead_letter(s, idx, "max_deliver");
-            continue;
-        }
-        sendq_push(s, idx);
+        att_stream *st = stream_of(s, dv->id.chan);
+        uint64_t delivered = st && st->att ? fx_attempts_take(st->att, dv->id.pidx, dv->id.msg) : 0;
+        if (fx_dlv_accept(&s->q, dv, &msg, delivered) != FX_OK) /* we never fetch past the window */
+            fx_mq_delivery_free(dv);
     }
 }
 
@@ -1110,8 +980,8 @@ static void accept_msgs(cst *s, size_t got)
 static size_t count_chan(cst *s, int64_t chan)
 {
     size_t n = 0;
-    for (uint32_t i = 0; i < s->t.n_ents; i++)
-        if (s->t.ents[i].state != E_FREE && s->t.ents[i].dv.id.chan == chan) n++;
+    for (uint32_t i = 0; i < s->q.t.n_ents; i++)
+        if (s->q.t.ents[i].state != E_FREE && s->q.t.ents[i].dv.id.chan == chan) n++;
     return n;
 }
 
@@ -1123,10 +993,7 @@ static void adopt_close(cst *s, size_t i, bool lost)
     struct adopted a = s->adopt[i];
     s->adopt[i] = s->adopt[--s->n_adopt];
     if (lost) {
-        for (uint32_t k = 0; k < s->t.n_ents; k++)
-            if (s->t.ents[k].state != E_FREE && s->t.ents[k].state != E_WAIT_DLQ &&
-                s->t.ents[k].dv.id.chan == a.chan)
-                ctab_release(&s->t, k);
+        fx_dlv_release_chan(&s->q, a.chan);
     } else {
         attw_sync(s, &a.as, 2000); /* its next consumer reads the attempts */
         fx_err e = fx_mpmc_flush(a.c, 2000);
@@ -1168,6 +1035,10 @@ static void adopt_stranded(cst *s)
     memcpy(stranded, ch->stranded, ns * sizeof *stranded);
     pthread_mutex_unlock(&ch->mu);
     if (!ns || gen == s->view_gen || !s->cons || s->n_adopt >= FX_DM_ADOPT_MAX) return;
+    /* A claim whose subscriber is gone (its release timer runs) or that is being released takes
+     * no stranded backlog: it could not deliver it, and would only hold it until its release.
+     * The view is looked at again once the subscriber is back. */
+    if (stop_requested(s) || !can_publish(s)) return;
     s->view_gen = gen;
     int64_t own = fx_mpmc_consumer_chan(s->cons);
     int64_t mpmc = -1;
@@ -1236,7 +1107,7 @@ static bool fetch_adopted(cst *s, size_t want)
         int64_t now = fx_now_ms();
         if (!a->empty_since) a->empty_since = now;
         if (now - a->empty_since >= FX_DM_ADOPT_IDLE_MS && count_chan(s, a->chan) == 0) {
-            flush_acks(s);
+            flush(s);
             for (size_t j = 0; j < s->n_adopt; j++)
                 if (s->adopt[j].chan == a->chan) {
                     adopt_close(s, j, false);
@@ -1250,13 +1121,6 @@ static bool fetch_adopted(cst *s, size_t want)
 
 /* ---- the claim thread -------------------------------------------------------------------------- */
 
-static size_t count_state(cst *s, uint8_t st)
-{
-    size_t n = 0;
-    for (uint32_t i = 0; i < s->t.n_ents; i++)
-        if (s->t.ents[i].state == st) n++;
-    return n;
-}
 
 /* One turn of the claim (on a scheduler worker): what the claim thread's loop did in one
  * iteration, without blocking: returns the ms until the claim wants its next turn (it is kicked
@@ -1271,31 +1135,30 @@ static int64_t claim_turn(cst *s)
         if (w >= 0) return w;
     }
     drain_events(s);
-    flush_acks(s);
+    flush(s);
     if (s->lost) {
         consumer_drop(s);
         return 0;
     }
-    run_due(s);
-    do_sends(s);
-    flush_acks(s);
+    fx_dlv_run(&s->q);
+    flush(s);
     if (s->lost) {
         consumer_drop(s);
         return 0;
     }
     if (stop_requested(s)) return -1;
     adopt_stranded(s); /* no RPC unless the view shows stranded backlog not adopted yet */
-    int64_t next = next_due_in(s);
-    bool can_fetch = s->t.n_used < s->t.max_ents && can_publish(s);
+    int64_t next = fx_dlv_next_due(&s->q);
+    bool can_fetch = fx_dlv_room(&s->q) > 0 && can_publish(s);
     if (!can_fetch) {
-        int64_t cap = s->n_send ? 2 : 50; /* deliveries waiting for their record */
+        int64_t cap = s->q.n_send ? 2 : 50; /* deliveries waiting for their record */
         return next < cap ? next : cap;
     }
     if (!attempts_ready(s)) return 200;
-    size_t want = s->t.max_ents - s->t.n_used;
+    size_t want = fx_dlv_room(&s->q);
     if (want > FX_DM_FETCH_MAX) want = FX_DM_FETCH_MAX;
     if (fetch_adopted(s, want)) {
-        do_sends(s);
+        fx_dlv_run(&s->q);
         return 0;
     }
     if (s->lost) return 0;
@@ -1303,7 +1166,7 @@ static int64_t claim_turn(cst *s)
     fx_err e = fx_mpmc_get(s->cons, s->getbuf, want, &got, 0);
     if (e == FX_OK && got) {
         accept_msgs(s, got);
-        do_sends(s);
+        fx_dlv_run(&s->q);
         return 0;
     }
     if (e == FX_OK || e == FX_ETIMEDOUT) {
@@ -1311,8 +1174,8 @@ static int64_t claim_turn(cst *s)
          * anyway after 20 ms while deliveries are in flight or backlog is adopted, else after
          * FX_DM_IDLE_GET_MS (a thousand idle claims: 4,000 cheap turns/s), which also adopts
          * stranded backlog if the view shows some. */
-        int64_t cap = s->t.n_used || s->n_adopt ? 20 : FX_DM_IDLE_GET_MS;
-        if (s->n_send && cap > 2) cap = 2; /* deliveries wait for their attempt record */
+        int64_t cap = s->q.t.n_used || s->n_adopt ? 20 : FX_DM_IDLE_GET_MS;
+        if (s->q.n_send && cap > 2) cap = 2; /* deliveries wait for their attempt record */
         return next < cap ? next : cap;
     }
     if (e == FX_ECLOSED || e == FX_ELEASE_LOST) {
@@ -1333,11 +1196,11 @@ static void claim_release(cst *s)
         if (mode == STOP_DRAIN && s->explicit_ack && atomic_load(&cl->present) &&
             !atomic_load(&cl->noresp)) {
             int64_t deadline = fx_now_ms() + FX_DM_DRAIN_LINGER_MS;
-            while (count_state(s, E_WAIT_ACK) > 0 && fx_ms_left(deadline) > 0 && !s->lost) {
+            while (fx_dlv_count(&s->q, E_WAIT_ACK) > 0 && fx_ms_left(deadline) > 0 && !s->lost) {
                 size_t handled = drain_events(s);
-                s->n_send = 0; /* nothing is (re)published while draining */
+                s->q.n_send = 0; /* nothing is (re)published while draining */
                 if (!handled) {
-                    flush_acks(s);
+                    flush(s);
                     pthread_mutex_lock(&cl->mu);
                     if (cl->ev_n == 0 && !cl->dlq_done) {
                         struct timespec ts = fx_deadline_ts(fx_now_ms() + 50);
@@ -1348,9 +1211,9 @@ static void claim_release(cst *s)
             }
         }
         int64_t deadline = fx_now_ms() + FX_DM_DLQ_WAIT_MS;
-        while (s->dlq_pending > 0 && fx_ms_left(deadline) > 0) {
+        while (s->q.dlq_pending > 0 && fx_ms_left(deadline) > 0) {
             size_t handled = drain_events(s);
-            s->n_send = 0;
+            s->q.n_send = 0;
             if (!handled) {
                 pthread_mutex_lock(&cl->mu);
                 if (cl->ev_n == 0 && !cl->dlq_done) {
@@ -1360,19 +1223,22 @@ static void claim_release(cst *s)
                 pthread_mutex_unlock(&cl->mu);
             }
         }
-        flush_acks(s);
+        drain_events(s); /* acks and no-responders statuses that came meanwhile */
+        s->q.n_send = 0;
+        flush(s);
+        if (!s->lost) persist_actual(s);
         while (s->n_adopt) adopt_close(s, s->n_adopt - 1, false);
         if (!s->lost) {
             fx_err e = fx_mpmc_flush(s->cons, 2000);
             if (e && e != FX_ECLOSED && e != FX_ELEASE_LOST)
                 FX_WRN("claim %s: ack flush: %s", cl->subject, fx_strerror(e));
         }
-        size_t unacked = s->t.n_used;
+        size_t unacked = s->q.t.n_used;
         consumer_drop(s);
         FX_INF("claim %s: released (%zu unacked message(s) left for the next consumer)",
                cl->subject, unacked);
     }
-    release_all(s);
+    fx_dlv_release_all(&s->q);
 }
 
 /* First turn: the claim's state (owned by its turns from now on). false: out of memory. */
@@ -1387,7 +1253,29 @@ static bool claim_start(dm_claim *cl)
     s->explicit_ack = cl->ch->s.ack == FX_ACK_EXPLICIT;
     s->use_leaf = s->explicit_ack && s->d->leaf != NULL;
     if (s->explicit_ack) s->own.w = attw_start(cl, s->d->mq);
-    return table_init(s) && (!s->explicit_ack || s->own.w);
+    const fx_chan_settings *cs = &cl->ch->s;
+    fx_dlv_cfg cfg = {.explicit_ack = s->explicit_ack,
+                      .is_dlq = cl->ch->is_dlq,
+                      .ack_wait_ms = cs->ack_wait_ms,
+                      .max_deliver = cs->max_deliver,
+                      .max_ack_pending = cs->max_ack_pending,
+                      .backoff_ms = cs->backoff_ms,
+                      .n_backoff = cs->n_backoff,
+                      .none_grace_ms = FX_DM_NONE_GRACE_MS};
+    static const fx_dlv_ops ops = {.now_ms = op_now,
+                                   .nonce = op_nonce,
+                                   .can_send = op_can_send,
+                                   .round = op_round,
+                                   .ready = op_ready,
+                                   .send = op_send,
+                                   .sent = op_sent,
+                                   .dead_letter = op_dead_letter,
+                                   .commit = op_commit,
+                                   .reply = op_reply,
+                                   .done = op_done,
+                                   .grow = op_grow};
+    s->getbuf = calloc(FX_DM_FETCH_MAX, sizeof *s->getbuf);
+    return fx_dlv_init(&s->q, &cfg, &ops, s) && s->getbuf && (!s->explicit_ack || s->own.w);
 }
 
 /* Last turn: release (bounded waits, on the worker) and free the claim's state. The caller then
@@ -1422,10 +1310,7 @@ static void claim_end(dm_claim *cl, bool ran)
         dm_claim_unref(cl);
         done = nx;
     }
-    ctab_free(&s->t);
-    free(s->sendq);
-    free(s->acks);
-    free(s->replies);
+    fx_dlv_free(&s->q);
     free(s->attbuf);
     fx_attempts_free(s->own.att);
     attw_stop(s->own.w);

@@ -9,6 +9,8 @@
  * (subject pattern, queue name, weight) so that publishes can name the queue groups (see
  * leaf.h). Written by the I/O thread only, read by publishers. mu and qlk are never held
  * together: fx_leaf_publish collects the names under qlk, releases it, then takes mu.
+ * The same nodes record plain interest (LS+/LS- without a queue: `plain`), for
+ * fx_leaf_has_interest.
  */
 #include "leaf.h"
 
@@ -56,6 +58,7 @@ typedef struct lq_subj {
     struct lq_subj *hnext, *wnext;
     lq_queue *queues;
     bool wild;
+    bool plain; /* a plain (non-queue) subscriber is interested (LS+ without a queue) */
     char subject[];
 } lq_subj;
 
@@ -94,6 +97,8 @@ struct fx_leaf {
     lq_subj *qwild;   /* wildcard subjects */
     size_t qn;        /* (subject, queue) entries */
     bool q_full_logged;
+    size_t pn;        /* subjects with plain interest */
+    bool p_full;      /* a plain LS+ was not recorded: fx_leaf_has_interest answers true */
 
     /* I/O thread only */
     fx_lp_reader *rd; /* leaf_proto.h: what the server sends, framed */
@@ -429,6 +434,8 @@ static void lq_clear(fx_leaf *l)
     l->qwild = NULL;
     l->qn = 0;
     l->q_full_logged = false;
+    l->pn = 0;
+    l->p_full = false;
     pthread_rwlock_unlock(&l->qlk);
 }
 
@@ -484,6 +491,7 @@ static void lq_set(fx_leaf *l, const char *subject, const char *queue, int64_t w
         memcpy(n->subject, subject, sl);
         n->queues = NULL;
         n->wild = lq_is_wild(subject);
+        n->plain = false;
         n->hnext = NULL;
         *link = n;
         n->wnext = NULL;
@@ -519,7 +527,7 @@ static void lq_del(fx_leaf *l, const char *subject, const char *queue)
             l->qn--;
             break;
         }
-        if (!n->queues) {
+        if (!n->queues && !n->plain) {
             *link = n->hnext;
             if (n->wild)
                 for (lq_subj **wp = &l->qwild; *wp; wp = &(*wp)->wnext)
@@ -585,10 +593,80 @@ static int lq_collect(fx_leaf *l, const char *subject, char *out, size_t cap, bo
     return count;
 }
 
+/* Plain LS+ <subject> (plus) / LS- <subject>: the hub sends one LS+ when the first plain
+ * subscriber of a subject (pattern) appears and one LS- when the last one leaves. At most
+ * LQ_MAX_ENTRIES subjects; past that (or out of memory) p_full makes every subject count as
+ * interested until the next connection. */
+static void lp_plain(fx_leaf *l, const char *subject, bool plus)
+{
+    pthread_rwlock_wrlock(&l->qlk);
+    lq_subj **link = NULL;
+    lq_subj *n = l->qb ? lq_find(l, subject, &link) : NULL;
+    if (!plus) {
+        if (n && n->plain) {
+            n->plain = false;
+            l->pn--;
+            if (!n->queues) {
+                *link = n->hnext;
+                if (n->wild)
+                    for (lq_subj **wp = &l->qwild; *wp; wp = &(*wp)->wnext)
+                        if (*wp == n) {
+                            *wp = n->wnext;
+                            break;
+                        }
+                free(n);
+            }
+        }
+        pthread_rwlock_unlock(&l->qlk);
+        return;
+    }
+    if (n && n->plain) {
+        pthread_rwlock_unlock(&l->qlk);
+        return;
+    }
+    if (l->pn >= LQ_MAX_ENTRIES) {
+        l->p_full = true;
+        pthread_rwlock_unlock(&l->qlk);
+        fx_log_ratelimited(&l->slot_q, 10000, FX_LOG_WRN,
+                           "nats leaf: more than %d subjects with subscribers announced by %s; "
+                           "every delivery subject now counts as having a subscriber",
+                           LQ_MAX_ENTRIES, l->where);
+        return;
+    }
+    if (!n) {
+        if (!l->qb && !(l->qb = calloc(LQ_BUCKETS, sizeof *l->qb))) goto nomem;
+        lq_find(l, subject, &link);
+        size_t sl = strlen(subject) + 1;
+        n = malloc(sizeof *n + sl);
+        if (!n) goto nomem;
+        memcpy(n->subject, subject, sl);
+        n->queues = NULL;
+        n->wild = lq_is_wild(subject);
+        n->plain = false;
+        n->hnext = NULL;
+        n->wnext = NULL;
+        *link = n;
+        if (n->wild) {
+            n->wnext = l->qwild;
+            l->qwild = n;
+        }
+    }
+    n->plain = true;
+    l->pn++;
+    pthread_rwlock_unlock(&l->qlk);
+    return;
+nomem:
+    l->p_full = true;
+    pthread_rwlock_unlock(&l->qlk);
+    fx_log_ratelimited(&l->slot_q, 10000, FX_LOG_WRN,
+                       "nats leaf: out of memory recording a subscription");
+}
+
 /* LS+ <subject> [<queue> <weight>] / LS- <subject> [<queue>] (server/leafnode.go writeLeafSub,
  * processLeafSub, processLeafUnsub: no account token on a leaf connection), parsed by
- * leaf_proto.h. Only queue interest is kept: plain subscribers get every leaf message anyway. A
- * malformed line is counted and ignored. */
+ * leaf_proto.h. Queue interest names the queue groups of a publish; plain interest only answers
+ * fx_leaf_has_interest (plain subscribers get every leaf message anyway). A malformed line is
+ * counted and ignored. */
 static void handle_ls(fx_leaf *l, const fx_lp_frame *f)
 {
     bool plus = f->kind == FX_LP_LS_ADD;
@@ -598,7 +676,10 @@ static void handle_ls(fx_leaf *l, const fx_lp_frame *f)
                            plus ? "LS+" : "LS-");
         return;
     }
-    if (!f->queue) return;
+    if (!f->queue) {
+        lp_plain(l, f->subject, plus);
+        return;
+    }
     if (plus)
         lq_set(l, f->subject, f->queue, f->weight < 1 ? 1 : f->weight); /* as the server does */
     else
@@ -1035,6 +1116,23 @@ fx_err fx_leaf_start(fx_leaf *l)
 }
 
 bool fx_leaf_connected(fx_leaf *l) { return l && atomic_load(&l->state) == ST_UP; }
+
+bool fx_leaf_has_interest(fx_leaf *l, const char *subject)
+{
+    if (!l || atomic_load(&l->state) != ST_UP) return false;
+    bool yes = false;
+    pthread_rwlock_rdlock(&l->qlk);
+    if (l->p_full) {
+        yes = true;
+    } else {
+        const lq_subj *n = lq_find(l, subject, NULL);
+        yes = n && !n->wild && (n->plain || n->queues);
+        for (const lq_subj *w = l->qwild; w && !yes; w = w->wnext)
+            yes = (w->plain || w->queues) && fx_subject_match(w->subject, subject);
+    }
+    pthread_rwlock_unlock(&l->qlk);
+    return yes;
+}
 
 void fx_leaf_status(fx_leaf *l, char *buf, size_t cap)
 {

@@ -26,6 +26,7 @@
  * entries whose pattern matches its subject, at most FX_LEAF_MAX_QUEUES_PER_MSG and within
  * the 4096-byte control line (more: counted in queue_truncated). A message published before
  * the LS+ of a new queue subscriber arrives does not reach it (like any interest race).
+ * Plain LS+/LS- lines are kept as a set of subjects (same bound) for fx_leaf_has_interest.
  * We never send LS+, so the server never sends us messages; LMSG/HMSG from the server are
  * skipped anyway. There is no no-responders status on a leaf connection.
  *
@@ -95,6 +96,12 @@ fx_err fx_leaf_new(const fx_leaf_opts *o, fx_leaf **out);
 /* Start the I/O thread; connecting happens in the background. */
 fx_err fx_leaf_start(fx_leaf *l);
 bool fx_leaf_connected(fx_leaf *l);
+/* Does the hub have a subscriber (plain or queue, any subject pattern) for `subject` now, as
+ * its LS+/LS- lines said? false while disconnected. A leaf message on a subject without one is
+ * dropped by the server without a word (no no-responders on a leaf connection), so a publisher
+ * that must know whether a delivery could be received asks this first. Past the entry bound
+ * every subject answers true. Thread-safe. */
+bool fx_leaf_has_interest(fx_leaf *l, const char *subject);
 /* "connected" or why not (no credentials). */
 void fx_leaf_status(fx_leaf *l, char *buf, size_t cap);
 void fx_leaf_get_stats(fx_leaf *l, fx_leaf_stats *out);

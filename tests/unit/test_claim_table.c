@@ -1,4 +1,4 @@
-/* Unit tests: the in-flight table of a claim (plugin/claim_table): hash by claim seq, min-heap by
+/* Unit tests: the in-flight table of a claim (bridge/claim_table): hash by claim seq, min-heap by
  * due time, growth, the cap, ownership of the deliveries. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,5 +1,6 @@
-/* claim_table.h -- the in-flight table of one claim: the deliveries handed out by fx_mpmc_get and
- * not yet committed, indexed by claim seq (hash) and ordered by due time (binary min-heap).
+/* claim_table.h -- the in-flight table of one consumer (a claim): the deliveries handed out by
+ * fx_mpmc_get and not yet committed, indexed by claim seq (hash) and ordered by due time (binary
+ * min-heap). The delivery engine (delivery.h) owns one; its front-end reads the entries.
  *
  * Contract:
  *  - Entries live in one array and are named by their index (uint32_t, CTAB_NIL: none). An index
