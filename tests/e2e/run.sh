@@ -33,4 +33,26 @@ fi
 # (e2e_thousand_claims runs in every pass; under a sanitizer with 200 names instead of 1,000: see
 # the test.)
 
-exec node lib/main.mjs "$@"
+# The runner runs under a subreaper (tests/e2e/reap/fxt_reap.c, built by make): whatever it
+# started is killed when it ends, also when it is killed with SIGKILL and runs no exit handler.
+# The temp root is made here (unless the caller gave one) and removed after the runner, so a
+# killed runner leaves no directory either.
+REAP="$BUILD/tests/e2e/fxt-reap"
+if [ ! -x "$REAP" ]; then
+  echo "e2e: $REAP not built (make builds it): a SIGKILLed runner would leave its processes running" >&2
+  exec node lib/main.mjs "$@"
+fi
+if [ -z "${FXT_TMPDIR:-}" ]; then
+  FXT_TMPDIR=$(mktemp -d /tmp/fluxon-e2e.XXXXXX)
+  export FXT_TMPDIR
+  [ -n "${FXE2E_KEEP:-}" ] || trap 'rm -rf "$FXT_TMPDIR"' EXIT
+fi
+trap 'kill -TERM "$reap_pid" 2>/dev/null' INT TERM HUP
+"$REAP" node lib/main.mjs "$@" &
+reap_pid=$!
+while :; do
+  wait "$reap_pid"
+  rc=$?
+  kill -0 "$reap_pid" 2>/dev/null || break # (a trapped signal ended wait early: wait again)
+done
+exit $rc

@@ -3,9 +3,9 @@
 // leftovers from them), logs captured to files, bounded waits (polling with deadlines, never a
 // fixed sleep for synchronisation) and a SIGTERM -> SIGKILL stop. Every process is registered
 // with the test context, so it is stopped when the test ends, and with a process-wide set, so it
-// is killed when the runner exits for any reason; and every process starts under
-// `setpriv --pdeathsig KILL` (util-linux), so it dies with the runner even when the runner is
-// SIGKILLed and no exit handler runs.
+// is killed when the runner exits for any reason. When the runner is SIGKILLed no exit handler
+// runs: then the subreaper the runner runs under (tests/e2e/reap/fxt_reap.c, started by
+// tests/e2e/run.sh) kills what it left.
 
 import { spawn } from "node:child_process";
 import fs from "node:fs";
@@ -151,15 +151,6 @@ export async function httpGet(url, timeout = 3000) {
 
 const live = new Set();
 
-// `setpriv --pdeathsig KILL -- cmd args`: the child gets PR_SET_PDEATHSIG=SIGKILL and then execs
-// cmd (same pid), so it is killed by the kernel when the runner dies, however it dies.
-// (PR_SET_PDEATHSIG fires when the thread that forked exits; node forks from its main thread,
-// which lives as long as the process.)
-const SETPRIV = ["/usr/bin/setpriv", "/bin/setpriv"].find((p) => fs.existsSync(p)) || null;
-export function wrapPdeathsig(cmd, args) {
-  return SETPRIV ? [SETPRIV, ["--pdeathsig", "KILL", "--", cmd, ...args]] : [cmd, args];
-}
-
 function killAllSync() {
   for (const p of live) {
     try {
@@ -213,8 +204,7 @@ export class Proc {
     const extra = inheritFds > 0 ? fs.openSync("/dev/null", "r") : null;
     const stdio = ["ignore", fd, fd, ...Array(inheritFds).fill(extra)];
     try {
-      const [c, a] = wrapPdeathsig(cmd, args);
-      this.child = spawn(c, a, { stdio, cwd, env: env || process.env });
+      this.child = spawn(cmd, args, { stdio, cwd, env: env || process.env });
     } finally {
       fs.closeSync(fd);
       if (extra !== null) fs.closeSync(extra);
@@ -309,8 +299,7 @@ async function portRetryPause(attempt) {
 /** Run a command to completion (bounded); returns {code, signal, stdout, stderr}. */
 export function runCmd(cmd, args, { timeout = 20_000, input } = {}) {
   return new Promise((resolve) => {
-    const [c, a] = wrapPdeathsig(cmd, args);
-    const child = spawn(c, a, { stdio: ["pipe", "pipe", "pipe"] });
+    const child = spawn(cmd, args, { stdio: ["pipe", "pipe", "pipe"] });
     let stdout = "";
     let stderr = "";
     let timedOut = false;
