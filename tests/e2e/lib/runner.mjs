@@ -48,9 +48,14 @@ export class TestContext {
     this.failureDumps = [];
     this.asyncErrors = [];
     this.t0 = Date.now();
-    this.aborted = false; // set when the test timed out
+    this.aborted = false; // set when the test timed out or failed from outside its body
     this.finished = false; // set once its outcome was printed
     this.abortController = new AbortController();
+    // settles (rejects) at the first error reported from outside the test's body (ctx.fail, an
+    // unhandled rejection of the test's): the runner ends the test then instead of waiting for
+    // the body to notice (e.g. a bridge that stopped on a sanitizer report)
+    this.failedEarly = new Promise((_, rej) => (this._failEarly = rej));
+    this.failedEarly.catch(() => {});
   }
   /** Aborted when the test times out (pass it to fetch, timers, ...). */
   get signal() {
@@ -67,7 +72,10 @@ export class TestContext {
   /** Fail the test from anywhere (also from clean-up steps). */
   fail(err) {
     if (this.finished) lateError(this, err);
-    else this.asyncErrors.push(err);
+    else {
+      this.asyncErrors.push(err);
+      this._failEarly(err);
+    }
   }
   log(...args) {
     const s = ((Date.now() - this.t0) / 1000).toFixed(2);
@@ -134,6 +142,12 @@ export async function runAll({ root, filter, skip = null }) {
     try {
       await Promise.race([
         body,
+        ctx.failedEarly.catch((e) => {
+          // abort the body like a timeout does: its waits stop, its later errors are its own
+          ctx.aborted = true;
+          ctx.abortController.abort(e);
+          throw e;
+        }),
         new Promise((_, rej) => {
           const ms = t.timeout * SLOW;
           timer = setTimeout(() => {
@@ -233,7 +247,7 @@ export function trapAsyncErrors() {
     const owner = als.getStore() || current;
     if (!owner) console.log(`  unhandled async error outside a test: ${e && e.stack ? e.stack : e}`);
     else if (owner.finished || owner.aborted) lateError(owner, e);
-    else owner.asyncErrors.push(e);
+    else owner.fail(e);
   };
   process.on("unhandledRejection", onErr);
   process.on("uncaughtException", onErr);
