@@ -462,11 +462,13 @@ static void mpsc_capacity_full_then_close(void **state)
     put_arg a = {.p = p, .timeout_ms = 20000};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, put_thread, &a), 0);
-    assert_true(fxt_wait_until(waits_started, &w, 5000));
+    bool waiting = fxt_wait_until(waits_started, &w, 5000);
     t0 = fx_now_ms();
-    CHECK(fx_mpsc_producer_close(p));
-    pthread_join(th, NULL);
+    fx_err close_err = fx_mpsc_producer_close(p); /* releases the put whether it waits or not */
+    pthread_join(th, NULL); /* joined before a check can leave this frame (a lives here) */
     int64_t rel = fx_now_ms() - t0;
+    assert_true(waiting);
+    CHECK(close_err);
     print_message("waiting put released %lld ms after close (put waited %lld ms)\n",
                   (long long)rel, (long long)a.ms);
     assert_int_equal(a.result, FX_ECLOSED);
@@ -723,9 +725,10 @@ static void mpsc_client_close_closes_endpoints(void **state)
     assert_int_equal(pthread_create(&th, NULL, get_thread, &a), 0);
     fx_sleep_ms(100); /* let the get block (not required for correctness) */
     int64_t t0 = fx_now_ms();
-    CHECK(fx_mq_client_close(cl));
-    pthread_join(th, NULL);
+    fx_err close_err = fx_mq_client_close(cl);
+    pthread_join(th, NULL); /* joined before a check can leave this frame (a lives here) */
     int64_t took = fx_now_ms() - t0;
+    CHECK(close_err);
     print_message("client close with 2 endpoints and a blocked get: %lld ms\n", (long long)took);
     assert_true(took < 3000);
     assert_int_equal(a.result, FX_ECLOSED);
