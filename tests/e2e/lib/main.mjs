@@ -10,7 +10,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
-import { runAll, trapAsyncErrors } from "./runner.mjs";
+import { runAll, trapAsyncErrors, registeredNames } from "./runner.mjs";
 import { installExitHandlers, setRoot } from "./stack.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -55,6 +55,11 @@ if (process.env.FXE2E_SCALE) {
 }
 
 if (only) console.log(`e2e: FXE2E_FILTER=${only.source}: the other tests are reported as skipped`);
+if (only && !registeredNames().some((n) => only.test(n))) {
+  // a selection that selects nothing is a typo, not a pass
+  console.log(`e2e: FXE2E_FILTER=${only.source} matches no test`);
+  process.exit(1);
+}
 if (exclude) console.log(`e2e: FXE2E_EXCLUDE=${exclude.source}: those tests are reported as skipped`);
 const failed = await runAll({ root, filter, skip });
 if (!ownRoot && !keep) fs.rmSync(root, { recursive: true, force: true });

@@ -33,6 +33,11 @@ export function test(name, fn, opts = {}) {
   registry.push({ name, fn, timeout: opts.timeout ?? 90_000 });
 }
 
+/** The names of every registered test, in registration order. */
+export function registeredNames() {
+  return registry.map((t) => t.name);
+}
+
 let current = null;
 
 /** The running test's context (for library code that wants to report something). */
