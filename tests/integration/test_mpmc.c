@@ -943,7 +943,9 @@ static void mq_attach_registers_data_leases(void **state)
     assert_true(granted_ttl(cm.global_long_lease_id) > 0);
     /* The attacher leaves too: the message outlives every member by the retention... */
     fx_mpmc_producer_free(pb);
-    nap_ms((int)(MTTL * 1000 + 500));
+    /* its member lease expires (etcd: after MTTL; polled, not slept for) */
+    int64_t exp_dl = fxt_now_ms() + FXT_MS((int64_t)(MTTL * 1000 + 5000));
+    while (granted_ttl(member_lease) >= 0 && fxt_now_ms() < exp_dl) nap_ms(100);
     assert_true(granted_ttl(member_lease) < 0);
     assert_false(raw_get(rk.s, NULL));
     fx_mq_client *cc = client_new(root, 1800);
