@@ -3,8 +3,11 @@
 #   make          build the libraries, tools and test programs
 #   make test     install missing packages, build, run every test (unit, integration, e2e)
 #   make check    the same tests under ASan+UBSan (separate build dir)
-#   make tsan     unit and integration tests under ThreadSanitizer
+#   make tsan     unit and integration tests under ThreadSanitizer, then a TSan-built fluxon-bridge
+#                 driving the daemon's core e2e tests (TSAN_E2E); any report fails the run
 #   make valgrind unit tests under valgrind (leak check)
+#   SLOW=N        slow-build factor for every time bound (a loaded machine: make test SLOW=2);
+#                 make check, tsan and valgrind multiply their own factor by it
 #   make run      install, build, start a local etcd + nats-server, run the bridge
 #   make bench    benchmarks (tables into BENCHMARKS.md)
 #   make soak     5-minute bridge memory soak under full load (nats_bench -S 300)
@@ -98,7 +101,13 @@ FUZZ_BIN   := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/tests/fuzz/%)
 
 all: $(LIBLEASE) $(if $(BRIDGE_OBJ),$(LIBBRIDGE)) $(if $(PLUGIN_OBJ),$(LIBPLUGIN)) $(BINS) tests $(BENCH_BIN)
 
-tests: $(UNIT_BIN) $(INTEG_BIN)
+tests: $(UNIT_BIN) $(INTEG_BIN) $(BUILD)/tests/e2e/fxt-reap
+
+# The e2e runner runs under this subreaper (tests/e2e/run.sh): whatever the runner started is
+# killed when it ends, also when it is SIGKILLed. No sanitizer, no project header.
+$(BUILD)/tests/e2e/fxt-reap: tests/e2e/reap/fxt_reap.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CSTD) $(WARN) -O2 -o $@ $<
 
 deps:
 	@bash scripts/install-deps.sh
@@ -151,10 +160,15 @@ $(BUILD)/tests/fuzz/%: $(BUILD)/tests/fuzz/%.o $$(LAYER_LIBS_$$(call test_layer,
 $(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o $(SUPPORT_OBJ) $$(LAYER_LIBS_$$(call test_layer,$$*))
 	$(CC) $(LDFLAGS) -o $@ $< $(SUPPORT_OBJ) $(prog_libs) $(prog_ldlibs)
 
+# The slow-build factor (tests/run.sh --slow): time bounds and deadlines of every test are
+# multiplied by it. Sanitizer and valgrind runs are slower by their nature; SLOW adds a loaded
+# machine on top.
+SLOW ?= 1
+
 test: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory layers
-	@BUILD=$(BUILD) bash tests/run.sh
+	@BUILD=$(BUILD) bash tests/run.sh --slow $(SLOW)
 
 test-unit: all
 	@BUILD=$(BUILD) bash tests/run.sh unit
@@ -164,14 +178,26 @@ test-integration: all
 
 check: deps
 	@$(MAKE) --no-print-directory BUILD=build-san SAN=address OPT="-O1 -g" all
-	@BUILD=build-san FXT_SANITIZED=1 bash tests/run.sh
+	@BUILD=build-san FXT_SANITIZED=1 bash tests/run.sh --slow $$((3 * $(SLOW)))
+
+# The daemon under TSan: the e2e tests that drive the bridge's threaded core -- capture batching
+# and PubAcks, claims and deliveries, the ack path (ack, ack requests, nak, term, DLQ), SIGHUP
+# reloads, the SIGTERM drain, kill -9 and rolling restarts, departed claims moving to another
+# bridge, interest release, the Redis payload plane -- against the TSan-built fluxon-bridge. A
+# report makes the bridge exit (halt_on_error, exitcode 66) and the e2e library fails the test
+# with the report (tests/e2e/lib/stack.mjs). The other e2e tests are reported as skipped (make
+# test and make check run them). About 3 minutes on the 2-core machine.
+TSAN_E2E := ^(e2e_publish_ack_and_consume|e2e_nak_redelivery_and_dlq|e2e_client_ack_path|e2e_ack_request_replies|e2e_sigterm_drain|e2e_settings_change_applies|e2e_admin_and_ops|sighup_reload_memory_flat|e2e_departed_claim_backlog_moves|e2e_bridge_kill9_no_loss|e2e_two_bridges|e2e_rolling_restart_two_bridges|e2e_redis_plane_publish_consume|e2e_store_and_forward|e2e_interest_release|e2e_burst_spreads_in_flight|e2e_dead_bridge_sub_mpscs_reclaimed)$$
 
 tsan: deps
 	@$(MAKE) --no-print-directory BUILD=build-tsan SAN=thread OPT="-O1 -g" all
-	@BUILD=build-tsan FXT_SANITIZED=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" bash tests/run.sh unit integration
+	@BUILD=build-tsan FXT_SANITIZED=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 exitcode=66" \
+	  bash tests/run.sh --slow $$((5 * $(SLOW))) --e2e-filter '$(TSAN_E2E)' \
+	  --e2e-skip-reason "not in the TSan daemon pass (TSAN_E2E in the Makefile); make test and make check run it" \
+	  unit integration e2e
 
 valgrind: all
-	@BUILD=$(BUILD) FXT_VALGRIND=1 bash tests/run.sh unit
+	@BUILD=$(BUILD) FXT_VALGRIND=1 bash tests/run.sh --slow $$((5 * $(SLOW))) unit
 
 # See scripts/check-layers.sh: includes, per-layer compile, library symbols.
 layers: $(LIBLEASE) $(if $(BRIDGE_OBJ),$(LIBBRIDGE)) $(if $(PLUGIN_OBJ),$(LIBPLUGIN))

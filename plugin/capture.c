@@ -1017,10 +1017,21 @@ fx_err dm_chan_start(dm_chan *ch)
     if (pthread_create(&ch->prod_thr, NULL, producer_main, ch) != 0)
         return fx_seterr(FX_ENOMEM, "channel %s: cannot start the producer thread", ch->name);
     ch->prod_started = true;
+    /* The channel is already in d->chans (chan_add registers, then starts it): house-keeping
+     * reads subs, sub_dropped and n_subs under d->reg (read), so they are published under it
+     * (write). */
     if (ch->n_subjects) {
-        ch->subs = calloc(ch->n_subjects, sizeof *ch->subs);
-        ch->sub_dropped = calloc(ch->n_subjects, sizeof *ch->sub_dropped);
-        if (!ch->subs || !ch->sub_dropped) return fx_seterr(FX_ENOMEM, "channel: out of memory");
+        natsSubscription **subs = calloc(ch->n_subjects, sizeof *subs);
+        int64_t *dropped = calloc(ch->n_subjects, sizeof *dropped);
+        if (!subs || !dropped) {
+            free(subs);
+            free(dropped);
+            return fx_seterr(FX_ENOMEM, "channel: out of memory");
+        }
+        pthread_rwlock_wrlock(&d->reg);
+        ch->subs = subs;
+        ch->sub_dropped = dropped;
+        pthread_rwlock_unlock(&d->reg);
     }
     for (size_t i = 0; i < ch->n_subjects; i++) {
         natsSubscription *sub = NULL;
@@ -1030,8 +1041,10 @@ fx_err dm_chan_start(dm_chan *ch)
             return fx_seterr(FX_EUNAVAIL, "channel %s: subscribe %s: %s", ch->name,
                              ch->subjects[i], natsStatus_GetText(s));
         natsSubscription_SetPendingLimits(sub, FX_DM_SUB_PENDING_MSGS, FX_DM_SUB_PENDING_BYTES);
+        pthread_rwlock_wrlock(&d->reg);
         ch->subs[i] = sub;
         ch->n_subs = i + 1;
+        pthread_rwlock_unlock(&d->reg);
         /* The subscription's reference: on_capture may run until the completion callback. */
         dm_chan_ref(ch);
         if (natsSubscription_SetOnCompleteCB(sub, on_capture_complete, ch) != NATS_OK) {

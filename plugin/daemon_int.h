@@ -154,7 +154,9 @@ struct dm_chan {
     dm_chan_metrics m;
 
     atomic_int refs;         /* see the top of this file */
-    natsSubscription **subs; /* capture subs (destroyed with the channel) */
+    /* capture subs (destroyed with the channel); subs, sub_dropped and n_subs are set by
+     * dm_chan_start under d->reg (write) and read by house-keeping under d->reg (read) */
+    natsSubscription **subs;
     int64_t *sub_dropped;    /* last natsSubscription_GetDropped seen (house-keeping) */
     size_t n_subs;
 

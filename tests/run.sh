@@ -1,17 +1,57 @@
 #!/usr/bin/env bash
 # Runs the test programs (and the shell tests tests/<suite>/test_*.sh) and prints one closing line "N passed, N failed, N skipped".
-#   tests/run.sh [unit|integration|e2e ...]   (default: all suites)
+#   tests/run.sh [--slow N] [--e2e-filter REGEX [--e2e-skip-reason TEXT]] [unit|integration|e2e ...]
+#   (default: all suites)
+# --slow N: the slow-build factor (FXT_SLOW, an integer >= 1) every test multiplies its time
+#   bounds and deadlines by (tests/support/fxt_slow.h, tests/e2e/lib/stack.mjs); the Makefile
+#   passes it per target (make test 1, make check 3, make tsan 5, make valgrind 5); on a loaded
+#   machine `make test SLOW=2`. Also stretches the per-program timeout.
+# --e2e-filter REGEX: run only the e2e tests whose name matches; every other one is reported as
+#   "[  SKIPPED ]" with the reason (--e2e-skip-reason) and counted (make tsan's daemon subset).
 # Environment: BUILD (build dir, default build), FXT_VALGRIND=1 (unit tests under valgrind),
-# FXT_TEST_TIMEOUT (seconds per program, default 600).
+# FXT_TEST_TIMEOUT (seconds per program, default 600, times the slow factor).
+# A suite run never shrinks or stretches silently: FXT_SLOW, FXE2E_SLOW, FXE2E_FILTER,
+# FXE2E_EXCLUDE and FXE2E_SKIP_REASON in the caller's environment are refused (exit 2) unless
+# FXT_ALLOW_FILTER=1 is set too (then they apply, and are printed).
 # Every program runs with FXT_TMPDIR set to a fresh directory; whatever a program started is
 # killed and that directory removed when the run ends, also on failure or Ctrl-C.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 export BUILD
+
+inherited=()
+for v in FXT_SLOW FXE2E_SLOW FXE2E_FILTER FXE2E_EXCLUDE FXE2E_SKIP_REASON; do
+  [ -n "${!v+x}" ] && inherited+=("$v=${!v}")
+done
+if [ ${#inherited[@]} -gt 0 ]; then
+  if [ "${FXT_ALLOW_FILTER:-0}" != 1 ]; then
+    echo "tests/run.sh: refusing ${inherited[*]} from the environment: it would shrink or stretch this run" >&2
+    echo "  silently. Unset it, use --slow / --e2e-filter, or set FXT_ALLOW_FILTER=1 to apply it." >&2
+    exit 2
+  fi
+  echo "tests/run.sh: FXT_ALLOW_FILTER=1: applying ${inherited[*]} from the environment"
+fi
+
+SLOW=${FXT_SLOW:-${FXE2E_SLOW:-1}}
+unset FXE2E_SLOW
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --slow) SLOW=$2; shift 2 ;;
+    --e2e-filter) export FXE2E_FILTER=$2; shift 2 ;;
+    --e2e-skip-reason) export FXE2E_SKIP_REASON=$2; shift 2 ;;
+    --) shift; break ;;
+    -*) echo "tests/run.sh: unknown option $1" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+[[ "$SLOW" =~ ^[1-9][0-9]?$ ]] || { echo "tests/run.sh: --slow wants an integer 1..99, got '$SLOW'" >&2; exit 2; }
+export FXT_SLOW=$SLOW
+[ "$SLOW" -gt 1 ] && echo "tests/run.sh: slow-build factor $SLOW (time bounds and deadlines x$SLOW)"
+
 SUITES=("$@")
 [ ${#SUITES[@]} -eq 0 ] && SUITES=(unit integration e2e)
-TIMEOUT=${FXT_TEST_TIMEOUT:-600}
+TIMEOUT=$(( ${FXT_TEST_TIMEOUT:-600} * SLOW ))
 
 export FXT_TMPDIR
 FXT_TMPDIR=$(mktemp -d /tmp/fluxon-test.XXXXXX)

@@ -1,8 +1,15 @@
-// e2e_redis_restart_no_loss: Redis with appendfsync always and kv.require_fsync: the bridge says a
-// PubAck is durable on disk; under a stream of acked publishes (64 in flight, each retried until
-// acked) redis-server is killed with SIGKILL and restarted on its AOF; afterwards a consumer gets
-// every acked message (0 acked lost). Also: kv.require_fsync refuses to start against a Redis with
-// appendfsync everysec, naming the setting.
+// e2e_redis_restart_no_loss: a Redis payload plane whose redis-server crashes under load loses
+// no acked message. Redis runs with an AOF (appendfsync always) and the bridge with
+// kv.require_fsync; under a stream of acked publishes (64 in flight, each retried until acked)
+// redis-server is killed with SIGKILL, stays down 1.5 s, and restarts on its AOF; afterwards a
+// consumer gets every acked message (0 acked lost) and no payload is missing below a produce
+// offset. What this proves: the bridge sends a PubAck only after Redis has taken the write into
+// its AOF, and it rides out the outage (errors answered, retries acked) and the reload.
+// What it does NOT prove: durability on disk. A SIGKILL of the process leaves the kernel's page
+// cache intact, so a write Redis made but never fsynced survives it too: this test passes the
+// same with appendfsync everysec. Only a power loss or a kernel crash tells `always` from
+// `everysec`; that promise rests on Redis's appendfsync always and on kv.require_fsync, which
+// this test checks refuses to start against a Redis with appendfsync everysec, naming the setting.
 import { setTimeout as delay } from "node:timers/promises";
 import { test } from "./lib/runner.mjs";
 import { startStack, waitFor, Redis, redisPlane } from "./lib/stack.mjs";

@@ -5,14 +5,19 @@
 // leaves: after release_after the claims are gone and the channel's sub-MPSC count returns to
 // what the remaining names need (none remain: at most one sub-MPSC, the store-and-forward one).
 // The peaks and the per-phase samples are logged, so a failing run still says where it stands.
+// Under a sanitizer (FXT_SANITIZED=1: make check) it runs reduced: 200 names and 4,000 messages
+// (the full size takes several times the CI budget there); the thread and descriptor bounds are
+// asserted as usual, the RSS bound is logged only (a sanitizer's allocator and quarantine make
+// RSS mean nothing). The reduction is printed, so the run says what it checked.
 import fs from "node:fs";
 import { test } from "./lib/runner.mjs";
 import { startStack, waitFor, metricValue, mpmcId, subMpscIds, httpGet } from "./lib/stack.mjs";
 import { natsConnect, makeMsg, Consumer, publishAll } from "./lib/client.mjs";
 import { assert, assertCovers, assertNoConsumerErrors } from "./lib/check.mjs";
 
-const NAMES = 1000;
-const MSGS = 20_000;
+const SANITIZED = !!process.env.FXT_SANITIZED;
+const NAMES = SANITIZED ? 200 : 1000;
+const MSGS = SANITIZED ? 4000 : 20_000;
 const MAX_THREADS = 64;
 const MAX_FDS = 256;
 const MAX_RSS_MIB = 128;
@@ -27,6 +32,7 @@ function procSample(pid) {
 }
 
 test("e2e_thousand_claims", async (ctx) => {
+  if (SANITIZED) ctx.log(`sanitizer build: reduced run, ${NAMES} names and ${MSGS} messages (1,000 and 20,000 in make test); RSS logged, not asserted`);
   const st = await startStack(ctx);
   const B = st.bridge({
     name: "B",
@@ -128,7 +134,7 @@ test("e2e_thousand_claims", async (ctx) => {
   }
   assert.ok(peak.threads <= MAX_THREADS, `bridge threads peaked at ${peak.threads} > ${MAX_THREADS}`);
   assert.ok(peak.fds <= MAX_FDS, `bridge descriptors peaked at ${peak.fds} > ${MAX_FDS}`);
-  assert.ok(peak.rssMiB < MAX_RSS_MIB, `bridge RSS peaked at ${peak.rssMiB.toFixed(1)} MiB >= ${MAX_RSS_MIB}`);
+  if (!SANITIZED) assert.ok(peak.rssMiB < MAX_RSS_MIB, `bridge RSS peaked at ${peak.rssMiB.toFixed(1)} MiB >= ${MAX_RSS_MIB}`);
   const ex = await B.stop();
   assert.equal(ex.code, 0, `bridge exit ${JSON.stringify(ex)}`);
 }, { timeout: 170_000 + CLAIMS_WAIT_MS });

@@ -37,6 +37,7 @@
 
 #include "etcd.h"
 #include "tests/support/fxt.h"
+#include "tests/support/fxt_slow.h"
 
 typedef struct ctx {
     fxt_etcd etcd;      /* shared by every test but etcd_auth */
@@ -400,7 +401,12 @@ static void etcd_txn_cas(void **state)
     pthread_barrier_init(&bar, NULL, N);
     for (int i = 0; i < N; i++) {
         rs[i] = (racer){.c = c, .bar = &bar, .id = i};
-        assert_int_equal(pthread_create(&th[i], NULL, race, &rs[i]), 0);
+        /* a racer that cannot start would leave the others in the barrier: abort at once
+         * (no check may leave this frame while they use rs and bar) */
+        if (pthread_create(&th[i], NULL, race, &rs[i]) != 0) {
+            fprintf(stderr, "pthread_create failed with %d racer(s) in the barrier\n", i);
+            abort();
+        }
     }
     int wins = 0, winner = -1;
     for (int i = 0; i < N; i++) {
@@ -534,7 +540,7 @@ static void etcd_lease_expiry_deletes_keys(void **state)
     fx_watch_get_stats(w, &ws);
     int64_t t0 = fxt_now_ms();
     fx_watch_stop(w); /* idle in curl_multi_poll: the wakeup must interrupt it */
-    assert_true(fxt_now_ms() - t0 < 500);
+    assert_true(fxt_now_ms() - t0 < FXT_MS(500));
     assert_int_equal(rec.n_ev, 6);
     int deletes[3] = {0, 0, 0};
     for (size_t i = 0; i < rec.n_ev; i++) {
@@ -686,7 +692,7 @@ static void etcd_watch_resync(void **state)
     assert_true(fxt_wait_until(reconnected, &ws2, 10000));
     int64_t t0 = fxt_now_ms();
     fx_watch_stop(w2);
-    assert_true(fxt_now_ms() - t0 < 300);
+    assert_true(fxt_now_ms() - t0 < FXT_MS(300));
     assert_int_equal(rec2.n_snapshots, 1);
     assert_int_equal(rec2.n_ev, 0);
     pthread_mutex_destroy(&rec2.mu);
@@ -762,7 +768,7 @@ static void etcd_failover(void **state)
 
     int64_t t0 = fxt_now_ms();
     put_str(c, "/fxt/fo/a", "1", 0); /* a write: refused connections prove it was not sent */
-    assert_true(fxt_now_ms() - t0 < 2000);
+    assert_true(fxt_now_ms() - t0 < FXT_MS(2000));
     fx_etcd_stats st;
     fx_etcd_get_stats(c, &st);
     assert_true(st.failovers > 0);
@@ -796,7 +802,7 @@ static void etcd_failover(void **state)
     fx_etcd *d = new_client(deads, 2, 2000, 0);
     t0 = fxt_now_ms();
     EXPECT_ERR(FX_EUNAVAIL, fx_etcd_get(d, FX_SLICE_STR("/fxt/fo/a"), &kv, 0));
-    assert_true(fxt_now_ms() - t0 < 2000);
+    assert_true(fxt_now_ms() - t0 < FXT_MS(2000));
     fx_etcd_get_stats(d, &st);
     assert_int_equal(st.failovers, 1);
     assert_int_equal(st.requests, 2);
@@ -850,14 +856,14 @@ static void etcd_deadline(void **state)
     int64_t t0 = fxt_now_ms();
     EXPECT_ERR(FX_ETIMEDOUT, fx_etcd_put(c, &p, NULL, 500));
     int64_t dt = fxt_now_ms() - t0;
-    if (dt < 450 || dt > 1500) fail_msg("put took %" PRId64 " ms", dt);
+    if (dt < 450 || dt > FXT_MS(1500)) fail_msg("put took %" PRId64 " ms", dt);
 
     fx_range_req q = {.key = FX_SLICE_STR("/fxt/dl/a")};
     fx_range_resp r;
     t0 = fxt_now_ms();
     EXPECT_ERR(FX_ETIMEDOUT, fx_etcd_range(c, &q, &r, 500));
     dt = fxt_now_ms() - t0;
-    if (dt < 450 || dt > 1500) fail_msg("range took %" PRId64 " ms", dt);
+    if (dt < 450 || dt > FXT_MS(1500)) fail_msg("range took %" PRId64 " ms", dt);
     assert_int_equal(r.n_kvs, 0);
     fx_etcd_stats st;
     fx_etcd_get_stats(c, &st);
@@ -871,7 +877,7 @@ static void etcd_deadline(void **state)
     t0 = fxt_now_ms();
     EXPECT_ERR(FX_ETIMEDOUT, fx_watch_start(c, &wo, 500, &w));
     dt = fxt_now_ms() - t0;
-    if (dt < 450 || dt > 1500) fail_msg("watch start took %" PRId64 " ms", dt);
+    if (dt < 450 || dt > FXT_MS(1500)) fail_msg("watch start took %" PRId64 " ms", dt);
     assert_null(w);
     assert_int_equal(rec.n_snapshots, 0);
     pthread_mutex_destroy(&rec.mu);
@@ -882,12 +888,18 @@ static void etcd_deadline(void **state)
     slow_call sc = {one, FX_OK};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, slow_put, &sc), 0);
-    assert_true(fxt_wait_until(one_request_in_flight, one, 2000));
-    t0 = fxt_now_ms();
-    EXPECT_ERR(FX_ETIMEDOUT, fx_etcd_range(one, &q, &r, 300));
-    dt = fxt_now_ms() - t0;
-    if (dt < 250 || dt > 1000) fail_msg("pool wait took %" PRId64 " ms", dt);
-    pthread_join(th, NULL);
+    bool in_flight = fxt_wait_until(one_request_in_flight, one, 2000);
+    fx_err pool_err = FX_OK;
+    dt = 0;
+    if (in_flight) {
+        t0 = fxt_now_ms();
+        pool_err = fx_etcd_range(one, &q, &r, 300);
+        dt = fxt_now_ms() - t0;
+    }
+    pthread_join(th, NULL); /* joined before any check can leave this frame (sc lives here) */
+    assert_true(in_flight);
+    EXPECT_ERR(FX_ETIMEDOUT, pool_err);
+    if (dt < 250 || dt > FXT_MS(1000)) fail_msg("pool wait took %" PRId64 " ms", dt);
     assert_int_equal(sc.err, FX_ETIMEDOUT);
     fx_etcd_get_stats(one, &st);
     assert_int_equal(st.pool_waits, 1);

@@ -34,6 +34,7 @@
 #include "kv.h"
 #include "lease_mgr.h"
 #include "tests/support/fxt.h"
+#include "tests/support/fxt_slow.h"
 
 #define OP_MS 3000
 
@@ -155,7 +156,7 @@ static fx_lease_mgr_stats mstats(fx_lease_mgr *m)
 /* Poll `cond` every 20 ms until true or `ms` passed; `ok` receives the final value. */
 #define WAIT_UNTIL(ok, cond, ms)                                                                 \
     do {                                                                                         \
-        int64_t wu_deadline_ = fx_now_ms() + (ms);                                               \
+        int64_t wu_deadline_ = fx_now_ms() + FXT_MS(ms);                                         \
         while (!((ok) = (cond)) && fx_now_ms() < wu_deadline_) fx_sleep_ms(20);                  \
     } while (0)
 
@@ -179,7 +180,9 @@ static void lease_shared_entry(void **state)
     bool ok;
     WAIT_UNTIL(ok, fx_lease_mgr_entry_keepalives(m, uid, 3, one) >= 3, 5000);
     assert_true(ok);
-    fx_sleep_ms(300); /* let the other entry's renewal of this round land */
+    /* the other entry's renewal of this round (same cadence, registered together) */
+    WAIT_UNTIL(ok, fx_lease_mgr_entry_keepalives(m, uid, 3, two) >= 3, 2000);
+    assert_true(ok);
     uint64_t k1 = fx_lease_mgr_entry_keepalives(m, uid, 3, one);
     uint64_t k2 = fx_lease_mgr_entry_keepalives(m, uid, 3, two);
     uint64_t sent = etcd_keepalives(x->c) - ka0;
@@ -312,7 +315,7 @@ static void lease_expiry_notifies_holders(void **state)
     int64_t d1 = atomic_load(&c1.at_ms) - t0, d2 = atomic_load(&c2.at_ms) - t0;
     print_message("callbacks %lld ms and %lld ms after the revoke (cadence 1000 ms)\n",
                   (long long)d1, (long long)d2);
-    assert_true(d1 <= 1500 && d2 <= 1500);
+    assert_true(d1 <= FXT_MS(1500) && d2 <= FXT_MS(1500));
     assert_int_equal(atomic_load(&c1.id), id);
     assert_true(fx_lease_is_expired(h1));
     assert_true(fx_lease_is_expired(h2));
@@ -425,11 +428,15 @@ static void lease_not_starved(void **state)
     hammer hs[4];
     pthread_t th[4];
     int64_t end = fx_now_ms() + 5000;
+    int started = 0;
     for (int i = 0; i < 4; i++) {
         hs[i] = (hammer){.c = c, .idx = i, .end_ms = end, .val = val, .len = len};
-        assert_int_equal(pthread_create(&th[i], NULL, hammer_thread, &hs[i]), 0);
+        if (pthread_create(&th[i], NULL, hammer_thread, &hs[i]) != 0) break;
+        started++;
     }
-    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    /* every started thread joined before any check can leave this frame (hs lives here) */
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    assert_int_equal(started, 4);
     int64_t t_end = fx_now_ms();
     free(val);
     fx_etcd_stats s1;
@@ -455,8 +462,8 @@ static void lease_not_starved(void **state)
                   (unsigned long long)ms.keepalive_failures);
     assert_true(puts > 20);
     assert_true(n >= 4);
-    assert_true(max_gap <= 1300);
-    assert_true(atomic_load(&tb.max_call_ms) <= 500);
+    assert_true(max_gap <= FXT_MS(1300));
+    assert_true(atomic_load(&tb.max_call_ms) <= FXT_MS(500));
     assert_int_equal(ms.keepalive_failures, 0);
     assert_false(fx_lease_is_expired(h));
     assert_true(ttl_left(c, id) > 0);

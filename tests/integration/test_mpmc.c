@@ -769,6 +769,7 @@ typedef struct put_arg {
     fx_mpmc_producer *p;
     fx_err e;
     int64_t ms;
+    atomic_bool started, done;
 } put_arg;
 
 static void *blocked_put(void *arg)
@@ -776,10 +777,14 @@ static void *blocked_put(void *arg)
     put_arg *a = arg;
     fx_slice v = FX_SLICE_STR("blocked");
     int64_t t0 = fxt_now_ms();
+    atomic_store(&a->started, true);
     a->e = fx_mpmc_put(a->p, &v, 1, 20000, NULL, NULL);
     a->ms = fxt_now_ms() - t0;
+    atomic_store(&a->done, true);
     return NULL;
 }
+
+static bool put_started(void *arg) { return atomic_load(&((put_arg *)arg)->started); }
 
 static void mpmc_full_then_close(void **state)
 {
@@ -798,17 +803,26 @@ static void mpmc_full_then_close(void **state)
     int64_t took = fxt_now_ms() - t0;
     assert_int_equal(n, 2);
     assert_true(took >= 250);
-    assert_true(took < 3000);
-    put_arg a = {p, FX_OK, 0};
+    assert_true(took < FXT_MS(3000));
+    put_arg a = {p, FX_OK, 0, false, false};
     pthread_t th;
-    pthread_create(&th, NULL, blocked_put, &a);
+    assert_int_equal(pthread_create(&th, NULL, blocked_put, &a), 0);
+    /* the put has begun (synchronisation: a flag, polled with a deadline) ... */
+    bool started = fxt_wait_until(put_started, &a, 5000);
+    /* ... and is blocked on the full channel: still not returned after an observation window
+     * (a full put returns only on room, its 20 s timeout or close) */
     nap_ms(400);
+    bool blocked = !atomic_load(&a.done);
     int64_t c0 = fxt_now_ms();
-    CHECK(fx_mpmc_producer_close(p));
-    pthread_join(th, NULL);
-    assert_true(fxt_now_ms() - c0 < 2000);
+    fx_err ce = fx_mpmc_producer_close(p);
+    pthread_join(th, NULL); /* joined before any check can leave this frame (a lives here) */
+    int64_t close_ms = fxt_now_ms() - c0;
+    assert_true(started);
+    assert_true(blocked);
+    CHECK(ce);
+    assert_true(close_ms < FXT_MS(2000));
     assert_int_equal(a.e, FX_ECLOSED);
-    assert_true(a.ms < 5000);
+    assert_true(a.ms < FXT_MS(5000));
     fx_mpmc_producer_free(p);
     fx_mq_client_free(c);
 }
@@ -929,7 +943,9 @@ static void mq_attach_registers_data_leases(void **state)
     assert_true(granted_ttl(cm.global_long_lease_id) > 0);
     /* The attacher leaves too: the message outlives every member by the retention... */
     fx_mpmc_producer_free(pb);
-    nap_ms((int)(MTTL * 1000 + 500));
+    /* its member lease expires (etcd: after MTTL; polled, not slept for) */
+    int64_t exp_dl = fxt_now_ms() + FXT_MS((int64_t)(MTTL * 1000 + 5000));
+    while (granted_ttl(member_lease) >= 0 && fxt_now_ms() < exp_dl) nap_ms(100);
     assert_true(granted_ttl(member_lease) < 0);
     assert_false(raw_get(rk.s, NULL));
     fx_mq_client *cc = client_new(root, 1800);

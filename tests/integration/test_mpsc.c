@@ -462,16 +462,18 @@ static void mpsc_capacity_full_then_close(void **state)
     put_arg a = {.p = p, .timeout_ms = 20000};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, put_thread, &a), 0);
-    assert_true(fxt_wait_until(waits_started, &w, 5000));
+    bool waiting = fxt_wait_until(waits_started, &w, 5000);
     t0 = fx_now_ms();
-    CHECK(fx_mpsc_producer_close(p));
-    pthread_join(th, NULL);
+    fx_err close_err = fx_mpsc_producer_close(p); /* releases the put whether it waits or not */
+    pthread_join(th, NULL); /* joined before a check can leave this frame (a lives here) */
     int64_t rel = fx_now_ms() - t0;
+    assert_true(waiting);
+    CHECK(close_err);
     print_message("waiting put released %lld ms after close (put waited %lld ms)\n",
                   (long long)rel, (long long)a.ms);
     assert_int_equal(a.result, FX_ECLOSED);
     assert_int_equal(a.n_put, 0);
-    assert_true(rel < 1500);
+    assert_true(rel < FXT_MS(1500));
     fx_mpsc_producer_free(p);
 }
 
@@ -690,14 +692,17 @@ static void mpsc_payload_lease_revoked(void **state)
 typedef struct get_arg {
     fx_mpsc_consumer *c;
     fx_err result;
-    atomic_bool done;
+    atomic_bool started, done;
 } get_arg;
+
+static bool get_started(void *a) { return atomic_load(&((get_arg *)a)->started); }
 
 static void *get_thread(void *a_)
 {
     get_arg *a = a_;
     fx_mq_delivery d[2];
     size_t n = 0;
+    atomic_store(&a->started, true);
     a->result = fx_mpsc_get(a->c, d, 2, &n, 20000);
     for (size_t i = 0; i < n; i++) fx_mq_delivery_free(&d[i]);
     atomic_store(&a->done, true);
@@ -721,13 +726,21 @@ static void mpsc_client_close_closes_endpoints(void **state)
     get_arg a = {.c = cs};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, get_thread, &a), 0);
-    fx_sleep_ms(100); /* let the get block (not required for correctness) */
+    /* the get has begun (a flag, polled with a deadline) and is blocked on the empty channel:
+     * not returned after an observation window (it returns on a message, its 20 s timeout or
+     * close) */
+    bool started = fxt_wait_until(get_started, &a, 5000);
+    fx_sleep_ms(100);
+    bool blocked = !atomic_load(&a.done);
     int64_t t0 = fx_now_ms();
-    CHECK(fx_mq_client_close(cl));
-    pthread_join(th, NULL);
+    fx_err close_err = fx_mq_client_close(cl);
+    pthread_join(th, NULL); /* joined before a check can leave this frame (a lives here) */
     int64_t took = fx_now_ms() - t0;
+    assert_true(started);
+    assert_true(blocked);
+    CHECK(close_err);
     print_message("client close with 2 endpoints and a blocked get: %lld ms\n", (long long)took);
-    assert_true(took < 3000);
+    assert_true(took < FXT_MS(3000));
     assert_int_equal(a.result, FX_ECLOSED);
     assert_false(key_exists(e, &pm));
     assert_false(key_exists(e, &cm));

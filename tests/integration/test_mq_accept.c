@@ -1656,7 +1656,8 @@ typedef struct blk {
     pthread_t t;
     ep e;
     int timeout_ms;
-    atomic_bool entered;
+    atomic_bool entered, returned;
+    bool blocked; /* the call had not returned after the window blk_start gives it */
     fx_err r;
     size_t n;
     int64_t t_ret;
@@ -1675,6 +1676,7 @@ static void *blk_main(void *arg)
         for (size_t i = 0; i < b->n && i < 4; i++) fx_mq_delivery_free(&d[i]);
     }
     b->t_ret = now_ms();
+    atomic_store(&b->returned, true);
     return NULL;
 }
 
@@ -1685,13 +1687,19 @@ static void blk_start(blk *b, ep e, int timeout_ms)
     b->timeout_ms = timeout_ms;
     b->n = 99;
     atomic_init(&b->entered, false);
+    atomic_init(&b->returned, false);
     assert_int_equal(pthread_create(&b->t, NULL, blk_main, b), 0);
-    int64_t dl = now_ms() + 2000;
+    int64_t dl = now_ms() + 2000 * fxt_slow();
     while (!atomic_load(&b->entered) && now_ms() < dl) nap_ms(5);
-    assert_true(atomic_load(&b->entered));
-    /* Let the call reach its wait. Not needed for correctness: a call that starts after close
-     * must return FX_ECLOSED as well. */
+    if (!atomic_load(&b->entered)) {
+        /* b is the caller's: join the thread (its call ends by its own timeout) before failing */
+        pthread_join(b->t, NULL);
+        fail_msg("the blocking call's thread did not start within %d ms", 2000 * fxt_slow());
+    }
+    /* An observation window: the call is blocked (not returned after it), so the close the
+     * caller makes next interrupts a waiting call; callers check b->blocked after the join. */
     nap_ms(300);
+    b->blocked = !atomic_load(&b->returned);
 }
 
 /* A put that must fail FX_EFULL at (not before) its deadline. */
@@ -1747,10 +1755,11 @@ static void mq_capacity_blocks_then_fails(void **state)
     fx_err ce = ep_close(p);
     int64_t tc = now_ms();
     pthread_join(b.t, NULL);
+    assert_true(b.blocked);
     CHECK(ce);
     assert_int_equal(b.r, FX_ECLOSED);
     assert_int_equal(b.n, 0);
-    if (b.t_ret - t0 >= 500) fail_msg("blocked put returned %" PRId64 " ms after close", b.t_ret - t0);
+    if (b.t_ret - t0 >= FXT_MS(500)) fail_msg("blocked put returned %" PRId64 " ms after close", b.t_ret - t0);
     assert_true(tc - t0 < 3000);
     ep_free(p);
 
@@ -1764,9 +1773,10 @@ static void mq_capacity_blocks_then_fails(void **state)
     t0 = now_ms();
     ce = ep_close(mp);
     pthread_join(b.t, NULL);
+    assert_true(b.blocked);
     CHECK(ce);
     assert_int_equal(b.r, FX_ECLOSED);
-    if (b.t_ret - t0 >= 500) fail_msg("blocked MPMC put returned %" PRId64 " ms after close", b.t_ret - t0);
+    if (b.t_ret - t0 >= FXT_MS(500)) fail_msg("blocked MPMC put returned %" PRId64 " ms after close", b.t_ret - t0);
     ep_free(mp);
     fx_mq_client_free(c);
 }
@@ -2213,14 +2223,15 @@ static void close_race(ep e, const char *what)
     for (int i = 0; i < NCLOSERS; i++) pthread_join(x[i].t, NULL);
     pthread_join(b.t, NULL);
     pthread_barrier_destroy(&bar);
+    if (!b.blocked) fail_msg("%s: the call had returned before the close (%s)", what, fx_errname(b.r));
     for (int i = 0; i < NCLOSERS; i++) {
         if (x[i].r1 != FX_OK || x[i].r2 != FX_OK)
             fail_msg("%s: concurrent close %d: %s then %s", what, i, fx_errname(x[i].r1), fx_errname(x[i].r2));
-        if (x[i].t_done - t0 > 3000) fail_msg("%s: close took %" PRId64 " ms", what, x[i].t_done - t0);
+        if (x[i].t_done - t0 > FXT_MS(3000)) fail_msg("%s: close took %" PRId64 " ms", what, x[i].t_done - t0);
     }
     if (b.r != FX_ECLOSED) fail_msg("%s: blocked call returned %s, want FX_ECLOSED", what, fx_errname(b.r));
     assert_int_equal(b.n, 0);
-    if (b.t_ret - t0 > 1000) fail_msg("%s: blocked call returned %" PRId64 " ms after close", what, b.t_ret - t0);
+    if (b.t_ret - t0 > FXT_MS(1000)) fail_msg("%s: blocked call returned %" PRId64 " ms after close", what, b.t_ret - t0);
     CHECK(ep_close(e));
     size_t n = 99;
     if (ep_is_producer(e)) {

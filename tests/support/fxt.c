@@ -1,5 +1,6 @@
 /* fxt.c -- test harness: real etcd processes on free loopback ports (see fxt.h). */
 #include "fxt.h"
+#include "tests/support/fxt_slow.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -34,7 +35,7 @@ static void pause_ms(int ms)
 
 bool fxt_wait_until(bool (*cond)(void *arg), void *arg, int timeout_ms)
 {
-    int64_t deadline = fxt_now_ms() + timeout_ms;
+    int64_t deadline = fxt_now_ms() + FXT_MS(timeout_ms); /* slow-build factor */
     for (;;) {
         if (cond(arg)) return true;
         if (fxt_now_ms() >= deadline) return cond(arg);
@@ -53,31 +54,75 @@ static int port_used(int p)
     return 0;
 }
 
-/* A free port: bind :0, read it back, close. Stays below the ephemeral range is not guaranteed,
- * so we also avoid ports this process already handed out. */
+/* The low end of the kernel's ephemeral range (where outgoing connections take their local
+ * port): ports are picked below it, so no client connection of this or another process can take a
+ * port between the pick and the server's bind. What remains (another run picking the same port)
+ * is met by the start retries (fresh ports on a first start, the same port after a pause on a
+ * restart, when the log says the address is in use). */
+static int ephemeral_low(void)
+{
+    int lo = 32768, hi = 60999;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        if (fscanf(f, "%d %d", &lo, &hi) != 2 || lo <= 12000) lo = 32768;
+        fclose(f);
+    }
+    return lo;
+}
+
+static bool port_bindable(int p)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return false;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one); /* as the servers bind */
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    return ok;
+}
+
+/* A free port below the ephemeral range, never one this process already handed out. */
 static int free_port(void)
 {
-    for (int attempt = 0; attempt < 50; attempt++) {
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        if (fd < 0) return -1;
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        socklen_t len = sizeof a;
-        if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-            getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-            close(fd);
-            return -1;
-        }
-        int p = ntohs(a.sin_port);
-        close(fd);
-        if (!port_used(p)) {
-            if (n_used_ports < (int)(sizeof used_ports / sizeof used_ports[0]))
-                used_ports[n_used_ports++] = p;
-            return p;
-        }
+    static unsigned seed;
+    if (!seed) seed = (unsigned)getpid() ^ (unsigned)fxt_now_ms();
+    int lo = 10000, hi = ephemeral_low() - 1;
+    for (int attempt = 0; attempt < 500; attempt++) {
+        int p = lo + (int)(rand_r(&seed) % (unsigned)(hi - lo + 1));
+        if (port_used(p) || !port_bindable(p)) continue;
+        if (n_used_ports < (int)(sizeof used_ports / sizeof used_ports[0]))
+            used_ports[n_used_ports++] = p;
+        return p;
     }
     return -1;
 }
+
+/* Did the log at `path` (from byte `from`) say a listener's address is in use? */
+static bool log_says_in_use(const char *path, long from)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    bool hit = false;
+    char line[1024];
+    if (from > 0) fseek(f, from, SEEK_SET);
+    while (!hit && fgets(line, sizeof line, f))
+        hit = strcasestr(line, "address already in use") != NULL;
+    fclose(f);
+    return hit;
+}
+
+static long file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (long)st.st_size : 0;
+}
+
+/* Restart on a port another process may hold for a moment: try again after a pause while the
+ * log says "address already in use" (3 tries, the pauses 0.3 s, 0.6 s: bounded). */
+#define RESTART_TRIES 3
+static void restart_pause(int attempt) { pause_ms(300 * (attempt + 1)); }
 
 int fxt_dead_port(void) { return free_port(); }
 
@@ -196,7 +241,7 @@ static int spawn(fxt_etcd *e, bool fresh)
     e->pid = pid;
     write_pidfile(e);
 
-    int64_t deadline = fxt_now_ms() + 20000;
+    int64_t deadline = fxt_now_ms() + FXT_MS(20000);
     while (fxt_now_ms() < deadline) {
         if (!child_alive(pid)) {
             fprintf(stderr, "fxt: etcd exited during start-up; log: %s\n", e->log_path);
@@ -260,7 +305,13 @@ int fxt_etcd_stop(fxt_etcd *e)
 int fxt_etcd_restart(fxt_etcd *e)
 {
     if (e->pid > 0) fxt_etcd_stop(e);
-    return spawn(e, false);
+    for (int attempt = 0;; attempt++) {
+        long from = file_size(e->log_path);
+        if (spawn(e, false) == 0) return 0;
+        if (attempt + 1 >= RESTART_TRIES || !log_says_in_use(e->log_path, from)) return -1;
+        fprintf(stderr, "fxt: etcd restart: port in use, trying again\n");
+        restart_pause(attempt);
+    }
 }
 
 int fxt_etcd_pause(fxt_etcd *e) { return e->pid > 0 ? kill(e->pid, SIGSTOP) : -1; }
@@ -371,7 +422,7 @@ static int nats_spawn(fxt_nats *n)
     }
     n->pid = pid;
     nats_write_pid(n);
-    int64_t deadline = fxt_now_ms() + 20000;
+    int64_t deadline = fxt_now_ms() + FXT_MS(20000);
     while (fxt_now_ms() < deadline) {
         if (!child_alive(pid)) {
             fprintf(stderr, "fxt: nats-server exited during start-up; log: %s\n", n->log_path);
@@ -440,7 +491,13 @@ int fxt_nats_stop(fxt_nats *n)
 int fxt_nats_restart(fxt_nats *n)
 {
     if (n->pid > 0) fxt_nats_stop(n);
-    return nats_spawn(n);
+    for (int attempt = 0;; attempt++) {
+        long from = file_size(n->log_path);
+        if (nats_spawn(n) == 0) return 0;
+        if (attempt + 1 >= RESTART_TRIES || !log_says_in_use(n->log_path, from)) return -1;
+        fprintf(stderr, "fxt: nats-server restart: port in use, trying again\n");
+        restart_pause(attempt);
+    }
 }
 
 int fxt_nats_pause(fxt_nats *n) { return n->pid > 0 ? kill(n->pid, SIGSTOP) : -1; }
@@ -519,7 +576,7 @@ static int redis_spawn(fxt_redis *r)
         fprintf(f, "%d\n", (int)pid);
         fclose(f);
     }
-    int64_t deadline = fxt_now_ms() + 20000;
+    int64_t deadline = fxt_now_ms() + FXT_MS(20000);
     while (fxt_now_ms() < deadline) {
         if (!child_alive(pid)) {
             fprintf(stderr, "fxt: redis-server exited during start-up; log: %s\n", r->log_path);
@@ -573,7 +630,13 @@ int fxt_redis_kill(fxt_redis *r)
 int fxt_redis_restart(fxt_redis *r)
 {
     if (r->pid > 0) fxt_redis_kill(r);
-    return redis_spawn(r);
+    for (int attempt = 0;; attempt++) {
+        long from = file_size(r->log_path);
+        if (redis_spawn(r) == 0) return 0;
+        if (attempt + 1 >= RESTART_TRIES || !log_says_in_use(r->log_path, from)) return -1;
+        fprintf(stderr, "fxt: redis-server restart: port in use, trying again\n");
+        restart_pause(attempt);
+    }
 }
 
 void fxt_redis_destroy(fxt_redis *r)

@@ -5,8 +5,12 @@
  *    fxt_etcd_destroy();
  *  - gets PR_SET_PDEATHSIG=SIGKILL, so it dies with the test process even on a crash;
  *  - writes its pid to <dir>.pid, so tests/run.sh can kill leftovers after an interrupted run.
- * Waits poll with a deadline (no fixed sleeps). Functions return 0 on success, -1 on failure
- * (with a message on stderr). Not thread-safe: call from the test's main thread.
+ * Waits poll with a deadline (no fixed sleeps), stretched by the slow-build factor (FXT_SLOW,
+ * fxt_slow.h). Ports are picked below the kernel's ephemeral range (no outgoing connection can
+ * take one between the pick and the bind); a start that fails is retried on fresh ports, a
+ * restart whose log says "address already in use" is retried on the same ports after a pause.
+ * Functions return 0 on success, -1 on failure (with a message on stderr). Not thread-safe:
+ * call from the test's main thread.
  */
 #ifndef FXT_H
 #define FXT_H
@@ -14,6 +18,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
+
+#include "tests/support/fxt_slow.h" /* fxt_slow(), FXT_MS(): the slow-build factor for time bounds */
 
 typedef struct fxt_etcd {
     pid_t pid;         /* 0 when not running */
@@ -88,8 +94,8 @@ int fxt_dead_port(void);
  * requests get no reply. Returns the fd (close it when done) and sets *port. */
 int fxt_blackhole_listen(int *port);
 
-/* Poll `cond(arg)` every 20 ms until it returns true or timeout_ms passes. Returns cond's last
- * value. Use this instead of sleeps. */
+/* Poll `cond(arg)` every 20 ms until it returns true or timeout_ms (times the slow-build factor)
+ * passes. Returns cond's last value. Use this instead of sleeps. */
 bool fxt_wait_until(bool (*cond)(void *arg), void *arg, int timeout_ms);
 
 /* Milliseconds on the monotonic clock. */

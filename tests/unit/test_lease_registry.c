@@ -3,7 +3,10 @@
  *
  * Synchronisation is by polling with a deadline (WAIT_UNTIL). A few tests keep watching for a
  * bounded window after the fact to assert that something does NOT happen (no second callback,
- * no keepalive after release); those windows are observation, not synchronisation. */
+ * no keepalive after release); those windows are observation, not synchronisation.
+ * Upper time bounds and deadlines are multiplied by the slow-build factor (FXT_MS,
+ * tests/support/fxt_slow.h: sanitizers, valgrind, a loaded machine); lower bounds (nothing
+ * happens too early) are not. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,11 +23,12 @@
 #include "fx_log.h"
 #include "fx_time.h"
 #include "lease_mgr.h"
+#include "tests/support/fxt_slow.h"
 
 /* Poll `cond` every 5 ms until true or `ms` passed; `ok` receives the final value. */
 #define WAIT_UNTIL(ok, cond, ms)                                                                 \
     do {                                                                                         \
-        int64_t wu_deadline_ = fx_now_ms() + (ms);                                               \
+        int64_t wu_deadline_ = fx_now_ms() + FXT_MS(ms);                                         \
         while (!((ok) = (cond)) && fx_now_ms() < wu_deadline_) fx_sleep_ms(5);                   \
     } while (0)
 
@@ -139,7 +143,7 @@ static void on_expired(void *arg, fx_lease *h, int64_t lease_id)
     atomic_store(&c->h, h);
     atomic_store(&c->started, 1);
     if (atomic_load(&c->block)) {
-        int64_t deadline = fx_now_ms() + 3000; /* bounded */
+        int64_t deadline = fx_now_ms() + FXT_MS(3000); /* bounded */
         while (!atomic_load(&c->go) && fx_now_ms() < deadline) fx_sleep_ms(2);
     }
     fx_lease *other = atomic_exchange(&c->release_other, NULL);
@@ -313,10 +317,10 @@ static void test_skip_probe_and_first_renewal_after_cadence(void **state)
                   (long long)(atomic_load(&f.ts[1]) - atomic_load(&f.ts[0])),
                   (long long)(atomic_load(&f.ts[2]) - atomic_load(&f.ts[1])));
     /* cadence max(3/3, 1) = 1 s; the first renewal one cadence after registration */
-    assert_true(first >= 990 && first <= 1400);
+    assert_true(first >= 990 && first <= FXT_MS(1400));
     for (int i = 1; i < 3; i++) {
         int64_t d = atomic_load(&f.ts[i]) - atomic_load(&f.ts[i - 1]);
-        assert_true(d >= 950 && d <= 1300);
+        assert_true(d >= 950 && d <= FXT_MS(1300));
     }
     /* per-call deadline min(op_timeout 1500, cadence 1000) */
     assert_int_equal(atomic_load(&f.last_timeout_ms), 1000);
@@ -339,7 +343,7 @@ static void test_retry_on_failure_then_recover(void **state)
     /* after the first (failed) renewal, retries come every retry interval (100 ms) */
     for (int i = 2; i < 5; i++) {
         int64_t d = atomic_load(&f.ts[i]) - atomic_load(&f.ts[i - 1]);
-        assert_true(d >= 90 && d <= 400);
+        assert_true(d >= 90 && d <= FXT_MS(400));
     }
     assert_true(stats(m).keepalive_failures >= 4);
     assert_false(fx_lease_is_expired(h)); /* transient failures never expire an entry */
@@ -351,7 +355,7 @@ static void test_retry_on_failure_then_recover(void **state)
     /* back on cadence: the call after the successful one comes ~2 s later */
     int64_t d = atomic_load(&f.ts[n0 + 1]) - atomic_load(&f.ts[n0]);
     print_message("interval after recovery: %lld ms\n", (long long)d);
-    assert_true(d >= 1900 && d <= 2400);
+    assert_true(d >= 1900 && d <= FXT_MS(2400));
     fx_lease_release(h);
     fx_lease_mgr_free(m);
 }
@@ -418,7 +422,7 @@ static void test_expiry_notifies_every_holder_once(void **state)
     assert_true(ok);
     print_message("both holders notified %lld ms after the lease became expired\n",
                   (long long)(fx_now_ms() - t0));
-    assert_true(fx_now_ms() - t0 <= 1500); /* within one cadence (+ margin) */
+    assert_true(fx_now_ms() - t0 <= FXT_MS(1500)); /* within one cadence (+ margin) */
     assert_true(fx_lease_is_expired(h1));
     assert_true(fx_lease_is_expired(h2));
     assert_true(fx_lease_is_expired(h3));
@@ -551,9 +555,10 @@ static void test_release_waits_for_running_callback(void **state)
     assert_int_equal(pthread_create(&t, NULL, release_thread, &r), 0);
     /* observe: release must not return while the callback runs */
     fx_sleep_ms(200);
-    assert_int_equal(atomic_load(&r.returned_ms), 0);
+    int64_t returned_early = atomic_load(&r.returned_ms);
     atomic_store(&c.go, 1);
-    pthread_join(t, NULL);
+    pthread_join(t, NULL); /* joined before any check can leave this frame (r, c live here) */
+    assert_int_equal(returned_early, 0);
     assert_int_equal(atomic_load(&c.calls), 1);
     assert_true(atomic_load(&r.returned_ms) >= atomic_load(&c.finished_ms));
     assert_int_equal(stats(m).handles, 0);
@@ -573,7 +578,7 @@ static void test_release_without_callback_is_prompt(void **state)
     fx_lease *h2 = reg(m, &f, 3, 61, &o2);
     int64_t t0 = fx_now_ms();
     fx_lease_release(h1);
-    assert_true(fx_now_ms() - t0 < 50);
+    assert_true(fx_now_ms() - t0 < FXT_MS(50)); /* release does not wait for the thread */
     atomic_store(&f.expired_id, 61);
     bool ok;
     WAIT_UNTIL(ok, atomic_load(&c2.calls) == 1, 2500);
@@ -603,7 +608,7 @@ static void test_release_waits_for_call_using_its_ctx(void **state)
     assert_int_equal(stats(m).entries, 0);
     int64_t t0 = fx_now_ms();
     fx_lease_mgr_free(m);
-    assert_true(fx_now_ms() - t0 < 500);
+    assert_true(fx_now_ms() - t0 < FXT_MS(500));
     assert_int_equal(atomic_load(&f.calls), calls);
 }
 
@@ -639,9 +644,9 @@ static void test_free_interrupts_thread_promptly(void **state)
     int64_t retry_ms = fx_now_ms() - t0;
     print_message("free took %lld ms (idle), %lld ms (far due), %lld ms (after retry loop)\n",
                   (long long)idle_ms, (long long)far_ms, (long long)retry_ms);
-    assert_true(idle_ms < 500);
-    assert_true(far_ms < 500);
-    assert_true(retry_ms < 500);
+    assert_true(idle_ms < FXT_MS(500));
+    assert_true(far_ms < FXT_MS(500));
+    assert_true(retry_ms < FXT_MS(500));
 }
 
 /* Several threads register and release handles on a few keys while leases expire: for TSan,
@@ -695,15 +700,17 @@ static void test_concurrent_register_release(void **state)
     _Atomic int cb_calls = 0;
     stress_arg args[4];
     pthread_t t[4];
+    int started = 0;
     for (int i = 0; i < 4; i++) {
         args[i] = (stress_arg){m, &f, i + 1, &cb_calls};
-        assert_int_equal(pthread_create(&t[i], NULL, stress_thread, &args[i]), 0);
+        if (pthread_create(&t[i], NULL, stress_thread, &args[i]) != 0) break;
+        started++;
     }
-    for (int i = 0; i < 4; i++) {
-        void *rv = NULL;
-        pthread_join(t[i], &rv);
-        assert_null(rv);
-    }
+    /* every started thread joined before any check can leave this frame (args live here) */
+    void *rv[4] = {NULL, NULL, NULL, NULL};
+    for (int i = 0; i < started; i++) pthread_join(t[i], &rv[i]);
+    assert_int_equal(started, 4);
+    for (int i = 0; i < 4; i++) assert_null(rv[i]);
     fx_lease_mgr_stats s = stats(m);
     print_message("stress: %llu keepalives, %llu expired, %d callbacks\n",
                   (unsigned long long)s.keepalives, (unsigned long long)s.expired,

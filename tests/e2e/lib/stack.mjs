@@ -3,27 +3,34 @@
 // leftovers from them), logs captured to files, bounded waits (polling with deadlines, never a
 // fixed sleep for synchronisation) and a SIGTERM -> SIGKILL stop. Every process is registered
 // with the test context, so it is stopped when the test ends, and with a process-wide set, so it
-// is killed when the runner exits for any reason.
+// is killed when the runner exits for any reason. When the runner is SIGKILLed no exit handler
+// runs: then the subreaper the runner runs under (tests/e2e/reap/fxt_reap.c, started by
+// tests/e2e/run.sh) kills what it left.
 
 import { spawn } from "node:child_process";
 import fs from "node:fs";
 import net from "node:net";
 import path from "node:path";
 import { setTimeout as delay } from "node:timers/promises";
+import { throwIfAborted } from "./context.mjs";
 
 export const BUILD = process.env.FXE2E_BUILD || path.resolve(process.cwd(), "build");
 export const BRIDGE_BIN = path.join(BUILD, "fluxon-bridge");
 export const CTL_BIN = path.join(BUILD, "fluxonctl");
 
 /**
- * Deadline multiplier: sanitizer builds (FXT_SANITIZED=1, as `make check` sets) run several times
- * slower; there the suite checks correctness, so every bounded wait is stretched (FXE2E_SLOW
- * overrides the factor).
+ * The slow-build factor, one for the whole suite (C tests read the same FXT_SLOW through
+ * tests/support/fxt_slow.h): every bounded wait and every time bound a test asserts is multiplied
+ * by it. tests/run.sh sets FXT_SLOW from its --slow option (the Makefile: 1 for make test, more
+ * for make check, tsan, valgrind); run directly, FXT_SANITIZED=1 means 3. FXE2E_SLOW is the old
+ * name of the same knob.
  */
-export const SLOW = Number(process.env.FXE2E_SLOW || (process.env.FXT_SANITIZED ? 3 : 1));
+export const SLOW = Math.max(1, Number(process.env.FXE2E_SLOW || process.env.FXT_SLOW || (process.env.FXT_SANITIZED ? 3 : 1)) || 1);
 
 /** Sanitizer reports in a log (ASan, LSan, TSan, UBSan). */
-export const SANITIZER_RE = /ERROR: (Address|Leak|Thread|Memory)Sanitizer|WARNING: ThreadSanitizer|runtime error:/;
+export const SANITIZER_RE = /ERROR: (Address|Leak|Thread|Memory)Sanitizer|WARNING: ThreadSanitizer|ThreadSanitizer: reported|runtime error:/;
+/** The exit code the Makefile's sanitizer runs give a process with a report (exitcode=66). */
+export const SANITIZER_EXIT = 66;
 
 let ROOT = null;
 export function setRoot(dir) {
@@ -47,6 +54,7 @@ export async function waitFor(probe, { timeout = 10_000, interval = 50, what = "
   let last;
   let lastErr;
   for (;;) {
+    throwIfAborted(); // the test this wait belongs to timed out: stop waiting
     try {
       last = await probe();
       lastErr = undefined;
@@ -77,24 +85,49 @@ function fmt(v) {
 
 const handedOut = new Set();
 
-/** A free TCP port on 127.0.0.1 (bind port 0), never the same one twice in this run. */
+// The kernel's ephemeral range (outgoing connections take their local port from it): ports are
+// picked below it, so a client connection of this or another process cannot take a port between
+// the pick and the server's bind. What remains (another test run picking the same port) is met by
+// the start-up retries: a server that exits with "address already in use" is started again, on
+// fresh ports for a first start, on the same port (it must keep it) after a bounded wait for a
+// restart.
+function ephemeralLow() {
+  try {
+    const [lo] = fs.readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8").trim().split(/\s+/).map(Number);
+    if (lo > 12_000) return lo;
+  } catch {
+    /* not Linux: fall through */
+  }
+  return 32_768;
+}
+const PORT_LO = 10_000;
+const PORT_HI = ephemeralLow() - 1;
+
+function canBind(port) {
+  return new Promise((resolve) => {
+    const srv = net.createServer();
+    srv.unref();
+    srv.once("error", () => resolve(false));
+    srv.listen(port, "127.0.0.1", () => srv.close(() => resolve(true)));
+  });
+}
+
+/** A free TCP port on 127.0.0.1 below the ephemeral range, never the same one twice in this run. */
 export async function freePort() {
-  for (let i = 0; i < 50; i++) {
-    const port = await new Promise((resolve, reject) => {
-      const srv = net.createServer();
-      srv.unref();
-      srv.on("error", reject);
-      srv.listen(0, "127.0.0.1", () => {
-        const p = srv.address().port;
-        srv.close(() => resolve(p));
-      });
-    });
-    if (!handedOut.has(port)) {
+  for (let i = 0; i < 200; i++) {
+    const port = PORT_LO + Math.floor(Math.random() * (PORT_HI - PORT_LO + 1));
+    if (handedOut.has(port)) continue;
+    if (await canBind(port)) {
       handedOut.add(port);
       return port;
     }
   }
   throw new Error("no free port");
+}
+
+/** Did the log say a listener could not bind (EADDRINUSE)? */
+export function addrInUse(text) {
+  return /address already in use|EADDRINUSE|Only one usage of each socket address|Could not create server TCP listening socket/i.test(text);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -166,6 +199,7 @@ export class Proc {
     this.logPath = logPath;
     this.pidfile = path.join(ROOT, `${tag}-${process.pid}-${Proc.seq++}.pid`);
     const fd = fs.openSync(logPath, "a");
+    this.logFrom = fs.fstatSync(fd).size; // where this run's lines start in the log
     fs.writeSync(fd, `---- ${new Date().toISOString()} start: ${cmd} ${args.join(" ")}\n`);
     const extra = inheritFds > 0 ? fs.openSync("/dev/null", "r") : null;
     const stdio = ["ignore", fd, fd, ...Array(inheritFds).fill(extra)];
@@ -250,8 +284,17 @@ export class Proc {
       return "";
     }
   }
+  /** This run's part of the log (a log file is shared by the restarts of one server). */
+  runLog() {
+    return this.log().slice(this.logFrom || 0);
+  }
 }
 Proc.seq = 0;
+
+/** Pause before starting a server again on a port some other process holds (restart retries). */
+async function portRetryPause(attempt) {
+  await delay(300 * (attempt + 1));
+}
 
 /** Run a command to completion (bounded); returns {code, signal, stdout, stderr}. */
 export function runCmd(cmd, args, { timeout = 20_000, input } = {}) {
@@ -332,6 +375,12 @@ export class Etcd {
           // a port race: try fresh ports
           this.clientPort = null;
           fs.rmSync(this.dir, { recursive: true, force: true });
+          continue;
+        }
+        if (attempt < 2 && addrInUse(this.proc.runLog())) {
+          // a restart must keep its ports: wait for the other holder to let go, then again
+          this.ctx.log(`${this.name}: port in use on restart, retrying (${attempt + 1})`);
+          await portRetryPause(attempt);
           continue;
         }
         throw new Error(`etcd did not start: ${e.message}\n${this.proc.logTail(20)}`);
@@ -426,11 +475,30 @@ export class NatsServer {
     return `nats://127.0.0.1:${this.leafPort}`;
   }
   async start() {
-    if (!this.port) {
-      this.port = await freePort();
-      this.monitorPort = await freePort();
-      this.leafPort = await freePort();
+    for (let attempt = 0; ; attempt++) {
+      let fresh = false;
+      if (!this.port) {
+        fresh = !this.opts.cluster; // a cluster member's route port is known to the others
+        this.port = await freePort();
+        this.monitorPort = await freePort();
+        this.leafPort = await freePort();
+      }
+      try {
+        await this.startOnce();
+        return this;
+      } catch (e) {
+        if (this.proc) await this.proc.stop({ timeout: 2000 });
+        if (attempt < 2 && this.proc && addrInUse(this.proc.runLog())) {
+          this.ctx.log(`${this.name}: port in use, retrying on ${fresh ? "fresh ports" : "the same ports"} (${attempt + 1})`);
+          if (fresh) this.port = null;
+          else await portRetryPause(attempt);
+          continue;
+        }
+        throw e;
+      }
     }
+  }
+  async startOnce() {
     const conf = path.join(this.ctx.dir, `${this.name}.conf`);
     const lines = [
       `listen: "127.0.0.1:${this.port}"`,
@@ -454,11 +522,14 @@ export class NatsServer {
       this.ctx.onFailure(() => `---- ${this.name} log (warnings and errors, last 10):\n${this.proc ? this.proc.logTail(10, /\[(WRN|ERR|FTL)\]|^----/) : ""}`);
     }
     await waitFor(async () => {
-      if (!this.proc.running) throw new Error(`nats-server exited: ${JSON.stringify(this.proc.exit)}`);
+      if (!this.proc.running) {
+        const e = new Error(`nats-server exited: ${JSON.stringify(this.proc.exit)}`);
+        e.fatal = true;
+        throw e;
+      }
       const r = await httpGet(`${this.monitorUrl}/healthz`, 1000);
       return r.status === 200;
     }, { timeout: 20_000, what: "nats-server /healthz" });
-    return this;
   }
   async stop() {
     if (this.proc) await this.proc.stop({ timeout: 5000 });
@@ -536,7 +607,25 @@ export class Redis {
   }
   /** Start (again: same port and dir, so it reloads its AOF) and wait for PONG. */
   async start() {
-    if (!this.port) this.port = await freePort();
+    for (let attempt = 0; ; attempt++) {
+      const fresh = !this.port;
+      if (fresh) this.port = await freePort();
+      try {
+        await this.startOnce();
+        return this;
+      } catch (e) {
+        if (this.proc) await this.proc.stop({ timeout: 2000 });
+        if (attempt < 2 && this.proc && addrInUse(this.proc.runLog())) {
+          this.ctx.log(`${this.name}: port in use, retrying on ${fresh ? "a fresh port" : "the same port"} (${attempt + 1})`);
+          if (fresh) this.port = null;
+          else await portRetryPause(attempt);
+          continue;
+        }
+        throw e;
+      }
+    }
+  }
+  async startOnce() {
     fs.mkdirSync(this.dir, { recursive: true });
     const fsync = this.opts.appendfsync;
     this.proc = new Proc(`${this.ctx.name}-${this.name}`, "redis-server", [
@@ -549,11 +638,14 @@ export class Redis {
       this.ctx.defer(() => this.stop());
     }
     await waitFor(async () => {
-      if (!this.proc.running) throw new Error(`redis-server exited: ${JSON.stringify(this.proc.exit)}\n${this.proc.logTail(10)}`);
+      if (!this.proc.running) {
+        const e = new Error(`redis-server exited: ${JSON.stringify(this.proc.exit)}\n${this.proc.logTail(10)}`);
+        e.fatal = true;
+        throw e;
+      }
       const r = await this.cli(["PING"]).catch(() => null);
       return r && r.stdout.trim() === "PONG";
     }, { timeout: 20_000, what: "redis-server PONG" });
-    return this;
   }
   async stop() {
     if (this.proc) await this.proc.stop({ timeout: 5000 });
@@ -654,28 +746,49 @@ export class Bridge {
   /** Start and wait until /healthz is 200 (deadline 20 s). */
   async start() {
     requireBinaries();
-    await this.writeConfig();
-    this.starts++;
-    this.proc = new Proc(`${this.ctx.name}-bridge-${this.name}`, BRIDGE_BIN, ["-c", this.configPath], {
-      logPath: path.join(this.ctx.dir, `bridge-${this.name}.log`),
-      inheritFds: this.opts.inheritFds || 0,
-    });
+    for (let attempt = 0; ; attempt++) {
+      const fresh = !this.httpPort;
+      await this.writeConfig();
+      this.starts++;
+      this.proc = new Proc(`${this.ctx.name}-bridge-${this.name}`, BRIDGE_BIN, ["-c", this.configPath], {
+        logPath: path.join(this.ctx.dir, `bridge-${this.name}.log`),
+        inheritFds: this.opts.inheritFds || 0,
+      });
+      this.register();
+      try {
+        await this.waitHealthy(20_000);
+        return this;
+      } catch (e) {
+        if (attempt < 2 && !this.proc.running && addrInUse(this.proc.runLog())) {
+          // the HTTP port was taken between the pick and the bind: a fresh port for a first
+          // start, the same one after a pause for a restart (its clients know it)
+          this.ctx.log(`bridge ${this.name}: HTTP port ${this.httpPort} in use, retrying (${attempt + 1})`);
+          if (fresh) this.httpPort = null;
+          else await portRetryPause(attempt);
+          continue;
+        }
+        throw e;
+      }
+    }
+  }
+  /** First start: stop it when the test ends, dump its log on failure. Every run: a sanitizer
+   * report in its output fails the test, whenever the process ends. */
+  register() {
     if (!this._registered) {
       this._registered = true;
       this.ctx.defer(() => this.stop());
       this.ctx.onFailure(() => `---- bridge ${this.name} log tail (${this.proc.logPath}):\n${this.proc.logTail(40)}`);
     }
-    // A sanitizer report in the bridge's output fails the test, whenever the process ends.
     const proc = this.proc;
-    proc.exited.then(() => {
-      const log = proc.log();
+    proc.exited.then((exit) => {
+      const log = proc.runLog();
       const at = log.search(SANITIZER_RE);
       if (at >= 0) {
         this.ctx.fail(new Error(`sanitizer report from bridge ${this.name}:\n${log.slice(Math.max(0, at - 200), at + 3000)}`));
+      } else if (exit && exit.code === SANITIZER_EXIT) {
+        this.ctx.fail(new Error(`bridge ${this.name} exited with ${SANITIZER_EXIT}, the sanitizers' exit code (TSAN_OPTIONS/ASAN_OPTIONS exitcode): a report went elsewhere? log tail:\n${proc.logTail(20)}`));
       }
     });
-    await this.waitHealthy(20_000);
-    return this;
   }
   /**
    * Start a run that may be refused: resolves {healthy: true} once /healthz is ok (the bridge
@@ -694,11 +807,7 @@ export class Bridge {
       /* first run */
     }
     this.proc = new Proc(`${this.ctx.name}-bridge-${this.name}`, BRIDGE_BIN, ["-c", this.configPath], { logPath });
-    if (!this._registered) {
-      this._registered = true;
-      this.ctx.defer(() => this.stop());
-      this.ctx.onFailure(() => `---- bridge ${this.name} log tail (${this.proc.logPath}):\n${this.proc.logTail(40)}`);
-    }
+    this.register();
     const proc = this.proc;
     const r = await waitFor(async () => {
       if (!proc.running) return { healthy: false, exit: proc.exit };

@@ -50,7 +50,12 @@ func main() {
 	deliver := flag.String("deliver", "q.orders", "delivery prefix")
 	claim := flag.String("claim", "gocli", "claim (consumer) name")
 	ackWait := flag.Duration("ack-wait", 2*time.Second, "the bridge's ack_wait")
+	slowF := flag.Int("slow", 1, "slow-build factor (FXT_SLOW): multiplies the AckSync wait, the timestamp skew bound and the overall deadline")
 	flag.Parse()
+	slow := time.Duration(*slowF)
+	if slow < 1 {
+		slow = 1
+	}
 
 	nc, err := nats.Connect(*url, nats.Name("go-compat"))
 	if err != nil {
@@ -109,7 +114,7 @@ func main() {
 	nakDelay := 1500 * time.Millisecond
 	// Expected: ack 1, acksync 1, nak 2, nakdelay 2, wpi 1 (kept alive past ack_wait with
 	// InProgress), term 1. Stop once all came and a quiet period (> ack_wait) shows no more.
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(30 * time.Second * slow)
 	quietUntil := time.Time{}
 	for time.Now().Before(deadline) {
 		if wpiStart.IsZero() == false && !wpiAcked {
@@ -166,7 +171,7 @@ func main() {
 		if md.Sequence.Consumer == 0 {
 			fail("Metadata of %s: consumer seq 0", k)
 		}
-		if skew := md.Timestamp.Sub(pubTime[k]); skew < -time.Second || skew > time.Second {
+		if skew := md.Timestamp.Sub(pubTime[k]); skew < -time.Second*slow || skew > time.Second*slow {
 			fail("Metadata of %s (delivery %d): timestamp %v is %v from the publish time",
 				k, md.NumDelivered, md.Timestamp, skew)
 		}
@@ -175,7 +180,7 @@ func main() {
 			err = m.Ack()
 		case k == "acksync" || (k == "nak" && count[k] == 2):
 			t0 := time.Now()
-			err = m.AckSync(nats.AckWait(time.Second))
+			err = m.AckSync(nats.AckWait(time.Second * slow))
 			d.AckMs = time.Since(t0).Milliseconds()
 			if err != nil {
 				fail("AckSync of %s: %v after %d ms", k, err, d.AckMs)
@@ -225,7 +230,7 @@ func main() {
 		if md, err := m.Metadata(); err != nil || md.Stream != *channel+"-dlq" {
 			fail("dead letter metadata: %v %v", md, err)
 		}
-		m.AckSync(nats.AckWait(time.Second))
+		m.AckSync(nats.AckWait(time.Second * slow))
 	}
 	report(hist)
 }
