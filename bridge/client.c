@@ -229,7 +229,9 @@ fx_err fx_mq_client_new(const fx_mq_client_opts *opts, fx_mq_client **out)
     if (opts->kv_redis_url) {
         fx_kv_redis_opts ro = {.url = opts->kv_redis_url, .prefix = c->opts.kv_prefix,
                                .default_timeout_ms = c->kv_timeout_ms,
-                               .pool_size = opts->kv_redis_pool};
+                               .pool_size = opts->kv_redis_pool,
+                               .require_fsync = opts->kv_redis_require_fsync,
+                               .min_replicas = opts->kv_redis_min_replicas};
         e = fx_kv_new_redis(&ro, &c->kv);
     } else if (c->kv_shared) {
         e = fx_kv_new_etcd_shared(c->etcd, c->opts.kv_prefix, c->op_timeout_ms, &c->kv);
@@ -514,6 +516,11 @@ const char *fx_mq_client_plane(const fx_mq_client *c)
 {
     if (!c) return "";
     return c->kv_shared ? "etcd-fused" : fx_kv_is_redis(c->kv) ? "redis" : "etcd-split";
+}
+
+uint64_t fx_mq_client_plane_lost(const fx_mq_client *c)
+{
+    return c ? atomic_load(&((fx_mq_client *)c)->plane_lost) : 0;
 }
 
 uint64_t fx_mq_client_payload_missing(const fx_mq_client *c)

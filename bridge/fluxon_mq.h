@@ -71,6 +71,8 @@ typedef struct fx_mq_client_opts {
      * produce-offset txn. "redis://[user:pass@]host:port[/db]" or "unix:/path[?db=N]". */
     const char *kv_redis_url;
     int kv_redis_pool;           /* Redis data-path connections; 0 -> 4 */
+    bool kv_redis_require_fsync; /* Redis write guard: appendonly yes + appendfsync always */
+    int kv_redis_min_replicas;   /* Redis: every payload put waits (WAIT) for that many replicas */
     int kv_timeout_ms;           /* deadline of each data-path KV call; 0 -> op_timeout_ms */
     int64_t long_lease_ttl_s;    /* id-allocator leases; 0 -> 1800 (tests shorten it) */
     int64_t min_ttl_s;           /* smallest accepted channel ttl; 0 -> 90. Tests use 2..3. */
@@ -114,6 +116,10 @@ const char *fx_mq_client_plane(const fx_mq_client *c);
 /* Payload ids found missing below a produce offset by this client's consumers (skipped, each
  * logged once at ERR with the ids): a payload plane that lost data (e.g. Redis without fsync). */
 uint64_t fx_mq_client_payload_missing(const fx_mq_client *c);
+/* Payload planes found lost by this client's consumers: a consumer's read found its channel's
+ * whole payload lease gone (Redis: the lease's set expired, was evicted or deleted). The consumer
+ * stopped (FX_ELEASE_LOST, nothing committed past the gap) with an ERR line. */
+uint64_t fx_mq_client_plane_lost(const fx_mq_client *c);
 fx_lease_mgr *fx_mq_client_leases(fx_mq_client *c);
 const char *fx_mq_client_root(const fx_mq_client *c);
 /* The client identity written as external_client_id (opts.client_id or the generated one). */

@@ -652,6 +652,30 @@ static void note_skipped(fx_mpsc_consumer *c, pstate *s, uint64_t skipped, int64
     }
 }
 
+/* A read found the channel's whole payload lease gone from the payload plane (Redis: the lease's
+ * set expired, was evicted or deleted; fx_kv_get_range_lease): a lost plane, never "payloads
+ * missing, skip". The consumer stops as on a lost lease (the data path stops, the next call
+ * reports FX_ELEASE_LOST and closes without committing): nothing is committed past the gap, so
+ * the ids stay unconsumed in the control plane. Counted in the client's plane_lost. Called without
+ * mu. */
+static void plane_lost(fx_mpsc_consumer *c, int64_t pidx, int64_t from)
+{
+    char why[256];
+    snprintf(why, sizeof why, "%s", fx_err_detail());
+    pthread_mutex_lock(&c->mu);
+    bool first = life_lease_lost(&c->lf);
+    pthread_cond_broadcast(&c->data_cv);
+    if (first && c->notify && !c->lf.constructing) c->notify(c->notify_arg);
+    pthread_mutex_unlock(&c->mu);
+    if (!first) return;
+    atomic_fetch_add(&c->c->plane_lost, 1);
+    FX_ERR("mpsc consumer %lld/%lld: payload lease %lld is gone from the payload plane (%s): the "
+           "messages of producer %lld from id %lld on are lost; the consumer stops without "
+           "committing past them (fluxon_payload_plane_lost_total)",
+           (long long)c->m.chan, (long long)c->cidx, (long long)c->m.meta.payload_lease_id, why,
+           (long long)pidx, (long long)from);
+}
+
 /* Segment fetch for producer pidx, ids from `from` on (hi: its produce offset). Every index scan
  * is bounded (etcd 3.4 walks every key of a range's interval, whatever its limit):
  *   1. every segment whose key (last id) is in [from, wend]: one range, no limit; wend <= hi
@@ -683,8 +707,8 @@ static fx_err seg_fetch(fx_mpsc_consumer *c, int64_t pidx, int64_t from, int64_t
             (e = key_err(pay_key(&c->m, pidx, end + 1, &ke), "payload")))
             return e;
         c->st.fetches++;
-        if ((e = fx_kv_get_range(cl->kv, fx_mq_key_slice(&ks), fx_mq_key_slice(&ke), limit, segs,
-                                 cl->kv_timeout_ms))) {
+        if ((e = fx_kv_get_range_lease(cl->kv, c->m.meta.payload_lease_id, fx_mq_key_slice(&ks),
+                                       fx_mq_key_slice(&ke), limit, segs, cl->kv_timeout_ms))) {
             fx_range_resp_free(segs);
             return e;
         }
@@ -864,7 +888,12 @@ fx_err fx_mpsc_get(fx_mpsc_consumer *c, fx_mq_delivery *out, size_t max, size_t 
         pthread_mutex_unlock(&c->mu);
 
         if (c->m.meta.segments) {
-            if ((e = seg_get(c, pidx, from, to, hi, out, &got))) break;
+            e = seg_get(c, pidx, from, to, hi, out, &got);
+            if (e == FX_ELEASE_EXPIRED) {
+                plane_lost(c, pidx, from);
+                continue; /* the gate reports it and closes */
+            }
+            if (e) break;
             if (got >= max) break;
             continue;
         }
@@ -874,8 +903,13 @@ fx_err fx_mpsc_get(fx_mpsc_consumer *c, fx_mq_delivery *out, size_t max, size_t 
             break;
         fx_range_resp rr = {0};
         c->st.fetches++;
-        e = fx_kv_get_range(cl->kv, fx_mq_key_slice(&ks), fx_mq_key_slice(&ke), to - from + 1,
-                            &rr, cl->kv_timeout_ms);
+        e = fx_kv_get_range_lease(cl->kv, c->m.meta.payload_lease_id, fx_mq_key_slice(&ks),
+                                  fx_mq_key_slice(&ke), to - from + 1, &rr, cl->kv_timeout_ms);
+        if (e == FX_ELEASE_EXPIRED) {
+            fx_range_resp_free(&rr);
+            plane_lost(c, pidx, from);
+            continue; /* the gate reports it and closes */
+        }
         if (e) {
             fx_range_resp_free(&rr);
             break;

@@ -228,6 +228,14 @@ static fx_err write_chunk(fx_mpsc_producer *p, const fx_slice *vals, size_t m, i
             e = prod_fault_now(p, "payload lease expired");
             goto out;
         }
+        /* The payload store is full (Redis at maxmemory under noeviction refused the put before
+         * writing): answer at once, as JetStream does when its storage is full (a retry would
+         * only wait for consumers' acks). An earlier attempt whose txn was ambiguous may have
+         * landed: the offset is re-read before the next put. */
+        if (e == FX_ENOSPACE) {
+            if (attempt > 0) p->offset_unknown = true;
+            goto out;
+        }
         if (e) {
             if (transient(e)) continue;
             goto out;

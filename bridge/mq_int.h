@@ -37,6 +37,7 @@ struct fx_mq_client {
     bool segments;            /* new channels store one segment per batch (opts) */
     bool kv_shared;           /* kv uses `etcd` itself: one txn for payload + offsets */
     _Atomic uint64_t payload_missing; /* ids skipped by consumers: missing below the offset */
+    _Atomic uint64_t plane_lost;      /* consumer reads that found the payload lease gone */
     fx_lease_mgr *leases;     /* owned */
     fx_lease_backend etcd_backend; /* lease backend descriptors (uid strings owned by etcd/kv) */
     fx_lease_backend kv_backend;

@@ -285,6 +285,21 @@ fx_err fx_kv_get_range(fx_kv_store *s, fx_slice start, fx_slice end, int64_t lim
     return e ? e : s->ops->get_range(s->self, start, end, limit, out, t);
 }
 
+fx_err fx_kv_get_range_lease(fx_kv_store *s, int64_t lease_id, fx_slice start, fx_slice end,
+                             int64_t limit, fx_range_resp *out, int timeout_ms)
+{
+    int t = 0;
+    if (!out) return fx_seterr(FX_EINVAL, "kv: NULL argument");
+    memset(out, 0, sizeof *out);
+    if (!s || !slice_ok(start) || !slice_ok(end) || limit < 0 || lease_id < 0)
+        return fx_seterr(FX_EINVAL, "kv: bad range arguments");
+    fx_err e = kv_timeout(s, timeout_ms, &t);
+    if (e) return e;
+    if (!s->ops->get_range_lease || lease_id == 0)
+        return s->ops->get_range(s->self, start, end, limit, out, t);
+    return s->ops->get_range_lease(s->self, lease_id, start, end, limit, out, t);
+}
+
 fx_err fx_kv_delete_range(fx_kv_store *s, fx_slice start, fx_slice end, int64_t *out_deleted,
                           int timeout_ms)
 {

@@ -65,6 +65,10 @@ typedef struct fx_kv_ops {
                            int timeout_ms);
     fx_err (*count_prefix)(void *self, fx_slice prefix, int64_t *out_count, int timeout_ms);
     void (*destroy)(void *self);
+    /* Optional (NULL: get_range, the lease unchecked): get_range over the keys bound to lease_id
+     * only, FX_ELEASE_EXPIRED when the lease's storage is gone. */
+    fx_err (*get_range_lease)(void *self, int64_t lease_id, fx_slice start, fx_slice end,
+                              int64_t limit, fx_range_resp *out, int timeout_ms);
 } fx_kv_ops;
 
 typedef struct fx_kv_etcd_opts {
@@ -103,6 +107,13 @@ fx_err fx_kv_get(fx_kv_store *s, fx_slice key, fx_bytes *out, int timeout_ms);
  * keys in out are relative to the store prefix. */
 fx_err fx_kv_get_range(fx_kv_store *s, fx_slice start, fx_slice end, int64_t limit,
                        fx_range_resp *out, int timeout_ms);
+/* get_range over the keys bound to lease_id (every key of the range must have been put with it).
+ * Redis: reads only that lease's sorted set (one key, not every live lease) and answers
+ * FX_ELEASE_EXPIRED when the set is gone (expired, evicted, deleted by hand): a reader can tell
+ * "this key is missing" from "every key of the lease is gone". etcd: exactly get_range (etcd
+ * deletes a lease's keys only with the lease, which its keepalive reports). */
+fx_err fx_kv_get_range_lease(fx_kv_store *s, int64_t lease_id, fx_slice start, fx_slice end,
+                             int64_t limit, fx_range_resp *out, int timeout_ms);
 fx_err fx_kv_delete(fx_kv_store *s, fx_slice key, int timeout_ms);
 /* Delete [start, end) (end len 0: every key with prefix `start`). out_deleted may be NULL. */
 fx_err fx_kv_delete_range(fx_kv_store *s, fx_slice start, fx_slice end, int64_t *out_deleted,
@@ -119,13 +130,27 @@ typedef struct fx_kv_redis_opts {
     int default_timeout_ms;  /* per-call deadline; 0 -> 5000 */
     int connect_timeout_ms;  /* 0 -> min(2000, the call's deadline) */
     int pool_size;           /* data-path connections, 0 -> 4 (max 32); keepalives have their own */
+    /* The write guard (kv_redis.c "Write guard"): writes (puts, lease grants) are refused with
+     * FX_EUNAVAIL while Redis may drop acknowledged payloads: a maxmemory-policy other than
+     * noeviction (always checked), or, with require_fsync, anything but appendonly yes +
+     * appendfsync always. Checked on every connection after it is dialled and again before a
+     * write once the last check is recheck_ms old. */
+    bool require_fsync;
+    int min_replicas;        /* > 0: every put then waits (WAIT) for that many replicas, else fails
+                              * with FX_EUNAVAIL (0..16) */
+    int recheck_ms;          /* 0 -> FX_KV_REDIS_RECHECK_MS */
 } fx_kv_redis_opts;
+
+#define FX_KV_REDIS_RECHECK_MS 2000
+#define FX_KV_REDIS_MAX_REPLICAS 16
 
 /* Create the Redis-backed store. Connects lazily (the first call connects; a broken connection
  * is dropped and re-dialled by the next call), so it succeeds while Redis is down; FX_EINVAL on
  * a malformed url. Errors of calls: FX_EUNAVAIL (cannot connect / connection lost),
- * FX_ETIMEDOUT (deadline), FX_EAUTH, FX_ENOSPACE (Redis OOM), FX_ESERVER (other Redis errors),
- * FX_ELEASE_EXPIRED (put or keepalive on a gone lease). */
+ * FX_ETIMEDOUT (deadline), FX_EAUTH, FX_ENOSPACE (Redis OOM: maxmemory reached; puts and grants
+ * are refused before they write), FX_ESERVER (other Redis errors), FX_ELEASE_EXPIRED (put or
+ * keepalive on a gone lease). Writes refused by the write guard and puts whose WAIT fell short
+ * of min_replicas: FX_EUNAVAIL, with the reason in fx_err_detail(). */
 fx_err fx_kv_new_redis(const fx_kv_redis_opts *opts, fx_kv_store **out);
 /* True for a Redis-backed store. */
 bool fx_kv_is_redis(const fx_kv_store *s);
@@ -137,6 +162,21 @@ typedef struct fx_kv_redis_persistence {
     bool rdb_enabled;      /* CONFIG GET save is non-empty */
 } fx_kv_redis_persistence;
 fx_err fx_kv_redis_read_persistence(fx_kv_store *s, fx_kv_redis_persistence *out, int timeout_ms);
+
+/* Run the write guard's check now (on its own connection): FX_OK when it holds; FX_EINVAL when it
+ * does not, with why (and fx_err_detail) naming the setting ("maxmemory-policy volatile-lru ...");
+ * a transport error when Redis cannot be asked. Updates the guard state like any check; quiet:
+ * without the guard's own log line for a change (the caller reports it, e.g. a refused start). */
+fx_err fx_kv_redis_check(fx_kv_store *s, bool quiet, char *why, size_t cap, int timeout_ms);
+
+/* Write-guard counters (monotonic) and state, for metrics. */
+typedef struct fx_kv_redis_stats {
+    bool refused;            /* the last check did not hold */
+    uint64_t refused_writes; /* writes refused by the guard */
+    uint64_t oom;            /* writes Redis refused with OOM (full under noeviction) */
+    uint64_t wait_short;     /* puts whose WAIT reached fewer than min_replicas replicas */
+} fx_kv_redis_stats;
+void fx_kv_redis_get_stats(const fx_kv_store *s, fx_kv_redis_stats *out);
 
 /* ---- for backends (kv.c, kv_redis.c) --------------------------------------------------------- */
 /* Wrap backend state in a store (the store owns `self`: ops->destroy on free; on failure the

@@ -14,6 +14,11 @@
  *    deployment with thousands of channels would want a routing index (not built).
  *  - Lease ids: Redis-time-ms * 1000 + a sequence (mod 1000), so ids never repeat, also after
  *    Redis lost its data (an old id in the control plane can never alias a new lease).
+ *  - Scripts declare their flags (Redis >= 7.0 shebang, see SH_WRITE): puts and grants are
+ *    deny-oom as a whole, keepalives and deletes allow-oom, reads no-writes. Writes pass the
+ *    write guard first (end of this file: eviction policy, require_fsync); puts then WAIT for
+ *    min_replicas when set. Consumers read one lease's set (fx_kv_get_range_lease), so a set that
+ *    is gone is reported (FX_ELEASE_EXPIRED), not read as "no keys".
  *  - Every write is one Lua script: a lease put first checks the lease set exists (refused with
  *    "FXLEASE": FX_ELEASE_EXPIRED) and removes the key from any other live lease (re-binding, as
  *    etcd does), so a put is atomic and idempotent (a retried put rewrites the same member).
@@ -22,8 +27,8 @@
  *    no NUL, so k < X NUL.. <=> k <= X <=> k < X\1).
  *
  * Connections: a pool of pool_size data-path connections (a call waits for a free one until its
- * deadline: FX_ETIMEDOUT) and one keepalive connection (keepalives never wait behind data-path
- * calls). Connections are dialled lazily with a connect timeout; any transport error or timeout
+ * deadline: FX_ETIMEDOUT), one keepalive connection (keepalives never wait behind data-path
+ * calls) and one for fx_kv_redis_check. Connections are dialled lazily with a connect timeout; any transport error or timeout
  * drops the connection (its reply stream is unusable) and the next call dials again, so the store
  * recovers by itself when Redis returns. No TLS: hiredis 0.14 (Debian 12) has none.
  */
@@ -32,6 +37,7 @@
 #include <errno.h>
 #include <hiredis/hiredis.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,7 +63,16 @@
     "  return r\n"                                                                                 \
     "end\n"
 
-static const char LUA_ALLOC[] = LUA_HEAD
+/* Script flags (Redis >= 7.0 shebang): a script without flags is deny-oom as a whole: with
+ * maxmemory set and used memory above it, Redis refuses it with OOM before it runs (a script
+ * without a shebang is only checked before its first deny-oom command, which for these scripts
+ * came after ZREMRANGEBYLEX / PEXPIRE: Redis grew past maxmemory). Keepalives and deletes never
+ * grow memory and must go on when Redis is full (allow-oom); reads are no-writes. */
+#define SH_WRITE "#!lua\n"
+#define SH_NOOOM "#!lua flags=allow-oom\n"
+#define SH_READ "#!lua flags=no-writes\n"
+
+static const char LUA_ALLOC[] = SH_WRITE LUA_HEAD
     "local ttl = tonumber(ARGV[2])\n"
     "redis.call('ZREMRANGEBYSCORE', p .. 'leases', '-inf', string.format('(%d', now))\n"
     "for i = 1, 1000 do\n"
@@ -73,7 +88,7 @@ static const char LUA_ALLOC[] = LUA_HEAD
     "end\n"
     "return redis.error_reply('FXFULL no free lease id in this millisecond')\n";
 
-static const char LUA_KEEPALIVE[] = LUA_HEAD
+static const char LUA_KEEPALIVE[] = SH_NOOOM LUA_HEAD
     "local k = p .. 'l:' .. ARGV[2]\n"
     "local m = redis.call('ZRANGEBYLEX', k, '-', '(\\1', 'LIMIT', 0, 1)\n"
     "if #m == 0 then\n"
@@ -85,7 +100,7 @@ static const char LUA_KEEPALIVE[] = LUA_HEAD
     "redis.call('ZADD', p .. 'leases', string.format('%d', now + ttl), ARGV[2])\n"
     "return ttl\n";
 
-static const char LUA_PUT[] = LUA_HEAD
+static const char LUA_PUT[] = SH_WRITE LUA_HEAD
     "local id = ARGV[2]\n"
     "local k = p .. 'l:' .. id\n"
     "if id ~= '0' and redis.call('EXISTS', k) == 0 then\n"
@@ -103,7 +118,7 @@ static const char LUA_PUT[] = LUA_HEAD
     "end\n"
     "return (#ARGV - 2) / 2\n";
 
-static const char LUA_RANGE[] = LUA_HEAD
+static const char LUA_RANGE[] = SH_READ LUA_HEAD
     "local lim = tonumber(ARGV[4])\n"
     "local out = {}\n"
     "for _, o in ipairs(live()) do\n"
@@ -117,23 +132,39 @@ static const char LUA_RANGE[] = LUA_HEAD
     "end\n"
     "return out\n";
 
-static const char LUA_DELETE[] = LUA_HEAD
+static const char LUA_DELETE[] = SH_NOOOM LUA_HEAD
     "local n = 0\n"
     "for _, o in ipairs(live()) do\n"
     "  n = n + redis.call('ZREMRANGEBYLEX', p .. 'l:' .. o, ARGV[2], ARGV[3])\n"
     "end\n"
     "return n\n";
 
-static const char LUA_COUNT[] = LUA_HEAD
+static const char LUA_COUNT[] = SH_READ LUA_HEAD
     "local n = 0\n"
     "for _, o in ipairs(live()) do\n"
     "  n = n + redis.call('ZLEXCOUNT', p .. 'l:' .. o, ARGV[2], ARGV[3])\n"
     "end\n"
     "return n\n";
 
+/* A range of one lease's set only: FXLEASE when the set is gone. */
+static const char LUA_RANGE_LEASE[] = SH_READ
+    "local k = ARGV[1] .. 'l:' .. ARGV[2]\n"
+    "if redis.call('EXISTS', k) == 0 then\n"
+    "  return redis.error_reply('FXLEASE the set of lease ' .. ARGV[2] .. ' is gone (expired, "
+    "evicted or deleted)')\n"
+    "end\n"
+    "local lim = tonumber(ARGV[5])\n"
+    "if lim > 0 then return redis.call('ZRANGEBYLEX', k, ARGV[3], ARGV[4], 'LIMIT', 0, lim) end\n"
+    "return redis.call('ZRANGEBYLEX', k, ARGV[3], ARGV[4])\n";
+
 typedef struct kr_conn {
     redisContext *ctx;
     bool busy;
+    /* write guard (under the connection's ownership: busy, or ka_mu) */
+    int64_t checked_ms; /* last guard check on this ctx; 0: not since the dial */
+    uint64_t epoch;     /* g_epoch at that check */
+    bool refused;       /* that check did not hold */
+    char why[224];      /* what did not hold */
 } kr_conn;
 
 typedef struct kv_redis {
@@ -151,6 +182,15 @@ typedef struct kv_redis {
     kr_conn conns[KR_MAX_POOL];
     pthread_mutex_t ka_mu;
     kr_conn ka;
+    pthread_mutex_t chk_mu; /* fx_kv_redis_check's own connection (never waits for the pool) */
+    kr_conn chk;
+    /* write guard */
+    bool require_fsync;
+    int min_replicas;
+    int recheck_ms;
+    _Atomic bool g_refused; /* the last check (any connection) did not hold */
+    _Atomic uint64_t g_epoch; /* bumped when g_refused changes: every connection checks again */
+    _Atomic uint64_t n_refused, n_oom, n_wait_short;
 } kv_redis;
 
 static const fx_kv_ops kv_redis_ops;
@@ -244,6 +284,7 @@ static fx_err kr_dial(kv_redis *k, kr_conn *cn, int64_t deadline)
         return e;
     }
     cn->ctx = c;
+    cn->checked_ms = 0; /* a new connection may reach another Redis: check it before writing */
     return FX_OK;
 }
 
@@ -303,9 +344,18 @@ static fx_err kr_run(kv_redis *k, kr_conn *cn, int64_t deadline, const char *wha
     return FX_OK;
 }
 
+/* What a script call is, for the write guard: a read or a call that frees / only renews (never
+ * guarded), a write (guarded), a put (guarded, then WAIT for min_replicas). */
+typedef enum kr_kind { KR_READ, KR_WRITE, KR_PUT } kr_kind;
+
+static fx_err kr_guard(kv_redis *k, kr_conn *cn, int64_t deadline);
+static fx_err kr_run_wait(kv_redis *k, kr_conn *cn, int64_t deadline, const char *what, int argc,
+                          const char **argv, const size_t *lens, redisReply **out);
+
 /* Run a script on a pool connection (or the keepalive one). */
-static fx_err kr_eval(kv_redis *k, bool ka, int timeout_ms, const char *what, const char *script,
-                      int nargs, const char **args, const size_t *lens, redisReply **out)
+static fx_err kr_eval(kv_redis *k, bool ka, kr_kind kind, int timeout_ms, const char *what,
+                      const char *script, int nargs, const char **args, const size_t *lens,
+                      redisReply **out)
 {
     int64_t deadline = fx_now_ms() + timeout_ms;
     int argc = nargs + 4;
@@ -339,9 +389,14 @@ static fx_err kr_eval(kv_redis *k, bool ka, int timeout_ms, const char *what, co
         kr_conn *cn = NULL;
         e = kr_acquire(k, deadline, &cn);
         if (!e) {
-            e = kr_run(k, cn, deadline, what, argc, av, al, out);
+            if (kind != KR_READ) e = kr_guard(k, cn, deadline);
+            if (!e && kind == KR_PUT && k->min_replicas > 0)
+                e = kr_run_wait(k, cn, deadline, what, argc, av, al, out);
+            else if (!e)
+                e = kr_run(k, cn, deadline, what, argc, av, al, out);
             kr_release(k, cn);
         }
+        if (e == FX_ENOSPACE) atomic_fetch_add(&k->n_oom, 1);
     }
     if (av != sav) free(av);
     if (al != sal) free(al);
@@ -435,7 +490,7 @@ static fx_err kr_int(const redisReply *r, const char *what, long long *out)
 }
 
 /* Run `script` with one integer argument and read its integer reply. */
-static fx_err kr_eval_int(kv_redis *k, bool ka, int timeout_ms, const char *what,
+static fx_err kr_eval_int(kv_redis *k, bool ka, kr_kind kind, int timeout_ms, const char *what,
                           const char *script, int64_t arg, long long *out)
 {
     char num[32];
@@ -443,7 +498,7 @@ static fx_err kr_eval_int(kv_redis *k, bool ka, int timeout_ms, const char *what
     const char *a[1] = {num};
     size_t l[1] = {strlen(num)};
     redisReply *r = NULL;
-    fx_err e = kr_eval(k, ka, timeout_ms, what, script, 1, a, l, &r);
+    fx_err e = kr_eval(k, ka, kind, timeout_ms, what, script, 1, a, l, &r);
     if (e) return e;
     e = kr_int(r, what, out);
     freeReplyObject(r);
@@ -453,7 +508,7 @@ static fx_err kr_eval_int(kv_redis *k, bool ka, int timeout_ms, const char *what
 static fx_err kr_allocate_lease(void *self, int64_t ttl_s, int64_t *out_id, int timeout_ms)
 {
     long long id = 0;
-    fx_err e = kr_eval_int(self, false, timeout_ms, "lease grant", LUA_ALLOC, ttl_s * 1000, &id);
+    fx_err e = kr_eval_int(self, false, KR_WRITE, timeout_ms, "lease grant", LUA_ALLOC, ttl_s * 1000, &id);
     if (!e) *out_id = id;
     return e;
 }
@@ -461,7 +516,7 @@ static fx_err kr_allocate_lease(void *self, int64_t ttl_s, int64_t *out_id, int 
 static fx_err kr_keepalive_lease(void *self, int64_t id, int64_t *out_ttl, int timeout_ms)
 {
     long long ttl = 0;
-    fx_err e = kr_eval_int(self, true, timeout_ms, "lease keepalive", LUA_KEEPALIVE, id, &ttl);
+    fx_err e = kr_eval_int(self, true, KR_READ, timeout_ms, "lease keepalive", LUA_KEEPALIVE, id, &ttl);
     if (e) return e;
     if (ttl < 0) return fx_seterr(FX_ELEASE_EXPIRED, "redis: lease %lld expired or unknown",
                                   (long long)id);
@@ -495,7 +550,7 @@ static fx_err kr_put_many(void *self, const fx_kv_item *items, size_t n, const f
         l[2 + 2 * i] = items[i].value.len;
     }
     redisReply *r = NULL;
-    fx_err e = kr_eval(k, false, timeout_ms, "put", LUA_PUT, (int)na, a, l, &r);
+    fx_err e = kr_eval(k, false, KR_PUT, timeout_ms, "put", LUA_PUT, (int)na, a, l, &r);
     if (r) freeReplyObject(r);
     free(a);
     free(l);
@@ -527,15 +582,18 @@ static uint8_t *dup_bytes(const char *p, size_t n)
     return d;
 }
 
-static fx_err kr_range(kv_redis *k, const kr_bound *lo, const kr_bound *hi, int64_t limit,
-                       fx_range_resp *out, int timeout_ms)
+/* lease 0: every live lease (LUA_RANGE); else that lease's set only (LUA_RANGE_LEASE). */
+static fx_err kr_range(kv_redis *k, int64_t lease, const kr_bound *lo, const kr_bound *hi,
+                       int64_t limit, fx_range_resp *out, int timeout_ms)
 {
-    char lim[32];
+    char lim[32], ls[32];
     snprintf(lim, sizeof lim, "%lld", (long long)limit);
-    const char *a[3] = {lo->p, hi->p, lim};
-    size_t l[3] = {lo->len, hi->len, strlen(lim)};
+    snprintf(ls, sizeof ls, "%lld", (long long)lease);
+    const char *a[4] = {ls, lo->p, hi->p, lim};
+    size_t l[4] = {strlen(ls), lo->len, hi->len, strlen(lim)};
     redisReply *r = NULL;
-    fx_err e = kr_eval(k, false, timeout_ms, "range", LUA_RANGE, 3, a, l, &r);
+    fx_err e = lease ? kr_eval(k, false, KR_READ, timeout_ms, "range", LUA_RANGE_LEASE, 4, a, l, &r)
+                     : kr_eval(k, false, KR_READ, timeout_ms, "range", LUA_RANGE, 3, a + 1, l + 1, &r);
     if (e) return e;
     if (r->type != REDIS_REPLY_ARRAY) {
         freeReplyObject(r);
@@ -600,7 +658,19 @@ static fx_err kr_get_range(void *self, fx_slice start, fx_slice end, int64_t lim
     kr_bound lo, hi;
     fx_err e = range_bounds(&lo, &hi, start, end);
     if (e) return e;
-    e = kr_range(self, &lo, &hi, limit, out, timeout_ms);
+    e = kr_range(self, 0, &lo, &hi, limit, out, timeout_ms);
+    bound_done(&lo);
+    bound_done(&hi);
+    return e;
+}
+
+static fx_err kr_get_range_lease(void *self, int64_t lease, fx_slice start, fx_slice end,
+                                 int64_t limit, fx_range_resp *out, int timeout_ms)
+{
+    kr_bound lo, hi;
+    fx_err e = range_bounds(&lo, &hi, start, end);
+    if (e) return e;
+    e = kr_range(self, lease, &lo, &hi, limit, out, timeout_ms);
     bound_done(&lo);
     bound_done(&hi);
     return e;
@@ -617,7 +687,7 @@ static fx_err kr_get(void *self, fx_slice key, fx_bytes *out, int timeout_ms)
         return e;
     }
     fx_range_resp rr = {0};
-    e = kr_range(self, &lo, &hi, 1, &rr, timeout_ms);
+    e = kr_range(self, 0, &lo, &hi, 1, &rr, timeout_ms);
     bound_done(&lo);
     bound_done(&hi);
     if (e) return e;
@@ -640,7 +710,7 @@ static fx_err kr_count_or_delete(kv_redis *k, const char *script, const char *wh
     const char *a[2] = {lo.p, hi.p};
     size_t l[2] = {lo.len, hi.len};
     redisReply *r = NULL;
-    e = kr_eval(k, false, timeout_ms, what, script, 2, a, l, &r);
+    e = kr_eval(k, false, KR_READ, timeout_ms, what, script, 2, a, l, &r);
     bound_done(&lo);
     bound_done(&hi);
     if (e) return e;
@@ -670,6 +740,8 @@ static void kr_destroy(void *self)
     for (int i = 0; i < KR_MAX_POOL; i++)
         if (k->conns[i].ctx) redisFree(k->conns[i].ctx);
     if (k->ka.ctx) redisFree(k->ka.ctx);
+    if (k->chk.ctx) redisFree(k->chk.ctx);
+    pthread_mutex_destroy(&k->chk_mu);
     pthread_mutex_destroy(&k->mu);
     pthread_cond_destroy(&k->cv);
     pthread_mutex_destroy(&k->ka_mu);
@@ -690,6 +762,7 @@ static const fx_kv_ops kv_redis_ops = {
     .delete_range = kr_delete_range,
     .count_prefix = kr_count_prefix,
     .destroy = kr_destroy,
+    .get_range_lease = kr_get_range_lease,
 };
 
 /* ---- url, construction ----------------------------------------------------------------------- */
@@ -748,16 +821,23 @@ fx_err fx_kv_new_redis(const fx_kv_redis_opts *opts, fx_kv_store **out)
     *out = NULL;
     if (!opts || !opts->url || !opts->prefix || !opts->prefix[0])
         return fx_seterr(FX_EINVAL, "kv redis: a url and a non-empty prefix are required");
-    if (opts->pool_size < 0 || opts->pool_size > KR_MAX_POOL || opts->connect_timeout_ms < 0)
-        return fx_seterr(FX_EINVAL, "kv redis: pool_size 0..%d, connect_timeout_ms >= 0",
-                         KR_MAX_POOL);
+    if (opts->pool_size < 0 || opts->pool_size > KR_MAX_POOL || opts->connect_timeout_ms < 0 ||
+        opts->min_replicas < 0 || opts->min_replicas > FX_KV_REDIS_MAX_REPLICAS ||
+        opts->recheck_ms < 0)
+        return fx_seterr(FX_EINVAL, "kv redis: pool_size 0..%d, connect_timeout_ms >= 0, "
+                         "min_replicas 0..%d, recheck_ms >= 0", KR_MAX_POOL,
+                         FX_KV_REDIS_MAX_REPLICAS);
     kv_redis *k = calloc(1, sizeof *k);
     if (!k) return fx_seterr(FX_ENOMEM, "kv: out of memory");
     pthread_mutex_init(&k->mu, NULL);
     fx_cond_init_monotonic(&k->cv);
     pthread_mutex_init(&k->ka_mu, NULL);
+    pthread_mutex_init(&k->chk_mu, NULL);
     k->n_conns = opts->pool_size ? opts->pool_size : KR_DEFAULT_POOL;
     k->connect_timeout_ms = opts->connect_timeout_ms;
+    k->require_fsync = opts->require_fsync;
+    k->min_replicas = opts->min_replicas;
+    k->recheck_ms = opts->recheck_ms ? opts->recheck_ms : FX_KV_REDIS_RECHECK_MS;
     fx_err e = parse_url(k, opts->url);
     if (!e && !(k->prefix = strdup(opts->prefix))) e = fx_seterr(FX_ENOMEM, "kv: out of memory");
     if (e) {
@@ -841,4 +921,188 @@ fx_err fx_kv_redis_read_persistence(fx_kv_store *s, fx_kv_redis_persistence *out
     }
     kr_release(k, cn);
     return e;
+}
+
+/* ---- write guard ------------------------------------------------------------------------------
+ *
+ * Writes (puts, lease grants) are refused while Redis may drop what a PubAck promised:
+ *  - maxmemory-policy other than noeviction: every volatile-* and allkeys-* policy evicts whole
+ *    keys, and one key is a channel's whole backlog (its lease set). Refused also with maxmemory
+ *    0 (nothing evicts then, but CONFIG SET maxmemory at runtime would start evicting at once,
+ *    faster than any re-check).
+ *  - with require_fsync: anything but appendonly yes + appendfsync always;
+ *  - a Redis older than 7.0 (the scripts declare their flags with a shebang).
+ * The check (INFO server memory persistence, plus CONFIG GET appendfsync with require_fsync: one
+ * or two round trips) runs on a connection after each dial (a re-dial may reach another Redis)
+ * and again before a write once the connection's last check is recheck_ms old, so a runtime
+ * CONFIG SET is seen within one period; nothing is added per message. A check whose result
+ * differs from the last one (on any connection, or fx_kv_redis_check's, which the daemon runs
+ * every second) makes every connection check again before its next write. Reads, keepalives and
+ * deletes are never refused (consumers drain, leases stay alive). The state changes are logged
+ * (ERR when writes start being refused, INF when they are accepted again). */
+
+/* The check on one connection: FX_OK, FX_EINVAL with why, or a transport error. */
+static fx_err guard_check(kv_redis *k, kr_conn *cn, int64_t deadline, char *why, size_t cap)
+{
+    const char *av[4] = {"INFO", "server", "memory", "persistence"};
+    size_t al[4] = {4, 6, 6, 11};
+    redisReply *r = NULL;
+    why[0] = 0;
+    fx_err e = kr_run(k, cn, deadline, "INFO", 4, av, al, &r);
+    if (e == FX_ESERVER || e == FX_EPERM) {
+        snprintf(why, cap, "INFO is refused (%.120s): cannot verify maxmemory-policy noeviction",
+                 fx_err_detail());
+        return FX_EINVAL;
+    }
+    if (e) return e;
+    char ver[32] = "", pol[48] = "", aof[8] = "";
+    bool have_pol = false;
+    if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS) {
+        info_field(r->str, "redis_version", ver, sizeof ver);
+        have_pol = info_field(r->str, "maxmemory_policy", pol, sizeof pol);
+        info_field(r->str, "aof_enabled", aof, sizeof aof);
+    }
+    freeReplyObject(r);
+    if (atoi(ver) < 7) {
+        snprintf(why, cap, "Redis %s: the bridge needs Redis >= 7.0 (its scripts declare flags)",
+                 ver[0] ? ver : "(version unknown)");
+        return FX_EINVAL;
+    }
+    if (!have_pol) {
+        snprintf(why, cap, "INFO memory has no maxmemory_policy: cannot verify noeviction");
+        return FX_EINVAL;
+    }
+    if (strcmp(pol, "noeviction") != 0) {
+        snprintf(why, cap, "maxmemory-policy %s evicts keys (a channel's whole backlog is one "
+                 "key): set maxmemory-policy noeviction", pol);
+        return FX_EINVAL;
+    }
+    if (k->require_fsync) {
+        char fs[16];
+        if ((e = config_get(k, cn, deadline, "appendfsync", fs, sizeof fs))) return e;
+        if (strcmp(aof, "1") != 0 || strcmp(fs, "always") != 0) {
+            snprintf(why, cap, "kv.require_fsync: Redis has appendonly %s, appendfsync %s; need "
+                     "appendonly yes and appendfsync always", strcmp(aof, "1") ? "no" : "yes",
+                     fs[0] ? fs : "(unknown: CONFIG GET refused)");
+            return FX_EINVAL;
+        }
+    }
+    return FX_OK;
+}
+
+/* Record a check's result on cn and in the store's state (logging the transitions). */
+static void guard_note(kv_redis *k, kr_conn *cn, bool refused, const char *why, bool quiet)
+{
+    cn->checked_ms = fx_now_ms();
+    cn->refused = refused;
+    snprintf(cn->why, sizeof cn->why, "%s", refused ? why : "");
+    if (atomic_exchange(&k->g_refused, refused) != refused) {
+        atomic_fetch_add(&k->g_epoch, 1); /* the other connections check before their next write */
+        if (!quiet && refused)
+            FX_ERR("kv redis: refusing writes (publishes get errors, nothing is acked) until it "
+                   "holds: %s", why);
+        else if (!quiet)
+            FX_INF("kv redis: maxmemory-policy noeviction%s holds again: writes accepted",
+                   k->require_fsync ? " and appendfsync always" : "");
+    }
+    cn->epoch = atomic_load(&k->g_epoch);
+}
+
+/* Before a write on cn (busy: owned by the caller): dial, check when due, refuse when it does not
+ * hold. */
+static fx_err kr_guard(kv_redis *k, kr_conn *cn, int64_t deadline)
+{
+    fx_err e;
+    if (!cn->ctx && (e = kr_dial(k, cn, deadline))) return e;
+    if (cn->checked_ms == 0 || fx_now_ms() - cn->checked_ms >= k->recheck_ms ||
+        cn->epoch != atomic_load(&k->g_epoch)) {
+        char why[sizeof cn->why];
+        e = guard_check(k, cn, deadline, why, sizeof why);
+        if (e && e != FX_EINVAL) return e;
+        guard_note(k, cn, e == FX_EINVAL, why, false);
+    }
+    if (!cn->refused) return FX_OK;
+    atomic_fetch_add(&k->n_refused, 1);
+    static fx_log_slot slot;
+    fx_log_ratelimited(&slot, 30000, FX_LOG_ERR, "kv redis: writes refused: %s "
+                       "(fluxon_kv_redis_writes_refused_total)", cn->why);
+    return fx_seterr(FX_EUNAVAIL, "redis refuses writes: %s", cn->why);
+}
+
+/* The put and WAIT min_replicas pipelined on cn (one round trip): FX_OK only when the put
+ * succeeded and reached min_replicas replicas before the deadline. A short WAIT fails the put
+ * (FX_EUNAVAIL): the caller retries it (the put is idempotent) or reports the error. */
+static fx_err kr_run_wait(kv_redis *k, kr_conn *cn, int64_t deadline, const char *what, int argc,
+                          const char **argv, const size_t *lens, redisReply **out)
+{
+    *out = NULL;
+    fx_err e;
+    if (!cn->ctx && (e = kr_dial(k, cn, deadline))) return e;
+    int64_t left = deadline - fx_now_ms();
+    if (left <= 0) return fx_seterr(FX_ETIMEDOUT, "redis %s: deadline passed", what);
+    int64_t wt = left > 200 ? left - 100 : left / 2; /* WAIT answers before the read times out */
+    if (wt < 1) wt = 1;
+    char nb[16], tb[24];
+    snprintf(nb, sizeof nb, "%d", k->min_replicas);
+    snprintf(tb, sizeof tb, "%lld", (long long)wt);
+    const char *wv[3] = {"WAIT", nb, tb};
+    size_t wl[3] = {4, strlen(nb), strlen(tb)};
+    redisReply *r = NULL, *w = NULL;
+    redisSetTimeout(cn->ctx, tv_of(left));
+    if (redisAppendCommandArgv(cn->ctx, argc, argv, lens) != REDIS_OK ||
+        redisAppendCommandArgv(cn->ctx, 3, wv, wl) != REDIS_OK ||
+        redisGetReply(cn->ctx, (void **)&r) != REDIS_OK || !r ||
+        redisGetReply(cn->ctx, (void **)&w) != REDIS_OK || !w || cn->ctx->err) {
+        e = ctx_err(k, cn->ctx, what);
+        if (r) freeReplyObject(r);
+        if (w) freeReplyObject(w);
+        redisFree(cn->ctx);
+        cn->ctx = NULL;
+        return e;
+    }
+    if (r->type == REDIS_REPLY_ERROR) e = reply_err(r, what);
+    else if (w->type == REDIS_REPLY_ERROR) e = reply_err(w, "WAIT");
+    else if (w->type != REDIS_REPLY_INTEGER) e = fx_seterr(FX_EPROTO, "redis WAIT: not an integer");
+    else if (w->integer < k->min_replicas) {
+        atomic_fetch_add(&k->n_wait_short, 1);
+        e = fx_seterr(FX_EUNAVAIL, "redis WAIT: %lld of %d replica(s) acknowledged the %s within "
+                      "%lld ms (kv.min_replicas)", (long long)w->integer, k->min_replicas, what,
+                      (long long)wt);
+    }
+    freeReplyObject(w);
+    if (e) {
+        freeReplyObject(r);
+        return e;
+    }
+    *out = r;
+    return FX_OK;
+}
+
+fx_err fx_kv_redis_check(fx_kv_store *s, bool quiet, char *why, size_t cap, int timeout_ms)
+{
+    kv_redis *k = fx_kv__self(s, &kv_redis_ops);
+    if (why && cap) why[0] = 0;
+    if (!k) return fx_seterr(FX_EINVAL, "kv: not a Redis store");
+    int64_t deadline = fx_now_ms() + (timeout_ms > 0 ? timeout_ms : KR_DEFAULT_TIMEOUT_MS);
+    kr_conn *cn = &k->chk;
+    char w[sizeof cn->why] = "";
+    fx_err e = FX_OK;
+    pthread_mutex_lock(&k->chk_mu);
+    if (!cn->ctx) e = kr_dial(k, cn, deadline);
+    if (!e) e = guard_check(k, cn, deadline, w, sizeof w);
+    if (!e || e == FX_EINVAL) guard_note(k, cn, e == FX_EINVAL, w, quiet);
+    pthread_mutex_unlock(&k->chk_mu);
+    if (why && cap) snprintf(why, cap, "%s", w);
+    return e == FX_EINVAL ? fx_seterr(FX_EINVAL, "%s", w) : e;
+}
+
+void fx_kv_redis_get_stats(const fx_kv_store *s, fx_kv_redis_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    kv_redis *k = fx_kv__self(s, &kv_redis_ops);
+    if (!k) return;
+    out->refused = atomic_load(&k->g_refused);
+    out->refused_writes = atomic_load(&k->n_refused);
+    out->oom = atomic_load(&k->n_oom);
+    out->wait_short = atomic_load(&k->n_wait_short);
 }

@@ -405,6 +405,14 @@ static void complete(dm_chan *ch, pq_item *it, fx_err e, const fx_mq_msg_id *id)
             fx_log_ratelimited(&slot, 5000, FX_LOG_WRN,
                                "channel %s: full: publish without reply dropped "
                                "(fluxon_full_dropped_total)", ch->name);
+        } else if (e == FX_ENOSPACE && it->reply) {
+            /* The payload store is full (Redis at maxmemory under noeviction refused the put
+             * before writing, or etcd's quota): JetStream's answer when its storage is full.
+             * Nothing was stored; the publisher may retry later. */
+            char buf[256];
+            int n = fx_puback_err_code(503, FX_JS_ERR_INSUFFICIENT_RESOURCES,
+                                       "insufficient resources", buf, sizeof buf);
+            if (n > 0 && d->nc) natsConnection_Publish(d->nc, it->reply, buf, n);
         } else if (e == FX_EUNAVAIL || e == FX_ETIMEDOUT)
             dm_reply_error(d, it->reply, 503, "store unavailable (payload or control plane down)");
         else

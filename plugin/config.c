@@ -664,10 +664,10 @@ static int read_etcd(pctx *p, const cJSON *node, fx_config *c)
 
 static int read_kv(pctx *p, const cJSON *node, fx_config *c)
 {
-    enum { BACKEND, ENDPOINTS, URL, FSYNC, TIMEOUT, NK };
+    enum { BACKEND, ENDPOINTS, URL, FSYNC, TIMEOUT, REPLICAS, NK };
     static const char *const keys[NK] = {[BACKEND] = "backend", [ENDPOINTS] = "endpoints",
                                          [URL] = "url", [FSYNC] = "require_fsync",
-                                         [TIMEOUT] = "timeout_ms"};
+                                         [TIMEOUT] = "timeout_ms", [REPLICAS] = "min_replicas"};
     const cJSON *v[NK];
     if (!node) return 0;
     if (walk_object(p, node, "kv", keys, NK, v) != 0) return -1;
@@ -676,7 +676,9 @@ static int read_kv(pctx *p, const cJSON *node, fx_config *c)
                           &c->kv.n_endpoints) != 0 ||
         read_nonempty_string(p, v[URL], "kv.url", &c->kv.url) != 0 ||
         read_bool(p, v[FSYNC], "kv.require_fsync", &c->kv.require_fsync) != 0 ||
-        read_int(p, v[TIMEOUT], "kv.timeout_ms", 100, 60000, &c->kv.timeout_ms) != 0)
+        read_int(p, v[TIMEOUT], "kv.timeout_ms", 100, 60000, &c->kv.timeout_ms) != 0 ||
+        read_int(p, v[REPLICAS], "kv.min_replicas", 0, 16 /* FX_KV_REDIS_MAX_REPLICAS */,
+                 &c->kv.min_replicas) != 0)
         return -1;
     return 0;
 }
@@ -999,8 +1001,9 @@ static int check_sections(pctx *p, fx_config *c)
                     SHOW(c->kv.backend));
     if (redis && !c->kv.url) return fail(p, "kv.url", "required with kv.backend \"redis\"");
     if (redis && c->kv.endpoints) return fail(p, "kv.endpoints", "only with kv.backend \"etcd\"");
-    if (!redis && (c->kv.url || c->kv.require_fsync))
-        return fail(p, c->kv.url ? "kv.url" : "kv.require_fsync", "only with kv.backend \"redis\"");
+    if (!redis && (c->kv.url || c->kv.require_fsync || c->kv.min_replicas))
+        return fail(p, c->kv.url ? "kv.url" : c->kv.require_fsync ? "kv.require_fsync" : "kv.min_replicas",
+                    "only with kv.backend \"redis\"");
     if (c->kv.url) {
         static const char *const redis_schemes[] = {"redis", "unix", NULL};
         fx_url u;

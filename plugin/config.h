@@ -77,6 +77,7 @@ typedef struct fx_config {
                             * or unix:/path[?db=N]; may hold a password: never printed */
         bool require_fsync; /* redis: refuse to start unless appendfsync always (with AOF on) */
         int64_t timeout_ms; /* redis: deadline of each KV call (a publish's put), default 5000 */
+        int64_t min_replicas; /* redis: a put (so a PubAck) waits for that many replicas (WAIT) */
     } kv;
     struct {
         char *listen;      /* "127.0.0.1:8080"; NULL/"" disables HTTP */

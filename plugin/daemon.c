@@ -294,6 +294,8 @@ static void mq_options(const fx_config *c, fx_mq_client_opts *out)
     if (c->kv.url) { /* kv.backend "redis" */
         o.kv_redis_url = c->kv.url;
         o.kv_timeout_ms = (int)c->kv.timeout_ms;
+        o.kv_redis_require_fsync = c->kv.require_fsync;
+        o.kv_redis_min_replicas = (int)c->kv.min_replicas;
     } else if (c->kv.n_endpoints &&
         !same_endpoints(c->kv.endpoints, c->kv.n_endpoints, c->etcd.endpoints, c->etcd.n_endpoints)) {
         o.kv_endpoints = (const char *const *)c->kv.endpoints;
@@ -310,10 +312,13 @@ static void mq_options(const fx_config *c, fx_mq_client_opts *out)
     *out = o;
 }
 
-/* Redis plane: read its persistence once at start and say what a PubAck means; with
- * kv.require_fsync refuse to start unless every write is fsynced (appendonly + appendfsync
- * always). Redis unreachable at start: with require_fsync a refusal (cannot verify), else a
- * warning (the plane recovers by itself when Redis comes). */
+/* Redis plane: read its persistence at start and say what a PubAck means; refuse to start (exit
+ * 2, naming the setting) under an evicting maxmemory-policy (the write guard, kv_redis.c) and,
+ * with kv.require_fsync, unless every write is fsynced (appendonly + appendfsync always). Redis
+ * unreachable at start: with require_fsync a refusal (cannot verify), else a warning (the plane
+ * recovers by itself when Redis comes; its write guard checks every new connection before
+ * writing). After the start the guard re-checks on its own: after every re-dial, before writes
+ * once a connection's check is FX_KV_REDIS_RECHECK_MS old, and from the house-keeping thread. */
 static fx_err redis_persistence_check(fx_daemon *d)
 {
     const fx_config *c = d->cfg;
@@ -347,6 +352,18 @@ static fx_err redis_persistence_check(fx_daemon *d)
         return fx_seterr(FX_EINVAL, "kv.require_fsync: Redis has appendonly %s, appendfsync %s; "
                                     "need appendonly yes and appendfsync always",
                          p.aof_enabled ? "yes" : "no", p.appendfsync[0] ? p.appendfsync : "(unknown)");
+    char why[256];
+    e = fx_kv_redis_check(fx_mq_client_kv(d->mq), true, why, sizeof why, 3000);
+    if (e == FX_EINVAL) return fx_seterr(FX_EINVAL, "kv redis: %s", why);
+    if (e) {
+        if (c->kv.require_fsync)
+            return fx_seterr(e, "kv.require_fsync: cannot check Redis: %s", fx_err_detail());
+        FX_WRN("kv redis: cannot check maxmemory-policy yet (%s): writes wait for the check",
+               fx_err_detail());
+    }
+    if (c->kv.min_replicas)
+        FX_INF("kv redis: kv.min_replicas %lld: a PubAck also means the payload reached %lld "
+               "replica(s) (WAIT)", (long long)c->kv.min_replicas, (long long)c->kv.min_replicas);
     return FX_OK;
 }
 
@@ -457,6 +474,26 @@ static void metrics_setup(fx_daemon *d)
                                           "Message ids whose payload was missing below the produce "
                                           "offset (lost by the payload store), skipped",
                                           FX_METRIC_COUNTER, "");
+    d->g_plane_lost = fx_metrics_add(m, "fluxon_payload_plane_lost_total",
+                                     "Consumers stopped because their channel's whole payload "
+                                     "lease was gone from the payload plane (nothing committed "
+                                     "past it)", FX_METRIC_COUNTER, "");
+    if (d->cfg->kv.url) {
+        d->g_kv_refusing = fx_metrics_add(m, "fluxon_kv_redis_refusing_writes",
+                                          "1 while Redis fails the write guard (an evicting "
+                                          "maxmemory-policy, or persistence below "
+                                          "kv.require_fsync): writes are refused",
+                                          FX_METRIC_GAUGE, "");
+        d->g_kv_refused = fx_metrics_add(m, "fluxon_kv_redis_writes_refused_total",
+                                         "Redis writes refused by the write guard",
+                                         FX_METRIC_COUNTER, "");
+        d->g_kv_oom = fx_metrics_add(m, "fluxon_kv_redis_oom_total",
+                                     "Redis writes refused by Redis with OOM (maxmemory reached)",
+                                     FX_METRIC_COUNTER, "");
+        d->g_kv_wait_short = fx_metrics_add(m, "fluxon_kv_redis_wait_short_total",
+                                            "Redis puts failed because WAIT reached fewer than "
+                                            "kv.min_replicas replicas", FX_METRIC_COUNTER, "");
+    }
     d->g_slow = fx_metrics_add(m, "fluxon_slow_consumer_events_total",
                                "NATS slow-consumer episodes (messages dropped by the client library)",
                                FX_METRIC_COUNTER, "");
@@ -498,6 +535,19 @@ static void hk_stats(fx_daemon *d)
     fx_lease_mgr_get_stats(fx_mq_client_leases(d->mq), &ls);
     fx_metric_set(d->g_lease_ka_fail, (int64_t)ls.keepalive_failures);
     fx_metric_set(d->g_payload_missing, (int64_t)fx_mq_client_payload_missing(d->mq));
+    fx_metric_set(d->g_plane_lost, (int64_t)fx_mq_client_plane_lost(d->mq));
+    if (d->g_kv_refusing) { /* the Redis plane */
+        /* The write guard's periodic check also while no write comes (the ERR line and the gauge
+         * follow a runtime CONFIG SET within this thread's second). */
+        fx_kv_store *kv = fx_mq_client_kv(d->mq);
+        fx_kv_redis_check(kv, false, NULL, 0, 1000);
+        fx_kv_redis_stats ks;
+        fx_kv_redis_get_stats(kv, &ks);
+        fx_metric_set(d->g_kv_refusing, ks.refused ? 1 : 0);
+        fx_metric_set(d->g_kv_refused, (int64_t)ks.refused_writes);
+        fx_metric_set(d->g_kv_oom, (int64_t)ks.oom);
+        fx_metric_set(d->g_kv_wait_short, (int64_t)ks.wait_short);
+    }
     if (d->leaf) {
         fx_leaf_stats st;
         fx_leaf_get_stats(d->leaf, &st);
@@ -938,7 +988,8 @@ static void reload(fx_daemon *d)
         !SAME_STR(oc->etcd.prefix, nc->etcd.prefix) ||
         !same_endpoints(oc->kv.endpoints, oc->kv.n_endpoints, nc->kv.endpoints, nc->kv.n_endpoints) ||
         !SAME_STR(oc->kv.backend, nc->kv.backend) || !SAME_STR(oc->kv.url, nc->kv.url) ||
-        oc->kv.require_fsync != nc->kv.require_fsync || oc->kv.timeout_ms != nc->kv.timeout_ms)
+        oc->kv.require_fsync != nc->kv.require_fsync || oc->kv.timeout_ms != nc->kv.timeout_ms ||
+        oc->kv.min_replicas != nc->kv.min_replicas)
         FX_WRN("reload: etcd/kv settings changed: need a restart (ignored)");
     if (!SAME_STR(oc->http.listen, nc->http.listen))
         FX_WRN("reload: http.listen changed: needs a restart (ignored)");

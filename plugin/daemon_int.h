@@ -269,6 +269,7 @@ struct fx_daemon {
     fx_http *http;
     fx_metric *g_invalid_acks, *g_stale_acks, *g_invalid_control, *g_acks_dropped, *g_lease_ka_fail,
         *g_etcd_req, *g_etcd_lat, *g_reconnects, *g_slow, *g_payload_missing, *g_claims_total, *g_leaf_up, *g_leaf_connects;
+    fx_metric *g_plane_lost, *g_kv_refusing, *g_kv_refused, *g_kv_oom, *g_kv_wait_short;
 
     pthread_rwlock_t reg;
     dm_chan **chans; /* active (the daemon's reference each) */

@@ -62,6 +62,8 @@ int fx_puback_err(int code, const char *description, char *out, size_t cap);
 int fx_puback_err_code(int code, int err_code, const char *description, char *out, size_t cap);
 #define FX_JS_ERR_MAX_MSGS 10077        /* "maximum messages exceeded" (JSStreamStoreFailedF's
                                            store error for a full stream, DiscardNew) */
+#define FX_JS_ERR_INSUFFICIENT_RESOURCES 10023 /* JSInsufficientResourcesErr (503): the store is
+                                                * full (Redis maxmemory, etcd quota) */
 #define FX_JS_ERR_STREAM_MISMATCH 10060 /* Nats-Expected-Stream names another stream */
 
 #endif

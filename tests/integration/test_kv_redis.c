@@ -15,6 +15,15 @@
  * kv_redis_down_and_back: with Redis killed, calls fail within their deadline with FX_EUNAVAIL;
  *   after a restart the same store works again without being re-created; with Redis frozen
  *   (SIGSTOP) a call fails with FX_ETIMEDOUT at its deadline, and works again after SIGCONT.
+ * kv_redis_write_guard: CONFIG SET maxmemory-policy allkeys-lru at runtime: within one re-check
+ *   period (200 ms here) puts and lease grants fail with FX_EUNAVAIL naming the policy, while
+ *   reads, keepalives and deletes go on; fx_kv_redis_check says FX_EINVAL with the policy; with
+ *   require_fsync, appendfsync everysec is refused the same way; back to noeviction, puts work.
+ * kv_redis_full_refuses_puts: maxmemory below the used memory, noeviction: a put fails with
+ *   FX_ENOSPACE before writing anything (the scripts are deny-oom as a whole): none of the keys
+ *   exists, used_memory grew by less than the refused 1 MiB (a query buffer); keepalives, reads and deletes still work (they must, to drain a full Redis).
+ * kv_redis_min_replicas_wait: min_replicas 1 without a replica: a put fails with FX_EUNAVAIL
+ *   ("0 of 1 replica"); once a replica follows the primary, puts succeed.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,6 +35,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <hiredis/hiredis.h>
 
 #include "kv.h"
 #include "lease_mgr.h"
@@ -337,6 +348,181 @@ static void kv_redis_down_and_back(void **state)
     check_value(s, "db/6", "thawed");
 }
 
+/* ---- write guard, OOM, WAIT ------------------------------------------------------------------- */
+
+static redisContext *raw(const fxt_redis *r)
+{
+    redisContext *c = redisConnect("127.0.0.1", r->port);
+    assert_non_null(c);
+    assert_int_equal(c->err, 0);
+    return c;
+}
+
+static void raw_cmd(const fxt_redis *r, const char *cmd)
+{
+    redisContext *c = raw(r);
+    redisReply *rep = redisCommand(c, cmd);
+    if (!rep || rep->type == REDIS_REPLY_ERROR) fail_msg("redis %s: %s", cmd, rep ? rep->str : c->errstr);
+    freeReplyObject(rep);
+    redisFree(c);
+}
+
+static long long used_memory(const fxt_redis *r)
+{
+    redisContext *c = raw(r);
+    redisReply *rep = redisCommand(c, "INFO memory");
+    assert_non_null(rep);
+    const char *p = strstr(rep->str, "used_memory:");
+    long long v = p ? atoll(p + 12) : -1;
+    freeReplyObject(rep);
+    redisFree(c);
+    return v;
+}
+
+static fx_kv_store *guarded_store(const fxt_redis *r, bool require_fsync, int min_replicas)
+{
+    fx_kv_redis_opts o = {.url = r->url, .prefix = "fxt/guard/", .default_timeout_ms = 2000,
+                          .require_fsync = require_fsync, .min_replicas = min_replicas,
+                          .recheck_ms = 200};
+    fx_kv_store *s = NULL;
+    assert_int_equal(fx_kv_new_redis(&o, &s), FX_OK);
+    return s;
+}
+
+typedef struct refused_arg {
+    fx_kv_store *s;
+    int64_t lease;
+} refused_arg;
+
+static bool put_refused(void *arg)
+{
+    refused_arg *a = arg;
+    fx_kv_put_opts o = {.lease_id = a->lease};
+    return fx_kv_put(a->s, FX_SLICE_STR("g/x"), FX_SLICE_STR("v"), &o, 0) == FX_EUNAVAIL;
+}
+
+static void kv_redis_write_guard(void **state)
+{
+    ctx *x = *state;
+    fx_kv_store *s = guarded_store(&x->redis, false, 0);
+    char why[256];
+    assert_int_equal(fx_kv_redis_check(s, true, why, sizeof why, 0), FX_OK);
+    int64_t l = 0;
+    assert_int_equal(fx_kv_allocate_lease(s, 60, &l, 0), FX_OK);
+    put(s, "g/a", "1", l);
+    raw_cmd(&x->redis, "CONFIG SET maxmemory-policy allkeys-lru");
+    refused_arg ra = {s, l};
+    int64_t t0 = fxt_now_ms();
+    assert_true(fxt_wait_until(put_refused, &ra, 1000)); /* within one re-check period + slack */
+    fprintf(stderr, "  put refused %lld ms after CONFIG SET (re-check 200 ms): %s\n",
+            (long long)(fxt_now_ms() - t0), fx_err_detail());
+    assert_non_null(strstr(fx_err_detail(), "maxmemory-policy allkeys-lru"));
+    int64_t l2 = 0;
+    assert_int_equal(fx_kv_allocate_lease(s, 60, &l2, 0), FX_EUNAVAIL);
+    check_value(s, "g/a", "1");                                    /* reads go on */
+    assert_int_equal(fx_kv_keepalive_lease(s, l, NULL, 0), FX_OK); /* keepalives go on */
+    assert_int_equal(fx_kv_delete(s, FX_SLICE_STR("g/a"), 0), FX_OK); /* deletes go on */
+    assert_int_equal(fx_kv_redis_check(s, true, why, sizeof why, 0), FX_EINVAL);
+    assert_non_null(strstr(why, "maxmemory-policy allkeys-lru"));
+    fx_kv_redis_stats st;
+    fx_kv_redis_get_stats(s, &st);
+    assert_true(st.refused && st.refused_writes >= 2);
+    raw_cmd(&x->redis, "CONFIG SET maxmemory-policy noeviction");
+    assert_int_equal(fx_kv_redis_check(s, false, why, sizeof why, 0), FX_OK);
+    put(s, "g/b", "2", l);
+    fx_kv_store_free(s);
+
+    /* require_fsync: this group's Redis has no AOF */
+    s = guarded_store(&x->redis, true, 0);
+    assert_int_equal(fx_kv_redis_check(s, true, why, sizeof why, 0), FX_EINVAL);
+    assert_non_null(strstr(why, "kv.require_fsync: Redis has appendonly no"));
+    fx_kv_put_opts o = {.lease_id = l};
+    assert_int_equal(fx_kv_put(s, FX_SLICE_STR("g/c"), FX_SLICE_STR("3"), &o, 0), FX_EUNAVAIL);
+    assert_int_equal(get_err(s, "g/c"), FX_ENOTFOUND);
+    fx_kv_store_free(s);
+}
+
+static void kv_redis_full_refuses_puts(void **state)
+{
+    ctx *x = *state;
+    fx_kv_store *s = guarded_store(&x->redis, false, 0);
+    int64_t l = 0;
+    assert_int_equal(fx_kv_allocate_lease(s, 60, &l, 0), FX_OK);
+    put(s, "f/a", "1", l);
+    long long used = used_memory(&x->redis);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "CONFIG SET maxmemory %lld", used / 2);
+    raw_cmd(&x->redis, cmd);
+    static char big[256 * 1024];
+    memset(big, 'b', sizeof big - 1);
+    fx_kv_put_opts o = {.lease_id = l};
+    for (int i = 0; i < 4; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "f/big%d", i);
+        fx_err e = fx_kv_put(s, FX_SLICE_STR(key), FX_SLICE_STR(big), &o, 0);
+        if (e != FX_ENOSPACE) {
+            raw_cmd(&x->redis, "CONFIG SET maxmemory 0");
+            fail_msg("put %d on a full Redis: %s (%s), want FX_ENOSPACE", i, fx_errname(e), fx_err_detail());
+        }
+    }
+    long long after = used_memory(&x->redis);
+    check_value(s, "f/a", "1");
+    assert_int_equal(fx_kv_keepalive_lease(s, l, NULL, 0), FX_OK);
+    assert_int_equal(fx_kv_delete(s, FX_SLICE_STR("f/a"), 0), FX_OK);
+    raw_cmd(&x->redis, "CONFIG SET maxmemory 0");
+    fprintf(stderr, "  used_memory %lld before, %lld after 4 refused 256 KiB puts\n", used, after);
+    for (int i = 0; i < 4; i++) { /* nothing was written */
+        char key[32];
+        snprintf(key, sizeof key, "f/big%d", i);
+        assert_int_equal(get_err(s, key), FX_ENOTFOUND);
+    }
+    /* used_memory counts the connection's query buffer (the last 256 KiB request), not data */
+    assert_true(after < used + 512 * 1024);
+    fx_kv_redis_stats st;
+    fx_kv_redis_get_stats(s, &st);
+    assert_int_equal(st.oom, 4);
+    fx_kv_store_free(s);
+}
+
+static bool replica_up(void *arg)
+{
+    fxt_redis *rep = arg;
+    redisContext *c = raw(rep);
+    redisReply *r = redisCommand(c, "INFO replication");
+    bool up = r && r->str && strstr(r->str, "master_link_status:up");
+    if (r) freeReplyObject(r);
+    redisFree(c);
+    return up;
+}
+
+static void kv_redis_min_replicas_wait(void **state)
+{
+    ctx *x = *state;
+    fx_kv_store *s = guarded_store(&x->redis, false, 1);
+    int64_t l = 0;
+    assert_int_equal(fx_kv_allocate_lease(s, 60, &l, 0), FX_OK);
+    fx_kv_put_opts o = {.lease_id = l};
+    int64_t t0 = fxt_now_ms();
+    fx_err e = fx_kv_put(s, FX_SLICE_STR("w/a"), FX_SLICE_STR("1"), &o, 500);
+    assert_int_equal(e, FX_EUNAVAIL);
+    assert_non_null(strstr(fx_err_detail(), "0 of 1 replica"));
+    assert_true(fxt_now_ms() - t0 < 1500);
+    fxt_redis rep;
+    memset(&rep, 0, sizeof rep);
+    assert_int_equal(fxt_redis_start(&rep), 0);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "REPLICAOF 127.0.0.1 %d", x->redis.port);
+    raw_cmd(&rep, cmd);
+    assert_true(fxt_wait_until(replica_up, &rep, 10000));
+    put(s, "w/b", "2", l);
+    check_value(s, "w/b", "2");
+    fx_kv_redis_stats st;
+    fx_kv_redis_get_stats(s, &st);
+    assert_int_equal(st.wait_short, 1);
+    fxt_redis_destroy(&rep);
+    fx_kv_store_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -344,6 +530,9 @@ int main(void)
         cmocka_unit_test(kv_redis_expiry_deletes_all_keys),
         cmocka_unit_test(kv_redis_put_on_expired_lease_fails),
         cmocka_unit_test(kv_redis_down_and_back),
+        cmocka_unit_test(kv_redis_write_guard),
+        cmocka_unit_test(kv_redis_full_refuses_puts),
+        cmocka_unit_test(kv_redis_min_replicas_wait),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

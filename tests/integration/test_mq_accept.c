@@ -37,6 +37,13 @@
  * mq_client_close_closes_endpoints: closing the client with open endpoints closes them (later
  *   calls FX_ECLOSED) and leaves the same etcd key set as closing them one by one.
  *
+ * kv_redis_lease_set_missing_is_lost_plane (Redis group only): a consumer that took and acked a
+ *   first batch finds the channel's payload lease set deleted by hand (as an eviction or a data
+ *   loss would) when it reads the second: a lost plane, not "payloads missing": the get fails
+ *   with FX_ELEASE_LOST, the consumer is closed after it, nothing is counted as skipped, the
+ *   consume offset stays at the first batch (no commit past the gap), the client counts one lost
+ *   plane (fluxon_payload_plane_lost_total).
+ *
  * Every test runs twice: on the etcd payload plane (fused; mq_mpsc_exact_once_graceful also on a
  * separate KV etcd), then, named with the suffix _redis, on the Redis plane (payloads in a
  * redis-server started by the harness; the split write order: payload put, then offset txn).
@@ -79,6 +86,7 @@
 #include "fluxon_mq.h"
 #include "fx_log.h"
 #include "keys.h"
+#include "meta.h"
 #include "lease_mgr.h"
 #include "tests/support/fxt.h"
 #include "tests/support/fxt_proxy.h"
@@ -2570,6 +2578,77 @@ static void mq_client_close_closes_endpoints(void **state)
     keyset_free(&kb);
 }
 
+/* ===================================================================================================
+ * kv_redis_lease_set_missing_is_lost_plane (Redis group only)
+ * =================================================================================================*/
+
+static int64_t consume_offset(const fx_mq_keys *k, int64_t chan, int64_t pidx)
+{
+    fx_mq_key ok;
+    CHECK(fx_mq_key_consume_offset(k, chan, pidx, &ok));
+    fx_kv kv = {0};
+    if (!raw_get(ok.s, &kv)) return -1;
+    int64_t v = -1;
+    CHECK(fx_mq_consume_offset_decode(kv.value.data, kv.value.len, &v));
+    fx_kv_free(&kv);
+    return v;
+}
+
+static void kv_redis_lease_set_missing_is_lost_plane(void **state)
+{
+    (void)state;
+    const char *root = "/t_lostplane";
+    fx_mq_keys k = mkkeys(root);
+    fx_mq_client *c = client_new(root, NULL);
+    fx_mq_chan_cfg cfg = cfg_of(1000);
+    int64_t chan = -1;
+    CHECK(fx_mpsc_create(c, &cfg, &chan));
+    ep p = open_sp(c, chan), q = open_sc(c, chan);
+    fx_mq_msg_id ids[5];
+    put_ok(p, 0, 0, 5, ids);
+    rx *r = rx_new();
+    drain(q, r, 5, 10000, true);
+    CHECK(ep_flush(q, 5000));
+    int64_t pidx = ids[0].pidx;
+    int64_t off0 = consume_offset(&k, chan, pidx); /* the first batch, committed */
+    assert_int_equal(off0, 5);
+    put_ok(p, 0, 5, 5, NULL); /* ids 5..9: stored, then their plane loses them */
+    fx_mq_key meta;
+    CHECK(fx_mq_key_chan_meta(&k, chan, &meta));
+    int64_t pl = meta_field(meta.s, "payload_lease_id");
+    uint64_t missing0 = fx_mq_client_payload_missing(c);
+    if (redis_lease_cmd(root, "DEL", pl) != 1) fail_msg("payload lease %" PRId64 " not in Redis", pl);
+
+    fx_mq_delivery d[10];
+    size_t n = 99;
+    fx_err e = ep_get(q, d, 10, &n, 1000);
+    for (size_t i = 0; i < n && n != 99; i++) fx_mq_delivery_free(&d[i]);
+    if (e != FX_ELEASE_LOST)
+        fail_msg("get after the lease set went: %s (%s), %zu delivered, %" PRIu64 " skipped as "
+                 "missing, consume offset %" PRId64 " (want FX_ELEASE_LOST, offset 5)",
+                 fx_errname(e), fx_err_detail(), n, fx_mq_client_payload_missing(c) - missing0,
+                 consume_offset(&k, chan, pidx));
+    assert_int_equal(n, 0);
+    n = 99;
+    CHECK_ERR(FX_ECLOSED, ep_get(q, d, 10, &n, 200)); /* the consumer stopped */
+    /* Nothing committed past the gap, nothing skipped, one lost plane counted. */
+    int64_t dl = now_ms() + 1500;
+    while (now_ms() < dl) {
+        assert_int_equal(consume_offset(&k, chan, pidx), off0);
+        usleep(100 * 1000);
+    }
+    assert_int_equal(fx_mq_client_payload_missing(c) - missing0, 0);
+    assert_int_equal(fx_mq_client_plane_lost(c), 1);
+    fx_err ce = ep_close(q);
+    assert_true(ce == FX_OK || ce == FX_ELEASE_LOST || ce == FX_ECLOSED);
+    ce = ep_close(p);
+    assert_true(ce == FX_OK || ce == FX_ELEASE_LOST || ce == FX_ECLOSED);
+    ep_free(q);
+    ep_free(p);
+    rx_free(r);
+    fx_mq_client_free(c);
+}
+
 /* ================================================================================================ */
 
 int main(int argc, char **argv)
@@ -2595,13 +2674,16 @@ int main(int argc, char **argv)
     int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);
 
     /* The same 14 tests on the Redis payload plane (a fresh etcd, plus a redis-server). */
-    struct CMUnitTest rtests[sizeof tests / sizeof tests[0]];
-    static char names[sizeof tests / sizeof tests[0]][64];
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+    enum { NT = sizeof tests / sizeof tests[0] };
+    struct CMUnitTest rtests[NT + 1];
+    static char names[NT][64];
+    for (size_t i = 0; i < NT; i++) {
         rtests[i] = tests[i];
         snprintf(names[i], sizeof names[i], "%s_redis", tests[i].name);
         rtests[i].name = names[i];
     }
+    rtests[NT] = (struct CMUnitTest)cmocka_unit_test_setup_teardown(
+        kv_redis_lease_set_missing_is_lost_plane, test_setup, test_teardown); /* Redis only */
     memset(&G.redis, 0, sizeof G.redis);
     snprintf(G.redis.appendfsync, sizeof G.redis.appendfsync, "always"); /* kill + restart keeps data */
     if (fxt_redis_start(&G.redis) != 0) {

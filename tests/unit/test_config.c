@@ -497,6 +497,8 @@ static void test_err_connection_values(void **state)
         {"{\"kv\":{\"backend\":\"redis\",\"url\":\"redis://h:1\",\"endpoints\":[\"http://x:1\"]}," CHANNELS "}", "kv.endpoints: only with kv.backend \"etcd\""},
         {"{\"kv\":{\"url\":\"redis://h:1\"}," CHANNELS "}", "kv.url: only with kv.backend \"redis\""},
         {"{\"kv\":{\"require_fsync\":true}," CHANNELS "}", "kv.require_fsync: only with kv.backend \"redis\""},
+        {"{\"kv\":{\"min_replicas\":1}," CHANNELS "}", "kv.min_replicas: only with kv.backend \"redis\""},
+        {"{\"kv\":{\"backend\":\"redis\",\"url\":\"redis://h:1\",\"min_replicas\":17}," CHANNELS "}", "kv.min_replicas: 17 out of range"},
         {"{\"kv\":{\"backend\":\"redis\",\"url\":\"redis://h:1\",\"timeout_ms\":5}," CHANNELS "}", "kv.timeout_ms: 5 out of range"},
         {"{\"kv\":{\"backend\":\"\"}," CHANNELS "}", "kv.backend: must not be empty"},
         {"{\"kv\":{\"endpoints\":[\"ftp://x\"]}," CHANNELS "}", "kv.endpoints[0]: must be an http"},

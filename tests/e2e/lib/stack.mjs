@@ -594,7 +594,8 @@ export async function startNatsCluster(ctx, n = 3, name = "c1") {
 // redis-server (the Redis payload plane)
 
 export class Redis {
-  /** opts.appendfsync: "always" | "everysec" | "no" (AOF on); null/undefined: no AOF, no RDB. */
+  /** opts.appendfsync: "always" | "everysec" | "no" (AOF on); null/undefined: no AOF, no RDB.
+   *  opts.args: more redis-server arguments (e.g. ["--maxmemory", "4mb"]). */
   constructor(ctx, name = "redis", opts = {}) {
     this.ctx = ctx;
     this.name = name;
@@ -631,7 +632,7 @@ export class Redis {
     this.proc = new Proc(`${this.ctx.name}-${this.name}`, "redis-server", [
       "--port", String(this.port), "--bind", "127.0.0.1", "--dir", this.dir, "--save", "",
       "--appendonly", fsync ? "yes" : "no", "--appendfsync", fsync || "everysec",
-      "--daemonize", "no", "--protected-mode", "no",
+      "--daemonize", "no", "--protected-mode", "no", ...(this.opts.args || []),
     ], { logPath: path.join(this.ctx.dir, `${this.name}.log`) });
     if (!this._registered) {
       this._registered = true;
