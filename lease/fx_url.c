@@ -263,3 +263,122 @@ fx_url_status fx_url_parse(const char *url, unsigned flags, fx_url *out, char *e
     free(norm);
     return st;
 }
+
+/* ---- redaction and credentials apart from the URL ------------------------------------------- */
+
+/* Length of "scheme://" at s (0 when s does not start with one). */
+static size_t scheme_prefix(const char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n && ((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+                     (i > 0 && ((s[i] >= '0' && s[i] <= '9') || s[i] == '+' || s[i] == '-' ||
+                                s[i] == '.'))))
+        i++;
+    return i > 0 && i + 3 <= n && memcmp(s + i, "://", 3) == 0 ? i + 3 : 0;
+}
+
+/* End of the element that starts at s (a ',' followed by "scheme://", or the end). */
+static size_t element_len(const char *s)
+{
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n; i++)
+        if (s[i] == ',' && scheme_prefix(s + i + 1, n - i - 1)) return i;
+    return n;
+}
+
+static void put_bytes(char *out, size_t cap, size_t *j, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n && *j + 1 < cap; i++) out[(*j)++] = s[i];
+}
+
+void fx_url_redact(const char *url, char *out, size_t cap)
+{
+    if (!out || !cap) return;
+    if (!url) {
+        snprintf(out, cap, "-");
+        return;
+    }
+    size_t j = 0;
+    const char *s = url;
+    for (;;) {
+        size_t n = element_len(s);
+        size_t sp = scheme_prefix(s, n);
+        const char *at = NULL;
+        for (size_t i = sp; i < n; i++)
+            if (s[i] == '@') at = s + i;
+        if (at) {
+            put_bytes(out, cap, &j, s, sp);
+            put_bytes(out, cap, &j, "***", 3);
+            put_bytes(out, cap, &j, at, (size_t)(s + n - at));
+        } else {
+            put_bytes(out, cap, &j, s, n);
+        }
+        if (!s[n]) break;
+        put_bytes(out, cap, &j, ",", 1);
+        s += n + 1;
+    }
+    out[j] = '\0';
+}
+
+fx_url_status fx_url_split_userinfo(const char *url, char *out, size_t cap, fx_url *cred,
+                                    char *err, size_t errlen)
+{
+    if (!out || !cap || !cred) return uerr(cred, FX_URL_EMISSING, err, errlen, "missing URL");
+    memset(cred, 0, sizeof *cred);
+    out[0] = '\0';
+    if (!url || !*url) return uerr(cred, FX_URL_EMISSING, err, errlen, "missing URL");
+    size_t total = strnlen(url, FX_URL_MAX + 1);
+    if (total > FX_URL_MAX) return uerr(cred, FX_URL_ELONG, err, errlen, "longer than 4096 bytes");
+    fx_url_status st = FX_URL_OK;
+    size_t j = 0;
+    char el[FX_URL_MAX + 8];
+    const char *s = url;
+    for (;;) {
+        const char *comma = strchr(s, ',');
+        size_t n = comma ? (size_t)(comma - s) : strlen(s);
+        size_t sp = scheme_prefix(s, n);
+        /* cnats reads "host:port" as nats://host:port */
+        size_t pre = sp ? 0 : 7;
+        memcpy(el, "nats://", pre);
+        memcpy(el + pre, s, n);
+        el[pre + n] = '\0';
+        fx_url u;
+        st = fx_url_parse(el, FX_URL_USERINFO | FX_URL_PATH | FX_URL_QUERY, &u, err, errlen);
+        if (st == FX_URL_OK) {
+            /* the userinfo is what the parser took: up to the last '@' of the authority */
+            const char *auth = s + sp;
+            size_t al = strcspn(auth, "/?#");
+            if (al > (size_t)(s + n - auth)) al = (size_t)(s + n - auth);
+            const char *rest = auth;
+            for (size_t i = 0; i < al; i++)
+                if (auth[i] == '@') rest = auth + i + 1;
+            if (j + (size_t)(auth - s) + (size_t)(s + n - rest) + 2 > cap) {
+                st = uerr(&u, FX_URL_ELONG, err, errlen, "too long");
+            } else {
+                memcpy(out + j, s, (size_t)(auth - s));
+                j += (size_t)(auth - s);
+                memcpy(out + j, rest, (size_t)(s + n - rest));
+                j += (size_t)(s + n - rest);
+                if (comma) out[j++] = ',';
+                out[j] = '\0';
+                if (u.has_user && !cred->has_user) {
+                    cred->has_user = true;
+                    cred->has_password = u.has_password;
+                    memcpy(cred->user, u.user, sizeof cred->user);
+                    memcpy(cred->password, u.password, sizeof cred->password);
+                }
+            }
+            fx_url_wipe(&u);
+        }
+        volatile char *ve = el;
+        for (size_t i = 0; i < pre + n; i++) ve[i] = 0;
+        if (st != FX_URL_OK || !comma) break;
+        s = comma + 1;
+    }
+    if (st != FX_URL_OK) {
+        fx_url_wipe(cred);
+        volatile char *vo = out;
+        for (size_t i = 0; i < cap; i++) vo[i] = 0;
+    }
+    return st;
+}

@@ -49,6 +49,7 @@
 #include "daemon_int.h"
 #include "flatdict.h"
 #include "fx_time.h"
+#include "fx_url.h"
 #include "interest.h"
 #include "jsack.h"
 #include "subject.h"
@@ -1969,7 +1970,11 @@ void *dm_interest_main(void *arg)
             fx_interest set = {0};
             fx_err e = fx_interest_fetch(url, acc, &cid, 1, 2000, &set);
             if (!e) {
-                if (failing) FX_INF("interest: %s/subsz reachable again", url);
+                if (failing) {
+                    char red[512];
+                    fx_url_redact(url, red, sizeof red); /* monitor_url may hold credentials */
+                    FX_INF("interest: %s/subsz reachable again", red);
+                }
                 failing = false;
                 next_release = apply_interest(d, &set);
             } else {
