@@ -75,11 +75,11 @@ fx_url_status fx_url_parse(const char *url, unsigned flags, fx_url *out, char *e
 /* Zero the parts that may hold secrets (user, password, whole struct). */
 void fx_url_wipe(fx_url *u);
 /* Copy url into out (cap bytes, always NUL-terminated, cut to fit) with each userinfo replaced
- * by three stars: nats://u:p@w@h:4222 is shown as nats://(3 stars)@h:4222. The userinfo of an element ends at
- * its LAST '@' (also one after a slash, '?' or '#': a password holding those unescaped is no valid
- * URL, but is still never shown). One URL or a comma-separated list; an element that does not
- * start with "scheme://" belongs to the one before it (a ',' inside a password). NULL -> "-".
- * Never fails; no allocation. */
+ * by three stars: nats://u:p@w@h:4222 is shown as nats://(3 stars)@h:4222. The userinfo of an
+ * element ends at its LAST '@' (also one after a slash, '?' or '#': a password holding those
+ * unescaped is no valid URL, but is still never shown). One URL or a comma-separated list; an
+ * element that does not start with "scheme://" belongs to the one before it (a ',' inside a
+ * password). NULL -> "-". Never fails; no allocation. */
 void fx_url_redact(const char *url, char *out, size_t cap);
 /* For a client that takes credentials apart from the URL: url is one URL or a comma-separated
  * list (as natsOptions_SetURL takes it; an element without "scheme://" is read as nats://).

@@ -219,7 +219,8 @@ static fx_err nats_options(fx_daemon *d, const char *cname, natsOptions **out)
     if (s == NATS_OK) s = natsOptions_SetErrorHandler(o, on_error, d);
     if (s != NATS_OK) return fx_seterr(FX_EINVAL, "nats: options: %s", natsStatus_GetText(s));
     /* credentials and TLS (never logged) */
-    if (c->nats.user && !url_creds && (s = natsOptions_SetUserInfo(o, c->nats.user, c->nats.password)) != NATS_OK)
+    if (c->nats.user && !url_creds &&
+        (s = natsOptions_SetUserInfo(o, c->nats.user, c->nats.password)) != NATS_OK)
         return fx_seterr(FX_EINVAL, "nats.user: %s", natsStatus_GetText(s));
     if (c->nats.token && !url_creds && (s = natsOptions_SetToken(o, c->nats.token)) != NATS_OK)
         return fx_seterr(FX_EINVAL, "nats.token: %s", natsStatus_GetText(s));
