@@ -15,14 +15,12 @@
 import fs from "node:fs";
 import path from "node:path";
 import { connect } from "nats";
-import { createRequire } from "node:module";
 import { setTimeout as delay } from "node:timers/promises";
 import { test } from "./lib/runner.mjs";
 import { Etcd, Proc, freePort, httpGet, waitFor, metricValue, Bridge, DEFAULTS, fluxonctl, bridgeRun, BRIDGE_BIN } from "./lib/stack.mjs";
-import { makeMsg, Consumer, publishAll, waitClaims, waitBacklog, sc } from "./lib/client.mjs";
+import { makeMsg, Consumer, publishAll, waitClaims, waitBacklog, toJsMsg } from "./lib/client.mjs";
 import { assert, assertSameSet, assertNoConsumerErrors } from "./lib/check.mjs";
 
-const { toJsMsg } = createRequire(import.meta.url)("nats/lib/jetstream/jsmsg.js");
 const REPO = path.resolve(path.dirname(new URL(import.meta.url).pathname), "../..");
 const rnd = () => Math.random().toString(36).slice(2, 10);
 
