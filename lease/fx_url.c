@@ -188,6 +188,56 @@ static fx_url_status read_parts(CURLU *h, unsigned flags, fx_url *u, char *err, 
     return FX_URL_OK;
 }
 
+/* Copy url[0..len) into out (room for len + 2 per '@' + 1) with each '@' of the authority
+ * before last_at written %40: the form curl and cnats read (they end the userinfo at the first
+ * '@'). Returns the length written. */
+static size_t escape_early_ats(const char *url, size_t len, const char *auth, const char *last_at,
+                               char *out)
+{
+    size_t j = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (last_at && url[i] == '@' && url + i >= auth && url + i < last_at) {
+            memcpy(out + j, "%40", 3);
+            j += 3;
+        } else {
+            out[j++] = url[i];
+        }
+    }
+    out[j] = '\0';
+    return j;
+}
+
+/* The authority of url (after "scheme://", up to '/', '?' or '#') and its last '@'. */
+static const char *authority(const char *url, size_t *al, const char **last_at, size_t *n_at)
+{
+    const char *sep = strstr(url, "://");
+    const char *auth = sep ? sep + 3 : url;
+    *al = strcspn(auth, "/?#");
+    *last_at = NULL;
+    *n_at = 0;
+    for (size_t i = 0; i < *al; i++)
+        if (auth[i] == '@') {
+            *last_at = auth + i;
+            (*n_at)++;
+        }
+    return auth;
+}
+
+fx_url_status fx_url_normalize(const char *url, char *out, size_t cap)
+{
+    if (!out || !cap) return FX_URL_EMISSING;
+    out[0] = '\0';
+    if (!url || !*url) return FX_URL_EMISSING;
+    size_t len = strnlen(url, FX_URL_MAX + 1);
+    if (len > FX_URL_MAX) return FX_URL_ELONG;
+    size_t al, n_at;
+    const char *last_at;
+    const char *auth = authority(url, &al, &last_at, &n_at);
+    if (len + 2 * n_at + 1 > cap) return FX_URL_ELONG;
+    escape_early_ats(url, len, auth, last_at, out);
+    return FX_URL_OK;
+}
+
 fx_url_status fx_url_parse(const char *url, unsigned flags, fx_url *out, char *err, size_t errlen)
 {
     if (!out) return uerr(NULL, FX_URL_EMISSING, err, errlen, "missing URL");
@@ -237,16 +287,7 @@ fx_url_status fx_url_parse(const char *url, unsigned flags, fx_url *out, char *e
     if (hostport[hpl - 1] == ':') return uerr(out, FX_URL_EPORT, err, errlen, "port must be 1..65535");
     char *norm = malloc(len + 2 * n_at + 1);
     if (!norm) return uerr(out, FX_URL_ENOMEM, err, errlen, "out of memory");
-    size_t j = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (url[i] == '@' && url + i >= auth && url + i < last_at) {
-            memcpy(norm + j, "%40", 3);
-            j += 3;
-        } else {
-            norm[j++] = url[i];
-        }
-    }
-    norm[j] = '\0';
+    size_t j = escape_early_ats(url, len, auth, last_at, norm);
 
     fx_url_status st;
     CURLU *h = curl_url();

@@ -89,6 +89,10 @@ void fx_url_redact(const char *url, char *out, size_t cap);
  * element that has any. On failure out and cred are wiped and err says why (never quoting). */
 fx_url_status fx_url_split_userinfo(const char *url, char *out, size_t cap, fx_url *cred,
                                     char *err, size_t errlen);
+/* For a client that reads the userinfo up to its FIRST '@' (libcurl, cnats): url with each '@'
+ * of the userinfo but the last written %40 (the rest as written) into out. FX_URL_ELONG when it
+ * does not fit in cap. Does not validate (fx_url_parse does). */
+fx_url_status fx_url_normalize(const char *url, char *out, size_t cap);
 /* true when u's scheme is one of the NULL-terminated list (lower case names, no "://"). */
 bool fx_url_scheme_is(const fx_url *u, const char *const *schemes);
 

@@ -1950,7 +1950,11 @@ void *dm_interest_main(void *arg)
     fx_daemon *d = arg;
     char *url = NULL, *acc = NULL;
     pthread_mutex_lock(&d->cfg_mu);
-    url = strdup(d->cfg->nats.monitor_url ? d->cfg->nats.monitor_url : "http://127.0.0.1:8222");
+    char norm[FX_URL_MAX + 1]; /* libcurl ends a userinfo at its first '@' (lease/fx_url.h) */
+    if (fx_url_normalize(d->cfg->nats.monitor_url ? d->cfg->nats.monitor_url : "http://127.0.0.1:8222",
+                         norm, sizeof norm) == FX_URL_OK)
+        url = strdup(norm);
+    explicit_bzero(norm, sizeof norm);
     acc = d->cfg->nats.account ? strdup(d->cfg->nats.account) : NULL;
     pthread_mutex_unlock(&d->cfg_mu);
     fx_log_slot slot = {0};

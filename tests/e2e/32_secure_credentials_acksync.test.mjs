@@ -3,7 +3,8 @@
 //
 // e2e_fx_url_redacts_userinfo: passwords holding '@', ':' and '%' (lease/fx_url.h). The bridge's
 // nats.url and nats.leaf_url carry them percent-encoded and connect (a publish is PubAcked,
-// delivered and acked); fluxonctl --server with a percent-encoded operator password works. A
+// delivered and acked; nats.monitor_url with a raw "@" in its password is polled, so the claim
+// is made); fluxonctl --server with a percent-encoded operator password works. A
 // wrong password written raw ("wr@ng:pw", the userinfo ends at the last '@') in fluxonctl's
 // --server and in the bridge's nats.url: neither fluxonctl's error output nor the daemon's log
 // holds any part of it, and neither log holds the real passwords in any form.
@@ -109,7 +110,7 @@ function secureBridge(ctx, etcd, nats, nc) {
 
 test("e2e_fx_url_redacts_userinfo", async (ctx) => {
   const pw = passwords();
-  const secret = { bridge: `s3cr@t:p%w-${rnd()}`, leaf: `l@f:%25-${rnd()}`, operator: `0p@r:%x-${rnd()}` };
+  const secret = { bridge: `s3cr@t:p%w-${rnd()}`, leaf: `l@f:%25-${rnd()}`, operator: `0p@r:%x-${rnd()}`, monitor: `m0n@x:y-${rnd()}` };
   const etcd = await new Etcd(ctx).start();
   const nats = await new SecureNats(ctx, pw, {
     FLUXON_BRIDGE_PASSWORD: secret.bridge, FLUXON_LEAF_PASSWORD: secret.leaf, FLUXON_OPERATOR_PASSWORD: secret.operator,
@@ -122,6 +123,9 @@ test("e2e_fx_url_redacts_userinfo", async (ctx) => {
     user: undefined,
     password: undefined,
     leaf_url: `nats://fluxon-leaf:${enc(secret.leaf)}@127.0.0.1:${nats.leafPort}`,
+    // raw '@' and ':' (the userinfo ends at the last '@'); the monitor ignores credentials, but
+    // the interest poll must still reach it (libcurl reads the userinfo up to the first '@')
+    monitor_url: `http://monitor:${secret.monitor}@127.0.0.1:${nats.monitorPort}`,
   });
   await bridge.writeConfig();
   const chk = await bridgeRun(["--check", "-c", bridge.configPath]);

@@ -276,6 +276,12 @@ static void fx_url_redacts_userinfo(void **state)
     assert_null(strstr(err, "s3cret"));
     assert_int_equal(fx_url_split_userinfo("nats://u:p@h", out, 8, &c, err, sizeof err), FX_URL_ELONG);
     assert_int_equal(fx_url_split_userinfo(NULL, out, sizeof out, &c, err, sizeof err), FX_URL_EMISSING);
+    /* for clients that end the userinfo at the first '@' (libcurl: nats.monitor_url) */
+    assert_int_equal(fx_url_normalize("http://mon:p@ss@w@h:8222/x@y?q=@", out, sizeof out), FX_URL_OK);
+    assert_string_equal(out, "http://mon:p%40ss%40w@h:8222/x@y?q=@");
+    assert_int_equal(fx_url_normalize("http://h:8222", out, sizeof out), FX_URL_OK);
+    assert_string_equal(out, "http://h:8222");
+    assert_int_equal(fx_url_normalize("http://a@b@h", out, 12), FX_URL_ELONG);
 }
 
 int main(void)
