@@ -15,10 +15,12 @@
  * Errors: a status and a short reason in err that never quotes the URL or any part of it (a URL
  * may carry a password). Thread-safe (curl_url handles are per call).
  *
- * The same rule serves the two other users of a URL's userinfo: fx_url_redact (every URL that
- * goes into a log line or an error message, in the bridge and in fluxonctl) and
- * fx_url_split_userinfo (clients that take the credentials apart from the URL, cnats: the
- * decoded user and password go to natsOptions_SetUserInfo, the URL without them to SetURL).
+ * The same rule serves the other users of a URL's userinfo: fx_url_redact (every URL that goes
+ * into a log line or an error message, in the bridge and in fluxonctl), fx_url_split_userinfo
+ * (clients that take the credentials apart from the URL, cnats: the decoded user and password
+ * go to natsOptions_SetUserInfo, the URL without them to SetURL: nats.url, fluxonctl --server)
+ * and fx_url_normalize (clients that end the userinfo at its first '@': libcurl for
+ * nats.monitor_url). The leaf connection and the Redis plane use fx_url_parse's decoded parts.
  */
 #ifndef FX_URL_H
 #define FX_URL_H
