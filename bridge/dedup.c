@@ -14,11 +14,76 @@ struct fx_dedup {
     char *prefix; /* <root>/dedup/<scope>/ */
     size_t plen;
     int64_t window_ms, bucket_ms;
-    int64_t lease;        /* current bucket lease, 0: none */
+    int64_t lease;        /* current bucket lease, 0: none (the ring's newest entry) */
     int64_t lease_until;  /* monotonic ms: record with a new lease from then on */
     uint8_t *kbuf;        /* 2 * FX_DEDUP_TXN_OPS keys back to back */
+    /* The bound (dedup.h): the leases this fx_dedup granted whose keys may still exist, oldest
+     * first, with what was recorded on each; live_* are their sums. */
+    int64_t max_ids, max_bytes;
+    int64_t lease_ids, lease_bytes; /* per lease: rotate before a record would pass these */
+    struct dd_lease {
+        int64_t id, first_ms, gone_ms; /* granted; all its keys expired by etcd at gone_ms */
+        int64_t ids, bytes;
+    } ring[FX_DEDUP_RING];
+    size_t r_head, r_n;
     fx_dedup_stats st;
 };
+
+static struct dd_lease *ring_at(fx_dedup *d, size_t i)
+{
+    return &d->ring[(d->r_head + i) % FX_DEDUP_RING];
+}
+
+static struct dd_lease *ring_newest(fx_dedup *d)
+{
+    return d->r_n ? ring_at(d, d->r_n - 1) : NULL;
+}
+
+static void ring_pop_oldest(fx_dedup *d)
+{
+    struct dd_lease *l = ring_at(d, 0);
+    d->st.live_ids -= l->ids;
+    d->st.live_bytes -= l->bytes;
+    d->r_head = (d->r_head + 1) % FX_DEDUP_RING;
+    d->r_n--;
+    if (!d->r_n) d->lease = 0;
+}
+
+/* Forget the leases etcd has expired by now (their keys are gone). */
+static void ring_prune(fx_dedup *d, int64_t now)
+{
+    while (d->r_n && ring_at(d, 0)->gone_ms <= now) ring_pop_oldest(d);
+}
+
+/* Revoke the oldest lease before its time (the window shortens): its keys, at most lease_ids,
+ * go in one small raft apply. The newest (current) lease is kept unless `any`. */
+static fx_err evict_oldest(fx_dedup *d, bool any, int timeout_ms)
+{
+    if (!d->r_n || (d->r_n == 1 && !any)) return FX_ENOTFOUND;
+    struct dd_lease *l = ring_at(d, 0);
+    fx_err e = fx_etcd_lease_revoke(d->etcd, l->id, timeout_ms < 2000 ? timeout_ms : 2000);
+    if (e && e != FX_ENOTFOUND) {
+        d->st.revoke_errors++;
+        return e;
+    }
+    int64_t now = fx_now_ms();
+    d->st.revokes++;
+    d->st.forgotten += (uint64_t)l->ids;
+    d->st.forgotten_age_ms = now - l->first_ms;
+    if (l->id == d->lease) d->lease = 0;
+    ring_pop_oldest(d);
+    return FX_OK;
+}
+
+/* Before recording `ids` more ids of `bytes` footprint: revoke the oldest leases until they fit
+ * the bound. Never fails the record: a revoke that fails leaves the bound passed until the next
+ * record tries again (counted in revoke_errors). */
+static void make_room(fx_dedup *d, int64_t ids, int64_t bytes, int timeout_ms)
+{
+    ring_prune(d, fx_now_ms());
+    while (d->st.live_ids + ids > d->max_ids || d->st.live_bytes + bytes > d->max_bytes)
+        if (evict_oldest(d, false, timeout_ms)) break;
+}
 
 fx_err fx_dedup_new(fx_mq_client *c, const char *scope, int64_t window_ms, fx_dedup **out)
 {
@@ -40,8 +105,24 @@ fx_err fx_dedup_new(fx_mq_client *c, const char *scope, int64_t window_ms, fx_de
     d->window_ms = window_ms;
     int64_t b = window_ms / 8;
     d->bucket_ms = b < 1000 ? 1000 : b > 60000 ? 60000 : b;
+    fx_dedup_set_bound(d, FX_DEDUP_MAX_IDS_DEFAULT, FX_DEDUP_MAX_BYTES_DEFAULT);
     *out = d;
     return FX_OK;
+}
+
+void fx_dedup_set_bound(fx_dedup *d, int64_t max_ids, int64_t max_bytes)
+{
+    if (max_ids < FX_DEDUP_TXN_OPS) max_ids = FX_DEDUP_TXN_OPS;
+    int64_t min_bytes = FX_DEDUP_TXN_OPS * (FX_DEDUP_ID_MAX + 80 + FX_DEDUP_ID_OVERHEAD);
+    if (max_bytes < min_bytes) max_bytes = min_bytes;
+    d->max_ids = max_ids;
+    d->max_bytes = max_bytes;
+    int64_t li = max_ids / FX_DEDUP_LEASE_SHARE;
+    d->lease_ids = li < FX_DEDUP_TXN_OPS     ? FX_DEDUP_TXN_OPS
+                   : li > FX_DEDUP_LEASE_IDS ? FX_DEDUP_LEASE_IDS
+                                             : li;
+    int64_t lb = max_bytes / FX_DEDUP_LEASE_SHARE;
+    d->lease_bytes = lb < min_bytes ? min_bytes : lb;
 }
 
 void fx_dedup_free(fx_dedup *d)
@@ -71,17 +152,38 @@ static fx_err check_ids(const fx_slice *ids, size_t n)
     return FX_OK;
 }
 
-static fx_err bucket_lease(fx_dedup *d, int timeout_ms, bool force)
+/* The lease for the next `ids` records of `bytes`: the current one, or a new one when its
+ * bucket time is over, it would pass its share of the bound, or `force` (it is gone). */
+static fx_err bucket_lease(fx_dedup *d, int timeout_ms, bool force, int64_t ids, int64_t bytes)
 {
     int64_t now = fx_now_ms();
-    if (d->lease && !force && now < d->lease_until) return FX_OK;
+    struct dd_lease *cur = ring_newest(d);
+    if (d->lease && cur && !force && now < d->lease_until &&
+        (cur->ids == 0 || (cur->ids + ids <= d->lease_ids && cur->bytes + bytes <= d->lease_bytes)))
+        return FX_OK;
+    if (force && cur && cur->id == d->lease) { /* etcd lost it: so are its keys */
+        d->st.live_ids -= cur->ids;
+        d->st.live_bytes -= cur->bytes;
+        d->r_n--;
+        d->lease = 0;
+    }
+    /* a full ring: the oldest lease goes early (ring_prune first: it may be gone already) */
+    ring_prune(d, now);
+    while (d->r_n >= FX_DEDUP_RING)
+        if (evict_oldest(d, true, timeout_ms))
+            return fx_seterr(FX_EUNAVAIL, "dedup: %zu leases live", d->r_n);
     int64_t ttl_s = (d->window_ms + d->bucket_ms + 999) / 1000;
-    int64_t id = 0;
-    fx_err e = fx_etcd_lease_grant(d->etcd, ttl_s, 0, &id, NULL, timeout_ms);
+    int64_t id = 0, granted = 0;
+    fx_err e = fx_etcd_lease_grant(d->etcd, ttl_s, 0, &id, &granted, timeout_ms);
     if (e) return e;
+    if (granted < ttl_s) granted = ttl_s;
     d->st.grants++;
     d->lease = id;
     d->lease_until = now + d->bucket_ms;
+    struct dd_lease *l = ring_at(d, d->r_n++);
+    /* etcd deletes the keys some time after the TTL (its expiry check runs every 500 ms and
+     * paces revokes): count them 2 s longer */
+    *l = (struct dd_lease){.id = id, .first_ms = now, .gone_ms = now + granted * 1000 + 2000};
     return FX_OK;
 }
 
@@ -98,7 +200,14 @@ fx_err fx_dedup_record_lookup(fx_dedup *d, const fx_slice *rec_ids, const fx_sli
     while (ro < nrec || lo < n) {
         size_t kr = 0, kl = n - lo < FX_DEDUP_TXN_OPS ? n - lo : FX_DEDUP_TXN_OPS;
         size_t rtake = nrec - ro < FX_DEDUP_TXN_OPS ? nrec - ro : FX_DEDUP_TXN_OPS;
-        if (rtake && (e = bucket_lease(d, timeout_ms, false))) return e;
+        int64_t rbytes = 0;
+        for (size_t i = 0; i < rtake; i++)
+            rbytes += (int64_t)(d->plen + rec_ids[ro + i].len + rec_vals[ro + i].len) +
+                      FX_DEDUP_ID_OVERHEAD;
+        if (rtake) {
+            if ((e = bucket_lease(d, timeout_ms, false, (int64_t)rtake, rbytes))) return e;
+            make_room(d, (int64_t)rtake, rbytes, timeout_ms);
+        }
         for (int attempt = 0;; attempt++) {
             kr = 0;
             for (size_t i = 0; i < rtake; i++) {
@@ -136,12 +245,19 @@ fx_err fx_dedup_record_lookup(fx_dedup *d, const fx_slice *rec_ids, const fx_sli
             fx_txn_resp_free(&r);
             /* the bucket lease is gone (etcd lost it, or a clock jump): one retry with a new one */
             if (kr && (e == FX_ELEASE_EXPIRED || e == FX_ENOTFOUND) && attempt == 0) {
-                if ((e = bucket_lease(d, timeout_ms, true))) return e;
+                if ((e = bucket_lease(d, timeout_ms, true, (int64_t)rtake, rbytes))) return e;
                 continue;
             }
             break;
         }
         if (e) return e;
+        if (kr) {
+            struct dd_lease *cur = ring_newest(d);
+            cur->ids += (int64_t)kr;
+            cur->bytes += rbytes; /* an id repeated in the batch counts twice: on the safe side */
+            d->st.live_ids += (int64_t)kr;
+            d->st.live_bytes += rbytes;
+        }
         d->st.records += kr;
         d->st.lookups += kl;
         ro += rtake;

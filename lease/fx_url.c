@@ -188,6 +188,56 @@ static fx_url_status read_parts(CURLU *h, unsigned flags, fx_url *u, char *err, 
     return FX_URL_OK;
 }
 
+/* Copy url[0..len) into out (room for len + 2 per '@' + 1) with each '@' of the authority
+ * before last_at written %40: the form curl and cnats read (they end the userinfo at the first
+ * '@'). Returns the length written. */
+static size_t escape_early_ats(const char *url, size_t len, const char *auth, const char *last_at,
+                               char *out)
+{
+    size_t j = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (last_at && url[i] == '@' && url + i >= auth && url + i < last_at) {
+            memcpy(out + j, "%40", 3);
+            j += 3;
+        } else {
+            out[j++] = url[i];
+        }
+    }
+    out[j] = '\0';
+    return j;
+}
+
+/* The authority of url (after "scheme://", up to '/', '?' or '#') and its last '@'. */
+static const char *authority(const char *url, size_t *al, const char **last_at, size_t *n_at)
+{
+    const char *sep = strstr(url, "://");
+    const char *auth = sep ? sep + 3 : url;
+    *al = strcspn(auth, "/?#");
+    *last_at = NULL;
+    *n_at = 0;
+    for (size_t i = 0; i < *al; i++)
+        if (auth[i] == '@') {
+            *last_at = auth + i;
+            (*n_at)++;
+        }
+    return auth;
+}
+
+fx_url_status fx_url_normalize(const char *url, char *out, size_t cap)
+{
+    if (!out || !cap) return FX_URL_EMISSING;
+    out[0] = '\0';
+    if (!url || !*url) return FX_URL_EMISSING;
+    size_t len = strnlen(url, FX_URL_MAX + 1);
+    if (len > FX_URL_MAX) return FX_URL_ELONG;
+    size_t al, n_at;
+    const char *last_at;
+    const char *auth = authority(url, &al, &last_at, &n_at);
+    if (len + 2 * n_at + 1 > cap) return FX_URL_ELONG;
+    escape_early_ats(url, len, auth, last_at, out);
+    return FX_URL_OK;
+}
+
 fx_url_status fx_url_parse(const char *url, unsigned flags, fx_url *out, char *err, size_t errlen)
 {
     if (!out) return uerr(NULL, FX_URL_EMISSING, err, errlen, "missing URL");
@@ -237,16 +287,7 @@ fx_url_status fx_url_parse(const char *url, unsigned flags, fx_url *out, char *e
     if (hostport[hpl - 1] == ':') return uerr(out, FX_URL_EPORT, err, errlen, "port must be 1..65535");
     char *norm = malloc(len + 2 * n_at + 1);
     if (!norm) return uerr(out, FX_URL_ENOMEM, err, errlen, "out of memory");
-    size_t j = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (url[i] == '@' && url + i >= auth && url + i < last_at) {
-            memcpy(norm + j, "%40", 3);
-            j += 3;
-        } else {
-            norm[j++] = url[i];
-        }
-    }
-    norm[j] = '\0';
+    size_t j = escape_early_ats(url, len, auth, last_at, norm);
 
     fx_url_status st;
     CURLU *h = curl_url();
@@ -261,5 +302,124 @@ fx_url_status fx_url_parse(const char *url, unsigned flags, fx_url *out, char *e
     volatile char *vp = norm;
     for (size_t i = 0; i < j; i++) vp[i] = 0;
     free(norm);
+    return st;
+}
+
+/* ---- redaction and credentials apart from the URL ------------------------------------------- */
+
+/* Length of "scheme://" at s (0 when s does not start with one). */
+static size_t scheme_prefix(const char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n && ((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+                     (i > 0 && ((s[i] >= '0' && s[i] <= '9') || s[i] == '+' || s[i] == '-' ||
+                                s[i] == '.'))))
+        i++;
+    return i > 0 && i + 3 <= n && memcmp(s + i, "://", 3) == 0 ? i + 3 : 0;
+}
+
+/* End of the element that starts at s (a ',' followed by "scheme://", or the end). */
+static size_t element_len(const char *s)
+{
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n; i++)
+        if (s[i] == ',' && scheme_prefix(s + i + 1, n - i - 1)) return i;
+    return n;
+}
+
+static void put_bytes(char *out, size_t cap, size_t *j, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n && *j + 1 < cap; i++) out[(*j)++] = s[i];
+}
+
+void fx_url_redact(const char *url, char *out, size_t cap)
+{
+    if (!out || !cap) return;
+    if (!url) {
+        snprintf(out, cap, "-");
+        return;
+    }
+    size_t j = 0;
+    const char *s = url;
+    for (;;) {
+        size_t n = element_len(s);
+        size_t sp = scheme_prefix(s, n);
+        const char *at = NULL;
+        for (size_t i = sp; i < n; i++)
+            if (s[i] == '@') at = s + i;
+        if (at) {
+            put_bytes(out, cap, &j, s, sp);
+            put_bytes(out, cap, &j, "***", 3);
+            put_bytes(out, cap, &j, at, (size_t)(s + n - at));
+        } else {
+            put_bytes(out, cap, &j, s, n);
+        }
+        if (!s[n]) break;
+        put_bytes(out, cap, &j, ",", 1);
+        s += n + 1;
+    }
+    out[j] = '\0';
+}
+
+fx_url_status fx_url_split_userinfo(const char *url, char *out, size_t cap, fx_url *cred,
+                                    char *err, size_t errlen)
+{
+    if (!out || !cap || !cred) return uerr(cred, FX_URL_EMISSING, err, errlen, "missing URL");
+    memset(cred, 0, sizeof *cred);
+    out[0] = '\0';
+    if (!url || !*url) return uerr(cred, FX_URL_EMISSING, err, errlen, "missing URL");
+    size_t total = strnlen(url, FX_URL_MAX + 1);
+    if (total > FX_URL_MAX) return uerr(cred, FX_URL_ELONG, err, errlen, "longer than 4096 bytes");
+    fx_url_status st = FX_URL_OK;
+    size_t j = 0;
+    char el[FX_URL_MAX + 8];
+    const char *s = url;
+    for (;;) {
+        const char *comma = strchr(s, ',');
+        size_t n = comma ? (size_t)(comma - s) : strlen(s);
+        size_t sp = scheme_prefix(s, n);
+        /* cnats reads "host:port" as nats://host:port */
+        size_t pre = sp ? 0 : 7;
+        memcpy(el, "nats://", pre);
+        memcpy(el + pre, s, n);
+        el[pre + n] = '\0';
+        fx_url u;
+        st = fx_url_parse(el, FX_URL_USERINFO | FX_URL_PATH | FX_URL_QUERY, &u, err, errlen);
+        if (st == FX_URL_OK) {
+            /* the userinfo is what the parser took: up to the last '@' of the authority */
+            const char *auth = s + sp;
+            size_t al = strcspn(auth, "/?#");
+            if (al > (size_t)(s + n - auth)) al = (size_t)(s + n - auth);
+            const char *rest = auth;
+            for (size_t i = 0; i < al; i++)
+                if (auth[i] == '@') rest = auth + i + 1;
+            if (j + (size_t)(auth - s) + (size_t)(s + n - rest) + 2 > cap) {
+                st = uerr(&u, FX_URL_ELONG, err, errlen, "too long");
+            } else {
+                memcpy(out + j, s, (size_t)(auth - s));
+                j += (size_t)(auth - s);
+                memcpy(out + j, rest, (size_t)(s + n - rest));
+                j += (size_t)(s + n - rest);
+                if (comma) out[j++] = ',';
+                out[j] = '\0';
+                if (u.has_user && !cred->has_user) {
+                    cred->has_user = true;
+                    cred->has_password = u.has_password;
+                    memcpy(cred->user, u.user, sizeof cred->user);
+                    memcpy(cred->password, u.password, sizeof cred->password);
+                }
+            }
+            fx_url_wipe(&u);
+        }
+        volatile char *ve = el;
+        for (size_t i = 0; i < pre + n; i++) ve[i] = 0;
+        if (st != FX_URL_OK || !comma) break;
+        s = comma + 1;
+    }
+    if (st != FX_URL_OK) {
+        fx_url_wipe(cred);
+        volatile char *vo = out;
+        for (size_t i = 0; i < cap; i++) vo[i] = 0;
+    }
     return st;
 }

@@ -14,6 +14,13 @@
  *
  * Errors: a status and a short reason in err that never quotes the URL or any part of it (a URL
  * may carry a password). Thread-safe (curl_url handles are per call).
+ *
+ * The same rule serves the other users of a URL's userinfo: fx_url_redact (every URL that goes
+ * into a log line or an error message, in the bridge and in fluxonctl), fx_url_split_userinfo
+ * (clients that take the credentials apart from the URL, cnats: the decoded user and password
+ * go to natsOptions_SetUserInfo, the URL without them to SetURL: nats.url, fluxonctl --server)
+ * and fx_url_normalize (clients that end the userinfo at its first '@': libcurl for
+ * nats.monitor_url). The leaf connection and the Redis plane use fx_url_parse's decoded parts.
  */
 #ifndef FX_URL_H
 #define FX_URL_H
@@ -69,6 +76,25 @@ typedef enum fx_url_status {
 fx_url_status fx_url_parse(const char *url, unsigned flags, fx_url *out, char *err, size_t errlen);
 /* Zero the parts that may hold secrets (user, password, whole struct). */
 void fx_url_wipe(fx_url *u);
+/* Copy url into out (cap bytes, always NUL-terminated, cut to fit) with each userinfo replaced
+ * by three stars: nats://u:p@w@h:4222 is shown as nats://(3 stars)@h:4222. The userinfo of an
+ * element ends at its LAST '@' (also one after a slash, '?' or '#': a password holding those
+ * unescaped is no valid URL, but is still never shown). One URL or a comma-separated list; an
+ * element that does not start with "scheme://" belongs to the one before it (a ',' inside a
+ * password). NULL -> "-". Never fails; no allocation. */
+void fx_url_redact(const char *url, char *out, size_t cap);
+/* For a client that takes credentials apart from the URL: url is one URL or a comma-separated
+ * list (as natsOptions_SetURL takes it; an element without "scheme://" is read as nats://).
+ * Each element is parsed as fx_url_parse(FX_URL_USERINFO | FX_URL_PATH | FX_URL_QUERY) does;
+ * out receives the list with every userinfo removed (the rest as written), cred (has_user,
+ * has_password, user, password; the rest zeroed) the percent-decoded credentials of the first
+ * element that has any. On failure out and cred are wiped and err says why (never quoting). */
+fx_url_status fx_url_split_userinfo(const char *url, char *out, size_t cap, fx_url *cred,
+                                    char *err, size_t errlen);
+/* For a client that reads the userinfo up to its FIRST '@' (libcurl, cnats): url with each '@'
+ * of the userinfo but the last written %40 (the rest as written) into out. FX_URL_ELONG when it
+ * does not fit in cap. Does not validate (fx_url_parse does). */
+fx_url_status fx_url_normalize(const char *url, char *out, size_t cap);
 /* true when u's scheme is one of the NULL-terminated list (lower case names, no "://"). */
 bool fx_url_scheme_is(const fx_url *u, const char *const *schemes);
 

@@ -437,13 +437,43 @@ static bool prod_stopping(dm_chan *ch)
  * producer is idle, so under load dedup costs one txn per batch. */
 typedef struct dm_dedup {
     fx_dedup *dd;
+    uint64_t forgotten;     /* stats.forgotten already counted in the metric */
+    uint64_t revoke_errors; /* stats.revoke_errors already logged */
     size_t n;
     pq_item *items[FX_DM_BATCH_MSGS];
     fx_mq_msg_id sids[FX_DM_BATCH_MSGS];
     char vals[FX_DM_BATCH_MSGS][72];
 } dm_dedup;
 
-static fx_log_slot dedup_slot;
+static fx_log_slot dedup_slot, dedup_bound_slot;
+
+/* The window's bound (bridge/dedup.h): ids forgotten early go to the metric and a WARN. */
+static void dedup_report(dm_chan *ch, dm_dedup *dd)
+{
+    fx_dedup_stats st;
+    fx_dedup_get_stats(dd->dd, &st);
+    fx_metric_set(ch->m.dedup_ids, st.live_ids);
+    if (st.revoke_errors != dd->revoke_errors) {
+        dd->revoke_errors = st.revoke_errors;
+        fx_log_ratelimited(&dedup_slot, 5000, FX_LOG_WRN,
+                           "channel %s: dedup: revoking the oldest ids' lease failed (%" PRIu64
+                           " times): the window holds %" PRId64 " ids, over duplicate_max_ids "
+                           "until a revoke succeeds",
+                           ch->name, st.revoke_errors, st.live_ids);
+    }
+    if (st.forgotten == dd->forgotten) return;
+    fx_metric_inc(ch->m.dedup_forgotten, (int64_t)(st.forgotten - dd->forgotten));
+    dd->forgotten = st.forgotten;
+    fx_log_ratelimited(&dedup_bound_slot, 10000, FX_LOG_WRN,
+                       "channel %s: dedup window bound reached (duplicate_max_ids %" PRId64
+                       ", duplicate_max_bytes %" PRId64 "): the oldest Nats-Msg-Ids are forgotten "
+                       "after %.1f s instead of duplicate_window %.1f s (%" PRIu64 " so far); a "
+                       "duplicate of an older id is stored again",
+                       ch->name, ch->s.duplicate_max_ids, ch->s.duplicate_max_bytes,
+                       (double)st.forgotten_age_ms / 1000.0,
+                       (double)ch->s.duplicate_window_ms / 1000.0,
+                       st.forgotten);
+}
 
 /* The held captures are stored: answer them (their ids recorded or, after an error, not). */
 static void dedup_pending_clear(dm_chan *ch, dm_dedup *dd)
@@ -461,7 +491,9 @@ static fx_err dedup_sync(dm_chan *ch, const fx_slice *ids, size_t n, fx_bytes *v
         rids[i] = FX_SLICE_STR(dd->items[i]->msgid);
         rvals[i] = FX_SLICE_STR(dd->vals[i]);
     }
+    fx_dedup_set_bound(dd->dd, ch->s.duplicate_max_ids, ch->s.duplicate_max_bytes); /* reloads */
     fx_err e = fx_dedup_record_lookup(dd->dd, rids, rvals, dd->n, ids, n, vals, FX_DM_PUT_TIMEOUT_MS);
+    dedup_report(ch, dd);
     if (e && dd->n)
         fx_log_ratelimited(&dedup_slot, 5000, FX_LOG_WRN,
                            "channel %s: dedup: %zu stored id(s) not recorded: %s (%s)", ch->name,
@@ -939,6 +971,13 @@ dm_chan *dm_chan_new(fx_daemon *d, const fx_chan_config *cc)
     m->duplicates = cmetric(d, "fluxon_duplicates_total",
                             "Publishes not stored: their Nats-Msg-Id was in the duplicate window",
                             FX_METRIC_COUNTER, l);
+    m->dedup_forgotten = cmetric(d, "fluxon_dedup_forgotten_total",
+                                 "Nats-Msg-Ids forgotten before duplicate_window ended: the "
+                                 "window's bound (duplicate_max_ids / duplicate_max_bytes) was "
+                                 "reached", FX_METRIC_COUNTER, l);
+    m->dedup_ids = cmetric(d, "fluxon_dedup_ids",
+                           "Nats-Msg-Ids this bridge recorded that are still in the window",
+                           FX_METRIC_GAUGE, l);
     m->inflight = cmetric(d, "fluxon_put_batches_in_flight",
                           "Batches being stored right now (each to its own sub-MPSC)",
                           FX_METRIC_GAUGE, l);

@@ -59,6 +59,7 @@
 #include "delivery.h"
 #include "flatdict.h"
 #include "fx_time.h"
+#include "fx_url.h"
 #include "interest.h"
 #include "jsack.h"
 #include "subject.h"
@@ -1834,7 +1835,11 @@ void *dm_interest_main(void *arg)
     fx_daemon *d = arg;
     char *url = NULL, *acc = NULL;
     pthread_mutex_lock(&d->cfg_mu);
-    url = strdup(d->cfg->nats.monitor_url ? d->cfg->nats.monitor_url : "http://127.0.0.1:8222");
+    char norm[FX_URL_MAX + 1]; /* libcurl ends a userinfo at its first '@' (lease/fx_url.h) */
+    if (fx_url_normalize(d->cfg->nats.monitor_url ? d->cfg->nats.monitor_url : "http://127.0.0.1:8222",
+                         norm, sizeof norm) == FX_URL_OK)
+        url = strdup(norm);
+    explicit_bzero(norm, sizeof norm);
     acc = d->cfg->nats.account ? strdup(d->cfg->nats.account) : NULL;
     pthread_mutex_unlock(&d->cfg_mu);
     fx_log_slot slot = {0};
@@ -1854,7 +1859,11 @@ void *dm_interest_main(void *arg)
             fx_interest set = {0};
             fx_err e = fx_interest_fetch(url, acc, &cid, 1, 2000, &set);
             if (!e) {
-                if (failing) FX_INF("interest: %s/subsz reachable again", url);
+                if (failing) {
+                    char red[512];
+                    fx_url_redact(url, red, sizeof red); /* monitor_url may hold credentials */
+                    FX_INF("interest: %s/subsz reachable again", red);
+                }
                 failing = false;
                 next_release = apply_interest(d, &set);
             } else {

@@ -70,6 +70,8 @@ static const fx_chan_settings k_default_settings = {
     .retention_ms = 7 * MS_DAY,
     .full_wait_ms = 0,
     .duplicate_window_ms = 2 * 60 * 1000,
+    .duplicate_max_ids = 100000,
+    .duplicate_max_bytes = 0, /* auto: a share of FX_CFG_DEDUP_BYTES_ALL (read_channels) */
 };
 
 /* ---- Per-channel settings: one row per key ---------------------------------------------- */
@@ -97,6 +99,8 @@ static const setting_key k_settings[] = {
     {"retention",       SK_DURATION, SOFF(retention_ms),     2000, 9000000000LL * 1000}, /* MaxLeaseTTL */
     {"full_wait",       SK_DURATION, SOFF(full_wait_ms),     0,   60 * 1000},
     {"duplicate_window", SK_DURATION, SOFF(duplicate_window_ms), 0, MS_DAY},
+    {"duplicate_max_ids", SK_INT,    SOFF(duplicate_max_ids),   1000, 10000000},
+    {"duplicate_max_bytes", SK_INT,  SOFF(duplicate_max_bytes), 1LL << 20, 1LL << 30},
 };
 #define N_SETTINGS (sizeof k_settings / sizeof k_settings[0])
 
@@ -897,6 +901,29 @@ static int read_channels(pctx *p, const cJSON *node, fx_config *c)
         }
     }
     if (check_channels(p, c) != 0) return -1;
+    /* The dedup windows of all channels share etcd's quota with everything else: together at
+     * most FX_CFG_DEDUP_BYTES_ALL. A channel without duplicate_max_bytes gets an equal share of
+     * what the others leave, at most FX_CFG_DEDUP_BYTES_AUTO_MAX. */
+    int64_t dd_bytes = 0, n_auto = 0;
+    for (size_t k = 0; k < c->n_channels; k++) {
+        const fx_chan_settings *cs = &c->channels[k].s;
+        if (cs->duplicate_window_ms <= 0) continue;
+        if (cs->duplicate_max_bytes) dd_bytes += cs->duplicate_max_bytes;
+        else n_auto++;
+    }
+    int64_t share = n_auto ? (FX_CFG_DEDUP_BYTES_ALL - dd_bytes) / n_auto : 0;
+    if (share > FX_CFG_DEDUP_BYTES_AUTO_MAX) share = FX_CFG_DEDUP_BYTES_AUTO_MAX;
+    if (dd_bytes > FX_CFG_DEDUP_BYTES_ALL || (n_auto && share < (1LL << 20)))
+        return fail(p, "channels",
+                    "duplicate_max_bytes of all channels with a duplicate_window add up to "
+                    "%lld MiB%s: at most %lld MiB per bridge (a quarter of etcd's default 2 GiB "
+                    "quota)",
+                    (long long)(dd_bytes >> 20),
+                    n_auto ? " (and 1 MiB for each channel without it)" : "",
+                    (long long)(FX_CFG_DEDUP_BYTES_ALL >> 20));
+    for (size_t k = 0; k < c->n_channels; k++)
+        if (!c->channels[k].s.duplicate_max_bytes)
+            c->channels[k].s.duplicate_max_bytes = share ? share : FX_CFG_DEDUP_BYTES_AUTO_MAX;
     return add_dlq_channels(p, c);
 }
 

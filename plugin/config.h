@@ -36,7 +36,17 @@ typedef struct fx_chan_settings {
     int64_t full_wait_ms;     /* default 0: a publish to a full channel fails at once (503,
                                  err_code 10077); > 0: wait up to this long for room (<= 60 s) */
     int64_t duplicate_window_ms; /* default 2 min: Nats-Msg-Id dedup window; 0 disables dedup */
+    /* The window's bound per bridge (bridge/dedup.h): at most this many ids (default 100,000,
+     * 1,000..10,000,000) and bytes of etcd footprint (1 MiB..1 GiB; all channels of a bridge
+     * together at most FX_CFG_DEDUP_BYTES_ALL; unset: an equal share of what the channels that
+     * set it leave, at most FX_CFG_DEDUP_BYTES_AUTO_MAX); past it the oldest ids are forgotten
+     * early (the window shortens, WARN and fluxon_dedup_forgotten_total). */
+    int64_t duplicate_max_ids;
+    int64_t duplicate_max_bytes;
 } fx_chan_settings;
+
+#define FX_CFG_DEDUP_BYTES_ALL (512LL << 20)     /* a quarter of etcd's default 2 GiB quota */
+#define FX_CFG_DEDUP_BYTES_AUTO_MAX (32LL << 20) /* duplicate_max_bytes when unset, at most */
 
 typedef struct fx_chan_config {
     char *name;            /* single subject token; also the MPMC unique key */

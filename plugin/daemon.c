@@ -13,6 +13,7 @@
 
 #include "admin.h"
 #include "daemon_int.h"
+#include "fx_url.h"
 #include "fx_time.h"
 #include "inspect.h"
 #include "jsack.h"
@@ -74,20 +75,8 @@ static void set_flag(fx_daemon *d, bool *flag)
     pthread_mutex_unlock(&d->mu);
 }
 
-/* Strip the userinfo of a URL before logging it (never log credentials). */
-static void redact_url(const char *url, char *out, size_t cap)
-{
-    if (!url) {
-        snprintf(out, cap, "-");
-        return;
-    }
-    const char *at = strchr(url, '@');
-    const char *scheme = strstr(url, "://");
-    if (at && scheme && at > scheme)
-        snprintf(out, cap, "%.*s***%s", (int)(scheme + 3 - url), url, at);
-    else
-        snprintf(out, cap, "%s", url);
-}
+/* URLs in log lines: lease/fx_url.h fx_url_redact (never log credentials). */
+static void redact_url(const char *url, char *out, size_t cap) { fx_url_redact(url, out, cap); }
 
 static const char *conn_status_text(natsConnStatus s)
 {
@@ -195,8 +184,21 @@ static fx_err nats_options(fx_daemon *d, const char *cname, natsOptions **out)
     if ((s = natsOptions_Create(out)) != NATS_OK)
         return fx_seterr(FX_ENOMEM, "nats: options: %s", natsStatus_GetText(s));
     natsOptions *o = *out;
-    const char *url = c->nats.url ? c->nats.url : "nats://127.0.0.1:4222";
+    /* cnats takes the URL's userinfo as written (no %-decoding): the URL goes without it and
+     * the decoded user and password (or token: a user without password) go apart. */
+    char url[FX_URL_MAX + 1];
+    fx_url cred;
+    char why[160];
+    fx_url_status ust = fx_url_split_userinfo(c->nats.url ? c->nats.url : "nats://127.0.0.1:4222",
+                                              url, sizeof url, &cred, why, sizeof why);
+    if (ust != FX_URL_OK) return fx_seterr(FX_EINVAL, "nats.url: %s", why);
+    bool url_creds = cred.has_user; /* they win over nats.user/token, as cnats' own rule */
     s = natsOptions_SetURL(o, url);
+    if (s == NATS_OK && url_creds)
+        s = cred.has_password ? natsOptions_SetUserInfo(o, cred.user, cred.password)
+                              : natsOptions_SetToken(o, cred.user);
+    fx_url_wipe(&cred);
+    explicit_bzero(url, sizeof url);
     if (s == NATS_OK) s = natsOptions_SetName(o, cname);
     if (s == NATS_OK) s = natsOptions_SetNoEcho(o, true);
     if (s == NATS_OK) s = natsOptions_SetSendAsap(o, true);
@@ -217,9 +219,10 @@ static fx_err nats_options(fx_daemon *d, const char *cname, natsOptions **out)
     if (s == NATS_OK) s = natsOptions_SetErrorHandler(o, on_error, d);
     if (s != NATS_OK) return fx_seterr(FX_EINVAL, "nats: options: %s", natsStatus_GetText(s));
     /* credentials and TLS (never logged) */
-    if (c->nats.user && (s = natsOptions_SetUserInfo(o, c->nats.user, c->nats.password)) != NATS_OK)
+    if (c->nats.user && !url_creds &&
+        (s = natsOptions_SetUserInfo(o, c->nats.user, c->nats.password)) != NATS_OK)
         return fx_seterr(FX_EINVAL, "nats.user: %s", natsStatus_GetText(s));
-    if (c->nats.token && (s = natsOptions_SetToken(o, c->nats.token)) != NATS_OK)
+    if (c->nats.token && !url_creds && (s = natsOptions_SetToken(o, c->nats.token)) != NATS_OK)
         return fx_seterr(FX_EINVAL, "nats.token: %s", natsStatus_GetText(s));
     if (c->nats.creds_file &&
         (s = natsOptions_SetUserCredentialsFromFiles(o, c->nats.creds_file, NULL)) != NATS_OK)

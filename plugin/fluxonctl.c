@@ -27,6 +27,8 @@
 #include <cjson/cJSON.h>
 #include <nats/nats.h>
 
+#include "fx_url.h"
+
 #define CTL_DEFAULT_SERVER "nats://127.0.0.1:4222"
 #define CTL_DEFAULT_TIMEOUT_MS 2000
 #define CTL_MAX_HEADERS 32
@@ -195,20 +197,6 @@ static int parse_args(int argc, char **argv, opts *o)
     return 0;
 }
 
-/* The URL without user info, for messages. */
-static void safe_url(const char *url, char *out, size_t cap)
-{
-    const char *scheme = strstr(url, "://");
-    const char *host = scheme ? scheme + 3 : url;
-    const char *at = strchr(host, '@');
-    const char *slash = strchr(host, '/');
-    if (at && (!slash || at < slash)) {
-        snprintf(out, cap, "%.*s%s", (int)(host - url), url, at + 1);
-    } else {
-        snprintf(out, cap, "%s", url);
-    }
-}
-
 static int nats_fail(const char *what, natsStatus s)
 {
     fprintf(stderr, "fluxonctl: %s: %s\n", what, natsStatus_GetText(s));
@@ -219,9 +207,23 @@ static int connect_to(const opts *o, natsConnection **nc)
 {
     natsOptions *no = NULL;
     char shown[512];
-    safe_url(o->server, shown, sizeof shown);
+    fx_url_redact(o->server, shown, sizeof shown);
+    /* cnats takes a URL's userinfo as written: the URL goes without it and the decoded user
+     * and password (a user alone: a token) go apart (lease/fx_url.h). */
+    char url[FX_URL_MAX + 1];
+    fx_url cred;
+    char why[160];
+    if (fx_url_split_userinfo(o->server, url, sizeof url, &cred, why, sizeof why) != FX_URL_OK) {
+        fprintf(stderr, "fluxonctl: --server %s: %s\n", shown, why);
+        return 2;
+    }
     natsStatus s = natsOptions_Create(&no);
-    if (s == NATS_OK) s = natsOptions_SetURL(no, o->server);
+    if (s == NATS_OK) s = natsOptions_SetURL(no, url);
+    if (s == NATS_OK && cred.has_user)
+        s = cred.has_password ? natsOptions_SetUserInfo(no, cred.user, cred.password)
+                              : natsOptions_SetToken(no, cred.user);
+    fx_url_wipe(&cred);
+    explicit_bzero(url, sizeof url);
     if (s == NATS_OK) s = natsOptions_SetTimeout(no, o->timeout_ms);
     if (s == NATS_OK) s = natsOptions_SetName(no, "fluxonctl");
     if (s == NATS_OK) s = natsOptions_SetMaxReconnect(no, 10);

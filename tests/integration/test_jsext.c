@@ -261,6 +261,59 @@ static void dedup_window_in_etcd(void **state)
     fx_mq_client_free(c2);
 }
 
+static int64_t raw_count(const char *prefix)
+{
+    uint8_t end[256];
+    fx_slice p = FX_SLICE_STR(prefix);
+    fx_range_req rq = {.key = p, .range_end = {end, fx_prefix_end(p, end)}, .count_only = true};
+    fx_range_resp rr = {0};
+    CHECK(fx_etcd_range(G.raw, &rq, &rr, OP_MS));
+    int64_t n = rr.count;
+    fx_range_resp_free(&rr);
+    return n;
+}
+
+/* The bound (dedup.h): past max_ids the oldest leases are revoked (the window shortens), the
+ * keys in etcd never pass the bound, a recent id is still found, nothing is refused. */
+static void dedup_bound_forgets_oldest(void **state)
+{
+    (void)state;
+    fx_mq_client *c = client_new("/jsx4");
+    fx_dedup *d = NULL;
+    CHECK(fx_dedup_new(c, "orders", 600000, &d));
+    fx_dedup_set_bound(d, 640, 64LL << 20); /* 640 ids, 64 per lease */
+    enum { N = 3200, B = 64 };
+    static char idb[N][16];
+    fx_slice ids[B], vals[B];
+    int64_t max_keys = 0;
+    for (int i = 0; i < N; i += B) {
+        for (int k = 0; k < B; k++) {
+            snprintf(idb[i + k], sizeof idb[i + k], "id-%d", i + k);
+            ids[k] = FX_SLICE_STR(idb[i + k]);
+            vals[k] = FX_SLICE_STR("1.2.3");
+        }
+        CHECK(fx_dedup_record(d, ids, vals, B, OP_MS));
+        int64_t n = raw_count("/jsx4/dedup/orders/");
+        if (n > max_keys) max_keys = n;
+    }
+    fx_dedup_stats st;
+    fx_dedup_get_stats(d, &st);
+    assert_true(max_keys <= 640);
+    assert_true(st.live_ids <= 640);
+    assert_int_equal(st.forgotten + (uint64_t)st.live_ids, N);
+    assert_true(st.revokes >= (N - 640) / 64);
+    assert_int_equal(st.revoke_errors, 0);
+    fx_slice probe[2] = {FX_SLICE_STR("id-0"), FX_SLICE_STR("id-3199")};
+    fx_bytes got[2];
+    CHECK(fx_dedup_lookup(d, probe, 2, got, OP_MS));
+    assert_int_equal(got[0].len, 0); /* forgotten early */
+    assert_int_equal(got[1].len, 5); /* recent: still caught */
+    fx_bytes_free(&got[0]);
+    fx_bytes_free(&got[1]);
+    fx_dedup_free(d);
+    fx_mq_client_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -268,6 +321,7 @@ int main(void)
         cmocka_unit_test(attempts_committed_entries_dropped),
         cmocka_unit_test(attempts_codec_rejects_garbage),
         cmocka_unit_test(dedup_window_in_etcd),
+        cmocka_unit_test(dedup_bound_forgets_oldest),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -991,6 +991,58 @@ static void test_load_file_errors(void **state)
     unlink(path);
 }
 
+/* The dedup window's bound: defaults, ranges, and the bridge-wide byte budget (512 MiB). */
+static void test_dedup_bound(void **state)
+{
+    (void)state;
+    fx_config c;
+    char err[512];
+    parse_ok("{" CHANNELS "}", &c);
+    assert_int_equal(c.channels[0].s.duplicate_max_ids, 100000);
+    assert_int_equal(c.channels[0].s.duplicate_max_bytes, 32LL << 20);
+    fx_config_free(&c);
+    parse_ok("{\"defaults\":{\"duplicate_max_ids\":5000},\"channels\":[{\"name\":\"a\",\"subjects\":[\"a.>\"],"
+             "\"deliver_prefix\":\"q.a\",\"duplicate_max_bytes\":2097152}]}", &c);
+    assert_int_equal(c.channels[0].s.duplicate_max_ids, 5000);
+    assert_int_equal(c.channels[0].s.duplicate_max_bytes, 2097152);
+    fx_config_free(&c);
+    memset(&c, 0, sizeof c);
+    assert_int_equal(parse("{\"defaults\":{\"duplicate_max_ids\":999}," CHANNELS "}", &c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "defaults.duplicate_max_ids"));
+    fx_config_free(&c);
+    memset(&c, 0, sizeof c);
+    assert_int_equal(parse("{\"defaults\":{\"duplicate_max_bytes\":1000}," CHANNELS "}", &c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "defaults.duplicate_max_bytes"));
+    fx_config_free(&c);
+    /* 600 MiB set explicitly over two channels: refused, naming the budget */
+    memset(&c, 0, sizeof c);
+    assert_int_equal(parse("{\"defaults\":{\"duplicate_max_bytes\":314572800},\"channels\":["
+                           "{\"name\":\"a\",\"subjects\":[\"a.>\"],\"deliver_prefix\":\"q.a\"},"
+                           "{\"name\":\"b\",\"subjects\":[\"b.>\"],\"deliver_prefix\":\"q.b\"}]}",
+                           &c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "at most 512 MiB per bridge"));
+    fx_config_free(&c);
+    /* ... unless one of them has no window */
+    parse_ok("{\"defaults\":{\"duplicate_max_bytes\":314572800},\"channels\":["
+             "{\"name\":\"a\",\"subjects\":[\"a.>\"],\"deliver_prefix\":\"q.a\"},"
+             "{\"name\":\"b\",\"subjects\":[\"b.>\"],\"deliver_prefix\":\"q.b\",\"duplicate_window\":\"0s\"}]}", &c);
+    fx_config_free(&c);
+    /* 40 channels without a setting share the budget: 512 MiB / 40 each (under 32 MiB) */
+    char j[8192];
+    size_t n = (size_t)snprintf(j, sizeof j, "{\"channels\":[");
+    for (int i = 0; i < 40; i++)
+        n += (size_t)snprintf(j + n, sizeof j - n, "%s{\"name\":\"c%d\",\"subjects\":[\"c%d.>\"],\"deliver_prefix\":\"q.c%d\"}",
+                              i ? "," : "", i, i, i);
+    snprintf(j + n, sizeof j - n, "]}");
+    parse_ok(j, &c);
+    int64_t sum = 0;
+    for (size_t i = 0; i < c.n_channels; i++)
+        if (!c.channels[i].is_dlq) sum += c.channels[i].s.duplicate_max_bytes;
+    assert_int_equal(c.channels[0].s.duplicate_max_bytes, (512LL << 20) / 40);
+    assert_true(sum <= 512LL << 20);
+    fx_config_free(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1009,6 +1061,7 @@ int main(void)
         cmocka_unit_test(test_control_characters_refused),
         cmocka_unit_test(test_err_subjects_and_prefixes),
         cmocka_unit_test(test_err_size_caps),
+        cmocka_unit_test(test_dedup_bound),
         cmocka_unit_test(test_err_no_secret_echo),
         cmocka_unit_test(test_leaf_url),
         cmocka_unit_test(test_dlq_generation),

@@ -7,6 +7,9 @@
  * url_flags: userinfo, path and query only when the caller allows them.
  * url_bounds: 4096 bytes accepted, 4097 refused; over-long parts refused.
  * url_no_secret_in_errors: no error text holds the password or the user.
+ * fx_url_redacts_userinfo: fx_url_redact cuts the userinfo at the LAST '@' (user and password
+ *   may hold '@', ':' and %-escapes; lists, no scheme, cut output), and fx_url_split_userinfo
+ *   hands the decoded user and password apart from the URL (what cnats gets).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -200,12 +203,94 @@ static void url_no_secret_in_errors(void **state)
     }
 }
 
+static void redacted(const char *url, const char *want, const char *secret)
+{
+    char out[512];
+    memset(out, 'x', sizeof out);
+    fx_url_redact(url, out, sizeof out);
+    assert_string_equal(out, want);
+    if (secret && strstr(out, secret)) fail_msg("redacted %s leaks %s", out, secret);
+}
+
+static void fx_url_redacts_userinfo(void **state)
+{
+    (void)state;
+    redacted("nats://bridge:s3cr@tpw@host:4222", "nats://***@host:4222", "tpw");
+    redacted("nats://bridge:s3cr%40t%3Ap%25w@127.0.0.1:4222", "nats://***@127.0.0.1:4222", "s3cr");
+    redacted("nats://us@er:pa:ss@w@h", "nats://***@h", "ss");
+    redacted("nats://tok@h:1", "nats://***@h:1", "tok");
+    redacted("nats://h:1", "nats://h:1", NULL);
+    redacted("tls://[::1]:4222", "tls://[::1]:4222", NULL);
+    redacted(NULL, "-", NULL);
+    redacted("", "", NULL);
+    redacted("nats://a:x1@h1:1,nats://h2:2,nats://b:y2@h2:2", "nats://***@h1:1,nats://h2:2,nats://***@h2:2", "x1");
+    redacted("nats://u:a,b@h:1", "nats://***@h:1", "a,b");     /* ',' inside a password */
+    redacted("u:pw@h:4222", "***@h:4222", "pw");                 /* no scheme (cnats takes it) */
+    redacted("http://u:p/w@mon:8222/x", "http://***@mon:8222/x", "p/w"); /* unescaped '/' */
+    redacted("redis://:pw@db:6379/0", "redis://***@db:6379/0", "pw");
+    /* cut to fit: still NUL-terminated, still no secret */
+    char small[12];
+    fx_url_redact("nats://u:s3cret@averylonghost:4222", small, sizeof small);
+    assert_int_equal(strlen(small), sizeof small - 1);
+    assert_null(strstr(small, "s3"));
+    fx_url_redact("nats://u:p@h", small, 1);
+    assert_string_equal(small, "");
+
+    /* decoding for clients that take credentials apart (cnats: nats.url, fluxonctl --server) */
+    fx_url c;
+    char out[256], err[200];
+    assert_int_equal(fx_url_split_userinfo("nats://bridge:s3cr%40t%3Ap%25w@127.0.0.1:4222", out, sizeof out,
+                                           &c, err, sizeof err), FX_URL_OK);
+    assert_string_equal(out, "nats://127.0.0.1:4222");
+    assert_true(c.has_user && c.has_password);
+    assert_string_equal(c.user, "bridge");
+    assert_string_equal(c.password, "s3cr@t:p%w");
+    assert_int_equal(fx_url_split_userinfo("nats://bridge:s3cr@tpw@host:1", out, sizeof out, &c, err, sizeof err),
+                     FX_URL_OK);
+    assert_string_equal(out, "nats://host:1");
+    assert_string_equal(c.password, "s3cr@tpw");
+    assert_int_equal(fx_url_split_userinfo("nats://to%3Aken@h", out, sizeof out, &c, err, sizeof err), FX_URL_OK);
+    assert_string_equal(out, "nats://h");
+    assert_true(c.has_user && !c.has_password);
+    assert_string_equal(c.user, "to:ken");
+    assert_int_equal(fx_url_split_userinfo("nats://a:x@h1:1,nats://h2:2,tls://b:y@h3", out, sizeof out, &c, err,
+                                           sizeof err), FX_URL_OK);
+    assert_string_equal(out, "nats://h1:1,nats://h2:2,tls://h3");
+    assert_string_equal(c.user, "a"); /* the first element's */
+    assert_string_equal(c.password, "x");
+    assert_int_equal(fx_url_split_userinfo("127.0.0.1:4222", out, sizeof out, &c, err, sizeof err), FX_URL_OK);
+    assert_string_equal(out, "127.0.0.1:4222");
+    assert_false(c.has_user);
+    assert_int_equal(fx_url_split_userinfo("u:p%41@127.0.0.1:4222", out, sizeof out, &c, err, sizeof err), FX_URL_OK);
+    assert_string_equal(out, "127.0.0.1:4222");
+    assert_string_equal(c.password, "pA");
+    /* refusals: no credential in out, cred or err */
+    assert_int_equal(fx_url_split_userinfo("nats://usr:s3cret%zz@h", out, sizeof out, &c, err, sizeof err),
+                     FX_URL_EPASSWORD);
+    assert_string_equal(out, "");
+    assert_false(c.has_user);
+    assert_null(strstr(err, "s3cret"));
+    assert_int_equal(fx_url_split_userinfo("nats://h:1,nats://usr:s3cret@:1", out, sizeof out, &c, err, sizeof err),
+                     FX_URL_EHOST);
+    assert_string_equal(out, "");
+    assert_null(strstr(err, "s3cret"));
+    assert_int_equal(fx_url_split_userinfo("nats://u:p@h", out, 8, &c, err, sizeof err), FX_URL_ELONG);
+    assert_int_equal(fx_url_split_userinfo(NULL, out, sizeof out, &c, err, sizeof err), FX_URL_EMISSING);
+    /* for clients that end the userinfo at the first '@' (libcurl: nats.monitor_url) */
+    assert_int_equal(fx_url_normalize("http://mon:p@ss@w@h:8222/x@y?q=@", out, sizeof out), FX_URL_OK);
+    assert_string_equal(out, "http://mon:p%40ss%40w@h:8222/x@y?q=@");
+    assert_int_equal(fx_url_normalize("http://h:8222", out, sizeof out), FX_URL_OK);
+    assert_string_equal(out, "http://h:8222");
+    assert_int_equal(fx_url_normalize("http://a@b@h", out, 12), FX_URL_ELONG);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(url_parts),  cmocka_unit_test(url_unix),
         cmocka_unit_test(url_refused), cmocka_unit_test(url_flags),
         cmocka_unit_test(url_bounds), cmocka_unit_test(url_no_secret_in_errors),
+        cmocka_unit_test(fx_url_redacts_userinfo),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
