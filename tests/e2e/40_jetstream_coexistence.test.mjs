@@ -1,7 +1,7 @@
 // e2e_jetstream_coexistence: on a nats-server with JetStream on, a bridge with the JetStream API on
 // the default prefix refuses to start (exit 2) with an error that names jetstream.domain and
 // jetstream.api; with jetstream.domain set it starts, `nats --js-domain fx stream ls` reaches the
-// bridge (its channels), and the server's own JetStream (default prefix) still serves its own
+// bridge (its channels; npm nats' jetstreamManager({domain}) too), and the server's own JetStream (default prefix) still serves its own
 // stream: publishes to it are stored and `nats stream info` counts them.
 import fs from "node:fs";
 import path from "node:path";
@@ -52,6 +52,12 @@ test("e2e_jetstream_coexistence", async (ctx) => {
   r = await cli("--js-domain", "fx", "stream", "info", "orders", "--json");
   assert.equal(r.code, 0);
   assert.equal(JSON.parse(r.stdout).state.messages, N, "backlog through the domain");
+
+  // A client library with the domain option (npm nats: jetstreamManager({domain})).
+  const jsmFx = await nc.jetstreamManager({ domain: "fx" });
+  const si = await jsmFx.streams.info("orders");
+  assert.equal(si.config.retention, "workqueue");
+  assert.equal(si.state.messages, N, "backlog through jetstreamManager({domain})");
 
   // The server's JetStream on the default prefix: its own stream, still working.
   r = await cli("stream", "ls", "--names");
