@@ -2,7 +2,8 @@
 // channel as a JetStream WorkQueue stream through the bridge's JetStream API: `nats stream ls`
 // lists the channels, `nats stream info orders` shows the capture subjects, WorkQueue retention
 // and a message count equal to the backlog (published, not consumed), `nats account info` counts
-// the streams, and a stream delete is refused with a clear JetStream-shaped error.
+// the streams, and a stream delete is refused with a clear JetStream-shaped error; malformed
+// requests get JetStream's 400 shapes.
 import fs from "node:fs";
 import path from "node:path";
 import { test } from "./lib/runner.mjs";
@@ -53,6 +54,22 @@ test("e2e_natscli_streams", async (ctx) => {
   // An unknown stream: JetStream's 404 (the CLI would prompt for a stream instead: asked directly).
   const nf = JSON.parse(new TextDecoder().decode((await nc.request("$JS.API.STREAM.INFO.no-such-channel", "", { timeout: 5000 })).data));
   assert.deepEqual(nf.error, { code: 404, err_code: 10059, description: "stream not found" });
+
+  // Bad requests get JetStream's error shape, and the bridge keeps answering.
+  const ask = async (subj, body) => JSON.parse(new TextDecoder().decode((await nc.request(subj, body, { timeout: 5000 })).data));
+  let bad = await ask("$JS.API.STREAM.NAMES", "{not json");
+  assert.equal(bad.error.err_code, 10025, `invalid JSON: ${JSON.stringify(bad)}`);
+  bad = await ask("$JS.API.STREAM.LIST", JSON.stringify({ offset: -5 }));
+  assert.equal(bad.error.code, 400);
+  bad = await ask("$JS.API.STREAM.NAMES", "[".repeat(70_000));
+  assert.equal(bad.error.err_code, 10025, "a request over 64 KiB");
+  bad = await ask("$JS.API.CONSUMER.CREATE.orders.x", "[".repeat(5000) + "]".repeat(5000));
+  assert.equal(bad.error.err_code, 10025, "deep nesting");
+  bad = await ask("$JS.API.STREAM.SNAPSHOT.orders", "");
+  assert.equal(bad.error.err_code, 10003, "an API call the bridge does not serve");
+  const names = await ask("$JS.API.STREAM.NAMES", JSON.stringify({ subject: "orders.eu.x" }));
+  assert.deepEqual(names.streams, ["orders"], "subject filter");
+  assert.equal(names.total, 1);
 
   r = await cli("account", "info");
   assert.equal(r.code, 0, `nats account info: ${r.stderr}`);
