@@ -249,6 +249,7 @@ void fx_config_free(fx_config *c)
     if (c->kv.url) explicit_bzero(c->kv.url, strlen(c->kv.url)); /* may hold a password */
     free_str(c->kv.url);
     free_str(c->http.listen);
+    free_str(c->jetstream.domain);
     for (size_t i = 0; i < c->n_channels; i++) free_channel(&c->channels[i]);
     free(c->channels);
     memset(c, 0, sizeof *c);
@@ -696,6 +697,26 @@ static int read_http(pctx *p, const cJSON *node, fx_config *c)
     return read_opt_string(p, v[0], "http.listen", &c->http.listen);
 }
 
+/* jetstream: {"api": true|false, "domain": "<single token>"} (jsapi.h) */
+static int read_jetstream(pctx *p, const cJSON *node, fx_config *c)
+{
+    static const char *const keys[] = {"api", "domain"};
+    const cJSON *v[2];
+    c->jetstream.api = true;
+    if (!node) return 0;
+    if (walk_object(p, node, "jetstream", keys, 2, v) != 0) return -1;
+    if (read_bool(p, v[0], "jetstream.api", &c->jetstream.api) != 0 ||
+        read_opt_string(p, v[1], "jetstream.domain", &c->jetstream.domain) != 0)
+        return -1;
+    const char *dom = c->jetstream.domain;
+    if (dom && (strlen(dom) > CFG_NAME_MAX || !fx_subject_token_valid(dom)))
+        return fail(p, "jetstream.domain",
+                    "\"%s\" is not a single subject token of at most %d bytes (no '.', '*', '>', "
+                    "whitespace or control characters)",
+                    SHOW(dom), CFG_NAME_MAX);
+    return 0;
+}
+
 static int read_defaults(pctx *p, const cJSON *node, fx_config *c)
 {
     const char *keys[N_SETTINGS];
@@ -1056,17 +1077,18 @@ static int check_sections(pctx *p, fx_config *c)
 
 static int build(pctx *p, const cJSON *root, fx_config *c)
 {
-    enum { NAME, NATS, ETCD, KV, HTTP, DEFAULTS, CHANNELS, NK };
+    enum { NAME, NATS, ETCD, KV, HTTP, JETSTREAM, DEFAULTS, CHANNELS, NK };
     static const char *const keys[NK] = {
         [NAME] = "name", [NATS] = "nats", [ETCD] = "etcd", [KV] = "kv", [HTTP] = "http",
-        [DEFAULTS] = "defaults", [CHANNELS] = "channels",
+        [JETSTREAM] = "jetstream", [DEFAULTS] = "defaults", [CHANNELS] = "channels",
     };
     const cJSON *v[NK];
     if (walk_object(p, root, "", keys, NK, v) != 0) return -1;
     c->defaults = k_default_settings;
     if (read_string(p, v[NAME], "name", &c->name) != 0 || read_nats(p, v[NATS], c) != 0 ||
         read_etcd(p, v[ETCD], c) != 0 || read_kv(p, v[KV], c) != 0 ||
-        read_http(p, v[HTTP], c) != 0 || read_defaults(p, v[DEFAULTS], c) != 0 ||
+        read_http(p, v[HTTP], c) != 0 || read_jetstream(p, v[JETSTREAM], c) != 0 ||
+        read_defaults(p, v[DEFAULTS], c) != 0 ||
         apply_defaults(p, c) != 0 || check_sections(p, c) != 0 ||
         read_channels(p, v[CHANNELS], c) != 0)
         return -1;

@@ -92,6 +92,10 @@ typedef struct fx_config {
     struct {
         char *listen;      /* "127.0.0.1:8080"; NULL/"" disables HTTP */
     } http;
+    struct {
+        bool api;          /* default true: answer the JetStream API subset (jsapi.h) */
+        char *domain;      /* optional single token: answer $JS.<domain>.API instead of $JS.API */
+    } jetstream;
     fx_chan_settings defaults;
     fx_chan_config *channels; /* configured channels, each followed by nothing: DLQ channels are */
     size_t n_channels;        /* appended after the configured ones (is_dlq = true) */

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "admin.h"
+#include "jsapi.h"
 #include "daemon_int.h"
 #include "fx_url.h"
 #include "fx_time.h"
@@ -1081,6 +1082,7 @@ static void drain(fx_daemon *d)
     int64_t cap_deadline = fx_now_ms() + 5000; /* one budget for every capture subscription */
     for (size_t i = 0; i < n; i++) dm_chan_drain_capture_wait(chans[i], cap_deadline);
     for (size_t i = 0; i < d->n_admin_subs; i++) natsSubscription_Unsubscribe(d->admin_subs[i]);
+    fx_jsapi_unsubscribe(d->jsapi);
     /* 3. claims: every channel in parallel (acks still routed while they linger) */
     for (size_t i = 0; i < n; i++) dm_claims_request_stop(d, chans[i], STOP_DRAIN);
     for (size_t i = 0; i < n; i++) dm_claims_stop_all(d, chans[i], STOP_DRAIN);
@@ -1103,6 +1105,7 @@ static void drain(fx_daemon *d)
         pthread_join(d->admin_thr, NULL);
         d->admin_started = false;
     }
+    fx_jsapi_stop(d->jsapi);
     /* 7. endpoints and backends */
     if (d->mq) {
         fx_err e = fx_mq_client_close(d->mq);
@@ -1207,6 +1210,7 @@ fx_err fx_daemon_start(fx_daemon *d)
     if ((e = mq_setup(d))) return e;
     if ((e = chans_preflight(d, d->cfg))) return e;
     if ((e = nats_setup(d))) return e;
+    if ((e = fx_jsapi_check(d))) return e; /* a real JetStream on our prefix: refuse (exit 2) */
     if (d->cfg->http.listen && *d->cfg->http.listen) {
         if ((e = fx_http_start(d->cfg->http.listen, health_cb, d, d->metrics, &d->http)))
             return e;
@@ -1241,6 +1245,7 @@ fx_err fx_daemon_start(fx_daemon *d)
         NATS_OK)
         return fx_seterr(FX_EUNAVAIL, "nats: subscribe %s: %s", subj, natsStatus_GetText(s));
     d->n_admin_subs++;
+    if ((e = fx_jsapi_start(d, &d->jsapi))) return e;
 
     if (pthread_create(&d->hk_thr, NULL, hk_main, d) != 0)
         return fx_seterr(FX_ENOMEM, "cannot start the house-keeping thread");
@@ -1285,6 +1290,8 @@ void fx_daemon_free(fx_daemon *d)
     if (d->js_ack_sub) natsSubscription_Destroy(d->js_ack_sub);
     if (d->nr_sub) natsSubscription_Destroy(d->nr_sub);
     for (size_t i = 0; i < d->n_admin_subs; i++) natsSubscription_Destroy(d->admin_subs[i]);
+    fx_jsapi_free(d->jsapi);
+    d->jsapi = NULL;
     dm_admin_req *r = d->aq_head;
     while (r) {
         dm_admin_req *nx = r->next;

@@ -34,6 +34,7 @@
  *   interest (one): polls /subsz, opens and releases claims.
  *   house-keeping (one): etcd status probe (health), backlog/claims/etcd/lease metrics.
  *   admin (one): answers $FLUXON.API.* requests (etcd reads).
+ *   jsapi (one): answers the JetStream API subset (jsapi.h: $JS.API.* or $JS.<domain>.API.*).
  *   control (one): reload and drain, so main keeps handling signals.
  *
  * Thread rules: every function here is called from the main thread only.

@@ -263,6 +263,7 @@ struct fx_daemon {
     natsSubscription *ack_sub, *js_ack_sub, *nr_sub;
     natsSubscription *admin_subs[4];
     size_t n_admin_subs;
+    struct fx_jsapi *jsapi; /* JetStream API subset (jsapi.h); NULL when off */
     atomic_int_fast64_t max_payload;
 
     fx_mq_client *mq;

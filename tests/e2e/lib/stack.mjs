@@ -457,7 +457,7 @@ export class Etcd {
 // nats-server
 
 export class NatsServer {
-  /** opts.maxPayload: bytes (written into a config file). JetStream stays off (no -js). */
+  /** opts.maxPayload: bytes (written into a config file). opts.jetstream: JetStream on (off by default). */
   constructor(ctx, name = "nats", opts = {}) {
     this.ctx = ctx;
     this.name = name;
@@ -503,7 +503,7 @@ export class NatsServer {
     const lines = [
       `listen: "127.0.0.1:${this.port}"`,
       `http: "127.0.0.1:${this.monitorPort}"`,
-      "jetstream: disabled",
+      this.opts.jetstream ? `jetstream { store_dir: "${path.join(this.ctx.dir, `${this.name}-js`)}" }` : "jetstream: disabled",
       `leafnodes { listen: "127.0.0.1:${this.leafPort}" }`,
     ];
     if (this.opts.maxPayload) lines.push(`max_payload: ${this.opts.maxPayload}`);
@@ -1015,4 +1015,24 @@ export async function memberKeysOf(etcd, prefix, id) {
     etcd.range(`${prefix}/mpmc_channels/ready/${id}/`),
   ]);
   return [...p, ...c, ...r];
+}
+
+// ---------------------------------------------------------------------------------------------
+// The nats CLI (natscli 0.0.35), built once into <BUILD>/natscli/nats from the shared tools beside
+// the repository clone (<repo>/../shared/tools/natscli/build.sh; FXE2E_NATSCLI_BUILD overrides the
+// script). The build (about 40-90 s) is skipped when the binary is there.
+let natsCliBuild = null;
+export function natsCli() {
+  natsCliBuild ??= (async () => {
+    const out = path.join(BUILD, "natscli");
+    const bin = path.join(out, "nats");
+    if (fs.existsSync(bin)) return bin;
+    const repo = path.resolve(path.dirname(new URL(import.meta.url).pathname), "..", "..", "..");
+    const script = process.env.FXE2E_NATSCLI_BUILD || path.resolve(repo, "..", "shared", "tools", "natscli", "build.sh");
+    if (!fs.existsSync(script)) throw new Error(`nats CLI: ${script} is missing (the shared tools must sit beside the repository clone, or set FXE2E_NATSCLI_BUILD)`);
+    const r = await runCmd("bash", [script, out], { timeout: 600_000 });
+    if (r.code !== 0 || !fs.existsSync(bin)) throw new Error(`nats CLI build failed (${r.code}):\n${r.stderr.slice(-2000)}`);
+    return bin;
+  })();
+  return natsCliBuild;
 }
