@@ -749,10 +749,24 @@ static void do_sends(cst *s)
     }
     uint32_t n_pub = 0, keep = 0;
     bool blocked = false; /* explicit ack only: waiting for the attempt record to be durable */
+    /* Fencing: a consumer whose member lease etcd has not confirmed for its TTL may have lost
+     * its sub-MPSC to another member; its messages wait (fx_mpmc_consumer_fenced). Per round. */
+    int64_t own_chan = s->cons ? fx_mpmc_consumer_chan(s->cons) : -1;
+    bool own_fenced = s->cons && ok_to_send && fx_mpmc_consumer_fenced(s->cons);
+    bool adopt_fenced[FX_DM_ADOPT_MAX] = {false};
+    for (size_t a = 0; ok_to_send && a < s->n_adopt; a++)
+        adopt_fenced[a] = fx_mpmc_consumer_fenced(s->adopt[a].c);
     for (uint32_t i = 0; i < s->n_send; i++) {
         uint32_t idx = s->sendq[i];
         ent *e = &s->t.ents[idx];
         if (e->state != E_WAIT_SEND) continue;
+        bool fenced = e->dv.id.chan == own_chan && own_fenced;
+        for (size_t a = 0; !fenced && a < s->n_adopt; a++)
+            fenced = e->dv.id.chan == s->adopt[a].chan && adopt_fenced[a];
+        if (fenced) {
+            ctab_schedule(&s->t, idx, now + 200);
+            continue;
+        }
         if (ok_to_send && (blocked || !attempt_durable(s, e))) {
             /* this one and every later one wait, in order (per-producer FIFO), at the head of
              * the send queue; the writer wakes the claim thread when the record is durable */
