@@ -215,6 +215,8 @@ test("e2e_cluster_bridge_partitioned_from_etcd", async (ctx) => {
     faultAt: 800,
     tag: "P",
     fault: async () => {
+      // L's claim must be delivering before it is cut off (else there is nothing to fence).
+      await waitFor(() => sub.records.some((r) => originOf(r) === "L"), { timeout: 30_000, interval: 20, what: "a delivery from bridge L before the cut" });
       proxy.cut();
       tCut = Date.now();
       ctx.log(`bridge L cut off from etcd for ${CUT_MS} ms; delivered so far ${sub.unique}`);
