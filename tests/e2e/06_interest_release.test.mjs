@@ -3,19 +3,20 @@
 // another name receives the remaining backlog, and nothing that was acked comes back. Nothing is
 // delivered to the name that left once the bridge has had time to see it go (interest_poll), even
 // though its unacked messages come due for redelivery (ack_wait 1 s) before the release
-// (release_after 4 s): a wildcard spy on q.orders.* (a wildcard creates no claim and is no interest
-// for one) sees every delivery the bridge makes to q.orders.first.
+// (release_after 4 s x slow factor): a wildcard spy on q.orders.* (a wildcard creates no claim
+// and is no interest for one) sees every delivery the bridge makes to q.orders.first.
 import { test } from "./lib/runner.mjs";
 import { startStack, waitFor, readyKeys, metricValue, SLOW } from "./lib/stack.mjs";
 import { natsConnect, makeMsg, Consumer, publishAll, waitBacklog, channelInfo, readyCount } from "./lib/client.mjs";
 import { assert, assertCovers, assertSameSet, assertNoConsumerErrors } from "./lib/check.mjs";
 
 test("e2e_interest_release", async (ctx) => {
-  const RELEASE_MS = 4000;
   const ACK_WAIT_MS = 1000;
   // The bridge sees a departure within a few interest polls (200 ms); generous on a loaded machine,
-  // and still well inside release_after, so the window after it holds redeliveries that are due.
+  // and still well inside release_after (both stretched on slow builds), so the window between
+  // them holds redeliveries that come due.
   const DETECT_MS = 1500 * SLOW;
+  const RELEASE_MS = 4000 * SLOW;
   const st = await startStack(ctx);
   const bridge = await st.bridge({
     name: "rel",
