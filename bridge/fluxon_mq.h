@@ -254,8 +254,15 @@ int64_t fx_mpmc_producer_member(const fx_mpmc_producer *p);
  * (the daemon) calls it periodically to reopen a producer that closed itself. */
 fx_err fx_mpmc_producer_check(fx_mpmc_producer *p);
 
+/* Fencing: while the consumer's member lease is not confirmed by etcd (its last confirmation,
+ * fx_lease_confirmed_until_ms, is over: etcd unreachable or slow for the lease's whole TTL), get
+ * hands out nothing (FX_EUNAVAIL) and fx_mpmc_consumer_fenced() is true: etcd may have expired
+ * the lease and another member may be draining the sub-MPSC already. Once the lease manager
+ * knows, the lease is renewed (gets go on) or expired (the next call: FX_ELEASE_LOST). */
 fx_err fx_mpmc_get(fx_mpmc_consumer *c, fx_mq_delivery *out, size_t max, size_t *n,
                    int timeout_ms);
+/* No RPC: true while messages got from c must not be (re)delivered (see fx_mpmc_get). */
+bool fx_mpmc_consumer_fenced(fx_mpmc_consumer *c);
 fx_err fx_mpmc_ack(fx_mpmc_consumer *c, const fx_mq_msg_id *ids, size_t n);
 fx_err fx_mpmc_flush(fx_mpmc_consumer *c, int timeout_ms);
 /* Close order: sub-MPSC consumer close (membership delete) -> ready key delete only if the

@@ -25,6 +25,12 @@
  *    first asks the backends (TimeToLive / KV keepalive, only on this rare path) whether one of
  *    the member's own leases is gone (then the endpoint closes: FX_ELEASE_LOST), else it drops
  *    that sub-producer and re-binds it on its next turn.
+ *  - Fencing of deliveries (issue 20): a consumer whose member lease etcd has not confirmed for its
+ *    TTL (fx_lease_confirmed_until_ms over; etcd unreachable) hands out nothing (fx_mpmc_get:
+ *    FX_EUNAVAIL; fx_mpmc_consumer_fenced for messages already got): etcd may have expired it and
+ *    another member may be draining the sub-MPSC. The lease manager then either renews it or
+ *    reports it expired (the endpoint closes). Without it a bridge cut off from etcd read on from
+ *    its lost sub-MPSC the moment etcd answered again, before the keepalive said "expired".
  *  - Every member also keeps alive the global-long (id-allocator) lease of every sub-MPSC it
  *    knows (keeper_sync: at open, when a producer's list grows, on ready-watch events), so a
  *    sub-MPSC whose binders all left stays bindable after long_lease_ttl_s while any member
@@ -2092,6 +2098,33 @@ static fx_err consumer_sub_failed(fx_mpmc_consumer *cs, fx_err e)
     return member_gate(m);
 }
 
+/* Fencing (issue 20): a consumer hands out nothing while its member lease is not confirmed by
+ * etcd (fx_lease_confirmed_until_ms passed: etcd unreachable or slow for the lease's whole TTL).
+ * etcd may have expired the lease meanwhile and another member may already be draining the
+ * sub-MPSC from its committed offset; reading on would deliver the same messages twice from two
+ * bridges. Transient (FX_EUNAVAIL): once the manager knows, the lease is either renewed (gets go
+ * on) or expired (the next call closes the endpoint: FX_ELEASE_LOST). */
+static bool consumer_unconfirmed(fx_mpmc_consumer *c, int64_t *over_ms)
+{
+    mpmc_member *m = &c->m;
+    pthread_mutex_lock(&m->mu);
+    int64_t until = m->h_member ? fx_lease_confirmed_until_ms(m->h_member) : INT64_MAX;
+    pthread_mutex_unlock(&m->mu);
+    int64_t now = fx_now_ms();
+    *over_ms = now - until;
+    return now >= until;
+}
+
+static fx_err consumer_fence(fx_mpmc_consumer *c)
+{
+    int64_t over = 0;
+    if (!consumer_unconfirmed(c, &over)) return FX_OK;
+    return fx_seterr(FX_EUNAVAIL, "mpmc %" PRId64 ": consumer member %" PRId64 ": member lease %" PRId64
+                     " not confirmed by etcd for its TTL (%" PRId64 " s, %" PRId64 " ms over): "
+                     "delivering nothing until it is renewed or known expired",
+                     c->m.mpmc, c->m.member, c->m.member_lease, c->m.parent.ttl_s, over);
+}
+
 fx_err fx_mpmc_get(fx_mpmc_consumer *c, fx_mq_delivery *out, size_t max, size_t *n,
                    int timeout_ms)
 {
@@ -2099,6 +2132,7 @@ fx_err fx_mpmc_get(fx_mpmc_consumer *c, fx_mq_delivery *out, size_t max, size_t 
     if (!c || !n || (max && !out)) return fx_seterr(FX_EINVAL, "mpmc get: bad arguments");
     fx_err e = member_gate(&c->m);
     if (e) return e;
+    if ((e = consumer_fence(c))) return e;
     e = fx_mpsc_get(c->sub, out, max, n, timeout_ms);
     if (e == FX_ECLOSED || e == FX_ELEASE_LOST) return consumer_sub_failed(c, e);
     return e;
@@ -2122,6 +2156,12 @@ fx_err fx_mpmc_flush(fx_mpmc_consumer *c, int timeout_ms)
     e = fx_mpsc_flush(c->sub, timeout_ms);
     if (e == FX_ECLOSED || e == FX_ELEASE_LOST) return consumer_sub_failed(c, e);
     return e;
+}
+
+bool fx_mpmc_consumer_fenced(fx_mpmc_consumer *c)
+{
+    int64_t over = 0;
+    return c && consumer_unconfirmed(c, &over);
 }
 
 int64_t fx_mpmc_consumer_member(const fx_mpmc_consumer *c) { return c ? c->m.member : -1; }

@@ -76,6 +76,7 @@ struct lm_entry {
     fx_lease *handles;
     size_t nhandles;
     bool busy; /* a keepalive call is running on it */
+    int64_t ok_until_ms; /* fx_lease_confirmed_until_ms: last answered call's start + its TTL */
     uint64_t keepalives;
     uint64_t failures;
     fx_log_slot log_slot;
@@ -254,6 +255,7 @@ static void lm_renew(fx_lease_mgr *m, lm_entry *e)
     if (e->state == LS_EXPIRED) return; /* a registration probe found it expired meanwhile */
     int64_t now = fx_now_ms();
     if (r == FX_OK && ttl > 0) {
+        if (start + ttl * 1000 > e->ok_until_ms) e->ok_until_ms = start + ttl * 1000;
         e->due_ms = start + e->cadence_ms;
         if (e->due_ms < now) e->due_ms = now;
         lm_set_state(e, LS_ACTIVE, "keepalive ok");
@@ -381,7 +383,7 @@ void fx_lease_mgr_free(fx_lease_mgr *m)
 
 /* Registration probe: up to LM_PROBE_ATTEMPTS calls within probe_ms. *calls counts the calls. */
 static fx_err lm_probe(fx_lease_mgr *m, const fx_lease_backend *b, int64_t ttl_s, int64_t id,
-                       uint64_t *calls)
+                       uint64_t *calls, int64_t *ok_until)
 {
     int64_t deadline = fx_now_ms() + m->probe_ms;
     int64_t cadence = lm_cadence_ms(ttl_s);
@@ -398,8 +400,12 @@ static fx_err lm_probe(fx_lease_mgr *m, const fx_lease_backend *b, int64_t ttl_s
         (*calls)++;
         int64_t ttl = 0;
         int64_t per_call = m->op_timeout_ms < cadence ? m->op_timeout_ms : cadence;
+        int64_t start = fx_now_ms();
         fx_err r = b->keepalive(b->ctx, id, &ttl, lm_min_timeout(per_call, left));
-        if (r == FX_OK && ttl > 0) return FX_OK;
+        if (r == FX_OK && ttl > 0) {
+            *ok_until = start + ttl * 1000;
+            return FX_OK;
+        }
         if (r == FX_OK || r == FX_ELEASE_EXPIRED)
             return fx_seterr(FX_ELEASE_EXPIRED, "lease %" PRId64 " on %s is expired or unknown",
                              id, b->uid);
@@ -448,8 +454,10 @@ fx_err fx_lease_register(fx_lease_mgr *m, const fx_lease_backend *b, int64_t ttl
     if (r) return r;
 
     uint64_t probes = 0;
+    /* skip_probe: the caller has just granted the lease (its TTL started a moment ago) */
+    int64_t ok_until = fx_now_ms() + ttl_s * 1000;
     if (!skip_probe) {
-        r = lm_probe(m, b, ttl_s, id, &probes);
+        r = lm_probe(m, b, ttl_s, id, &probes, &ok_until);
         if (r == FX_ELEASE_EXPIRED) {
             pthread_mutex_lock(&m->mu);
             lm_entry *e = m->closing ? NULL : lm_find(m, b->uid, ttl_s, id);
@@ -501,6 +509,8 @@ fx_err fx_lease_register(fx_lease_mgr *m, const fx_lease_backend *b, int64_t ttl
         pthread_cond_broadcast(&m->wake);
     }
     e->keepalives += probes;
+    /* a joined entry keeps its own record unless this probe (or grant) is later */
+    if ((!skip_probe || e->nhandles == 0) && ok_until > e->ok_until_ms) e->ok_until_ms = ok_until;
     h->m = m;
     h->e = e;
     h->b = *b;
@@ -568,6 +578,16 @@ int64_t fx_lease_ttl(const fx_lease *h) { return h ? h->ttl_s : 0; }
 bool fx_lease_is_expired(const fx_lease *h)
 {
     return h ? atomic_load(&((fx_lease *)h)->expired) : false;
+}
+
+int64_t fx_lease_confirmed_until_ms(const fx_lease *h)
+{
+    if (!h) return 0;
+    fx_lease_mgr *m = h->m;
+    pthread_mutex_lock(&m->mu);
+    int64_t r = h->e && h->e->state != LS_EXPIRED ? h->e->ok_until_ms : 0;
+    pthread_mutex_unlock(&m->mu);
+    return r;
 }
 
 void fx_lease_mgr_get_stats(fx_lease_mgr *m, fx_lease_mgr_stats *out)

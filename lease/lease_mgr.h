@@ -108,6 +108,13 @@ int64_t fx_lease_id(const fx_lease *h);
 int64_t fx_lease_ttl(const fx_lease *h);
 /* True once the backend reported the lease expired. */
 bool fx_lease_is_expired(const fx_lease *h);
+/* Monotonic ms (fx_now_ms) until which the backend is known to keep the lease: the start of the
+ * last keepalive it answered with a TTL (periodic or registration probe; with skip_probe the
+ * registration itself) plus that TTL. 0 once the lease is known expired. Past it, the holder
+ * cannot tell whether the lease still exists (the backend is unreachable or slow): a holder whose
+ * exclusive right hangs on the lease (a consumer's claim) must act as if it were gone until the
+ * manager knows (renewed, or expired and notified). Transient failures never expire an entry. */
+int64_t fx_lease_confirmed_until_ms(const fx_lease *h);
 
 typedef struct fx_lease_mgr_stats {
     uint64_t keepalives;     /* keepalive calls made (periodic and probes) */

@@ -103,6 +103,11 @@ typedef struct cst {
     int64_t open_backoff_ms;
     uint64_t view_gen; /* last sub-MPSC view acted on (adopt_stranded) */
     int64_t backlog;   /* stored messages of our sub-MPSC at the last view (-1: unknown) */
+    /* fencing, read once per round (op_round): our sub-MPSC, and whether it and each adopted
+     * one are fenced (fx_mpmc_consumer_fenced) */
+    int64_t fence_chan;
+    bool fence_own;
+    bool fence_adopt[FX_DM_ADOPT_MAX];
     bool lost; /* consumer closed under us */
     fx_log_slot slot_get, slot_pub, slot_open, slot_ack, slot_att;
 } cst;
@@ -626,6 +631,15 @@ static void flush(cst *s)
 /* Engine op: publish entry e (its claim seq and nonce set by the engine) as attempt
  * delivered + 1. true: it went out. On the leaf path the subscriber may have left during the
  * round: no publish then (the engine retries it, uncounted). */
+/* Is e's sub-MPSC held by a fenced consumer (this round's reading, op_round)? */
+static bool ent_fenced(const cst *s, const ent *e)
+{
+    if (s->fence_own && e->dv.id.chan == s->fence_chan) return true;
+    for (size_t a = 0; a < s->n_adopt; a++)
+        if (s->fence_adopt[a] && e->dv.id.chan == s->adopt[a].chan) return true;
+    return false;
+}
+
 static bool op_send(void *ctx, uint32_t idx, const ent *e)
 {
     (void)idx;
@@ -633,6 +647,7 @@ static bool op_send(void *ctx, uint32_t idx, const ent *e)
     fx_daemon *d = s->d;
     dm_chan *ch = s->ch;
     if (s->use_leaf && !fx_leaf_has_interest(d->leaf, s->cl->subject)) return false;
+    if (ent_fenced(s, e)) return false; /* retried next round, not counted */
     uint64_t attempt = e->delivered + 1;
 
     char reply[FX_JSACK_SUBJECT_MAX + 64];
@@ -746,6 +761,13 @@ static void op_round(void *ctx)
             if (s->ch->held[i] == own) s->backlog = s->ch->held_backlog[i];
         pthread_mutex_unlock(&s->ch->mu);
     }
+    /* Fencing: a consumer whose member lease etcd has not confirmed for its TTL may have lost
+     * its sub-MPSC to another member; its messages wait (fx_mpmc_consumer_fenced, op_send).
+     * Read once per round. */
+    s->fence_chan = s->cons ? fx_mpmc_consumer_chan(s->cons) : -1;
+    s->fence_own = s->cons && fx_mpmc_consumer_fenced(s->cons);
+    for (size_t a = 0; a < s->n_adopt; a++)
+        s->fence_adopt[a] = fx_mpmc_consumer_fenced(s->adopt[a].c);
 }
 
 /* Engine op: may this entry be published now (its attempt count durable)? The writer kicks the

@@ -1,15 +1,17 @@
 // e2e_ack_none: with ack "none" every message is delivered exactly once while the subscriber stays
-// (Fluxon-Delivered 1, no redelivery, backlog drains without any ack, delivered metric = count).
+// (Fluxon-Delivered 1, no redelivery, backlog drains without any ack, delivered metric = count),
+// and nothing comes back for 3 x ack_wait after the backlog drained (the subscriber never acks).
 import { test } from "./lib/runner.mjs";
-import { startStack, metricValue, waitFor } from "./lib/stack.mjs";
+import { startStack, metricValue, waitFor, SLOW } from "./lib/stack.mjs";
 import { natsConnect, makeMsg, Consumer, publishAll, waitClaims, waitBacklog } from "./lib/client.mjs";
 import { assert, assertSameSet, assertNoDuplicates, assertNoConsumerErrors } from "./lib/check.mjs";
 
 test("e2e_ack_none", async (ctx) => {
+  const ACK_WAIT_MS = 1000;
   const st = await startStack(ctx);
   const bridge = await st.bridge({
     name: "none",
-    channels: [{ name: "orders", subjects: ["orders.>"], deliver_prefix: "q.orders", ack: "none", ack_wait: "1s" }],
+    channels: [{ name: "orders", subjects: ["orders.>"], deliver_prefix: "q.orders", ack: "none", ack_wait: `${ACK_WAIT_MS}ms` }],
   }).start();
   const nc = await natsConnect(ctx, st.nats.url);
   const subNc = await natsConnect(ctx, st.nats.url, "sub");
@@ -35,9 +37,21 @@ test("e2e_ack_none", async (ctx) => {
   assert.ok(c.records.every((r) => r.delivered === 1), "Fluxon-Delivered 1 everywhere");
   assert.equal(metricValue(ms, "fluxon_delivered_total", { channel: "orders" }), N, "fluxon_delivered_total");
   assert.equal(metricValue(ms, "fluxon_redelivered_total", { channel: "orders" }) || 0, 0, "no redelivery");
-  // Still subscribed: a round trip through the server, then the delivery count is unchanged.
+  // Still subscribed, and nothing comes back: an explicit channel would redeliver after ack_wait
+  // (1 s, + backoff 200 ms); watch for 3 x ack_wait (x slow factor) that no delivery arrives and
+  // the bridge redelivers nothing. (Waiting out a duration is the property here, not a sync.)
+  const QUIET_MS = 3 * ACK_WAIT_MS * SLOW;
+  const tQuiet = Date.now();
+  while (Date.now() - tQuiet < QUIET_MS) {
+    assert.equal(c.records.length, N, `a delivery ${Date.now() - tQuiet} ms after the backlog drained (ack none: no redelivery): ` +
+      c.records.slice(N, N + 3).map((r) => `${r.id} Fluxon-Delivered ${r.delivered}`).join(", "));
+    await new Promise((r) => setTimeout(r, 100)); // sampling period
+  }
   await subNc.flush();
-  assert.equal(c.records.length, N, "no delivery after the backlog drained");
+  assert.equal(c.records.length, N, `no delivery within ${QUIET_MS} ms after the backlog drained`);
+  const ms2 = await bridge.metrics();
+  assert.equal(metricValue(ms2, "fluxon_redelivered_total", { channel: "orders" }) || 0, 0, "no redelivery after 3 x ack_wait");
+  assert.equal(metricValue(ms2, "fluxon_delivered_total", { channel: "orders" }), N, "fluxon_delivered_total still N after 3 x ack_wait");
   const ex = await bridge.stop();
   assert.equal(ex.code, 0, `bridge exit ${JSON.stringify(ex)}`);
   bridge.assertLogClean();

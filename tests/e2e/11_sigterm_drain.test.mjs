@@ -1,7 +1,10 @@
 // e2e_sigterm_drain: two bridges share the work; SIGTERM to one of them during an acked stream:
 // it exits 0, its membership keys (role keys, sub-MPSC memberships, ready keys bound to its member
-// leases) are removed at once (well before their TTL), the other bridge keeps its keys, and every
-// publish that got a success ack is still delivered later by the remaining bridge.
+// leases) are removed at once (well before their TTL), the other bridge keeps its keys, every
+// publish that got a success ack is still delivered later by the remaining bridge, and none is
+// delivered twice: a graceful stop answers every pending publish (none retried after a timeout,
+// so none stored twice) and waits for the acks of its deliveries before it lets its claims go
+// (none redelivered).
 import { test } from "./lib/runner.mjs";
 import { startStack, waitFor, membershipKeys } from "./lib/stack.mjs";
 import { natsConnect, makeMsg, Consumer, publishAll, waitBacklog, waitClaims } from "./lib/client.mjs";
@@ -82,8 +85,11 @@ test("e2e_sigterm_drain", async (ctx) => {
   await waitBacklog(nc, "orders", 0, 20_000);
   assertNoConsumerErrors([s1]);
   assertCovers(ackedIds, [...s1.counts.keys()], "acked publishes after SIGTERM");
-  const dups = s1.duplicates().length;
-  ctx.log(`delivered ${s1.unique} distinct to s1, duplicated ids: ${dups}`);
+  const dups = s1.duplicates();
+  ctx.log(`delivered ${s1.unique} distinct to s1, duplicated ids: ${dups.length}`);
+  const show = ([id]) => `${id}: ` + s1.records.filter((r) => r.id === id)
+    .map((r) => `${r.reply.split(".")[3]}/${r.headers ? r.headers.get("Fluxon-Id") : "?"}/d${r.delivered}`).join(",");
+  assert.equal(dups.length, 0, `a graceful drain delivered ${dups.length} id(s) twice: ${dups.slice(0, 5).map(show).join("; ")}`);
   // the remaining bridge delivered after the stop: the ack subjects name it
   const lastFrom = s1.records.slice(-20).map((r) => r.reply.split(".")[3]);
   assert.ok(lastFrom.every((b) => b === "stay"), `last deliveries came from: ${[...new Set(lastFrom)].join(",")}`);

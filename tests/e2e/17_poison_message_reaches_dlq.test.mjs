@@ -4,10 +4,11 @@
 // five consumers of q.orders.w one after the other, each exiting without an ack, served by
 // alternating bridges (a, b killed with SIGKILL right after its delivery, a, b, a): the message is
 // delivered exactly 3 times with Fluxon-Delivered (and the ack subject's delivered token) 1, 2,
-// 3, then appears once on the dead-letter channel; consumers 4 and 5 get nothing.
+// 3, then appears once on the dead-letter channel; consumers 4 and 5 get nothing (each is closed
+// only after its bridge holds its claim and has been watched delivering nothing for 1 s).
 import { test } from "./lib/runner.mjs";
-import { startStack, waitFor } from "./lib/stack.mjs";
-import { natsConnect, makeMsg, Consumer, publishAcked, waitBacklog, waitClaims } from "./lib/client.mjs";
+import { startStack, waitFor, metricValue, SLOW } from "./lib/stack.mjs";
+import { natsConnect, makeMsg, Consumer, publishAcked, waitBacklog } from "./lib/client.mjs";
 import { assert } from "./lib/check.mjs";
 
 test("e2e_poison_message_reaches_dlq", async (ctx) => {
@@ -42,9 +43,26 @@ test("e2e_poison_message_reaches_dlq", async (ctx) => {
       await c.waitUnique(1, 30_000, `delivery to consumer ${i + 1} via bridge ${plan[i]}`);
     } else {
       // The attempts are used up: the claim dead-letters the message instead of delivering it.
-      await waitClaims(ncP, "orders", 1, 30_000);
-      await waitFor(() => dlq.records.length >= 1 || i === 4, { timeout: 30_000, what: "the dead letter" });
+      // The claim serving this consumer must exist on its bridge (fluxon_claims counts claims
+      // whose consumer is open) before the consumer's "nothing" means anything.
+      await waitFor(async () => (metricValue(await br.metrics(), "fluxon_claims", { channel: "orders" }) || 0) >= 1,
+        { timeout: 30_000, what: `bridge ${plan[i]} holds the claim of consumer ${i + 1}` });
+      if (i === 3) await waitFor(() => dlq.records.length >= 1, { timeout: 30_000, what: "the dead letter" });
       await waitBacklog(ncP, "orders", 0, 30_000);
+      // The claim is open and the channel is empty: a claim with something to hand out does it on
+      // its first turn. Watch it for a while (a duration, not a sync): nothing is delivered by this
+      // bridge, nothing else is dead-lettered, and the consumer stays empty.
+      const QUIET_MS = 1000 * SLOW;
+      const tq = Date.now();
+      while (Date.now() - tq < QUIET_MS) {
+        assert.equal(c.records.length, 0, `consumer ${i + 1} got a delivery: ${JSON.stringify(c.records.map((r) => [r.id, r.delivered]))}`);
+        await new Promise((r) => setTimeout(r, 100)); // sampling period
+      }
+      const m = await br.metrics();
+      const delivered = metricValue(m, "fluxon_delivered_total", { channel: "orders" }) || 0;
+      const dead = metricValue(m, "fluxon_dead_lettered_total", { channel: "orders" }) || 0;
+      assert.equal(delivered, 0, `bridge ${plan[i]} delivered ${delivered} message(s) on orders while serving consumer ${i + 1}`);
+      assert.equal(dead, i === 3 ? 1 : 0, `bridge ${plan[i]} dead-lettered ${dead} message(s) while serving consumer ${i + 1} (want ${i === 3 ? 1 : 0})`);
     }
     for (const r of c.records) {
       seen.push({ consumer: i + 1, bridge: plan[i], delivered: r.delivered, token: Number(r.reply.split(".")[6]), id: r.id });

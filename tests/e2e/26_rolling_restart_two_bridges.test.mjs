@@ -3,11 +3,12 @@
 // both). Each bridge is restarted in turn while the load continues: first SIGTERM + start (L, then
 // R), then SIGKILL + start (L, then R). While the load still runs, every message acked so far is
 // delivered within ttl_seconds + ack_wait + 5 s (a killed bridge's backlog does not wait for the
-// load to stop); after the load, 0 acked messages lost; duplicates are counted and reported.
+// load to stop); after the load, 0 acked messages lost; duplicates are bounded by what was in
+// flight at each SIGKILL and none comes from a SIGTERM restart (rollingDuplicates below).
 // Acked messages dead-lettered before the restarts (parked in orders-dlq, which nobody publishes to
 // or reads meanwhile) are all delivered to a dead-letter subscriber afterwards.
 import { test } from "./lib/runner.mjs";
-import { startStack, waitFor, metricValue, mpmcId } from "./lib/stack.mjs";
+import { startStack, waitFor, metricValue, mpmcId, DEFAULTS } from "./lib/stack.mjs";
 import { natsConnect, makeMsg, Consumer, publishAll, publishStream, waitBacklog } from "./lib/client.mjs";
 import { assert, assertCovers, assertNoConsumerErrors, mergedCounts } from "./lib/check.mjs";
 
@@ -48,10 +49,14 @@ test("e2e_rolling_restart_two_bridges", async (ctx) => {
   const steps = [
     ["SIGTERM", L], ["SIGTERM", R], ["SIGKILL", L], ["SIGKILL", R],
   ];
+  const events = []; // {how, bridge, at (signal sent), spawn (restart spawned)}
   await progress("before the first restart");
   for (const [how, br] of steps) {
     const t0 = Date.now();
+    const ev = { how, bridge: br.name, at: t0 };
+    events.push(ev);
     const ex = how === "SIGTERM" ? await br.stop() : await br.kill9();
+    ev.spawn = Date.now();
     if (how === "SIGTERM") assert.equal(ex.code, 0, `${br.name} exit after SIGTERM: ${JSON.stringify(ex)}`);
     await br.start();
     ctx.log(`${how} ${br.name} at ${stream.acked.size} acks; healthy again after ${Date.now() - t0} ms`);
@@ -88,6 +93,7 @@ test("e2e_rolling_restart_two_bridges", async (ctx) => {
   await waitBacklog(pubNc, "orders", 0, 30_000);
   assertNoConsumerErrors([x, y]);
   assertCovers(ackedIds, [...x.counts.keys(), ...y.counts.keys()], "acked during the rolling restart");
+  rollingDuplicates(ctx, [x, y], res, events, { claimsPerBridge: 2, maxAckPending: DEFAULTS.max_ack_pending, concurrency: 32 });
   // the dead letters parked before the restarts are all still there
   const dNc = await natsConnect(ctx, st.nats.url, "dlq");
   const d = new Consumer(dNc, "q.orders-dlq.d");
@@ -112,3 +118,62 @@ test("e2e_rolling_restart_two_bridges", async (ctx) => {
   assert.equal(e1.code, 0, `L exit ${JSON.stringify(e1)}`);
   assert.equal(e2.code, 0, `R exit ${JSON.stringify(e2)}`);
 }, { timeout: 150_000 });
+
+/** The bridge that made a delivery: the token after "FLUXON" in its ack reply subject. */
+function originOf(rec) {
+  const t = rec.reply.split(".");
+  const k = t.indexOf("FLUXON", 2);
+  return k >= 0 ? t[k + 1] : "?";
+}
+
+/**
+ * Duplicates of the rolling restart, each explained by what was in flight at a SIGKILL (none by
+ * a SIGTERM: the drain answers every publish and waits for the acks of its deliveries, so a
+ * graceful restart adds no duplicate). A roll-* id delivered more than once is either
+ *  - stored twice (distinct Fluxon-Id): a publish whose PubAck the killed bridge never sent was
+ *    retried; the id needed more than one attempt; at most the publishes in flight
+ *    (concurrency) per SIGKILL;
+ *  - one stored message delivered again: its first delivery came from bridge B (ack reply
+ *    subject) before a SIGKILL of B, whose claims had not committed it; the claim that adopts
+ *    the sub-MPSC reads from the committed offset. At most the killed bridge's unacked windows
+ *    (max_ack_pending per claim, claimsPerBridge claims) plus the acks still on their way to a
+ *    commit (no configured bound: one commit round trip's worth; allowance: one more window),
+ *    per SIGKILL. The per-message checks are the exact ones.
+ * Anything else (a redelivery after a SIGTERM, or with no restart at all) fails the test.
+ */
+function rollingDuplicates(ctx, consumers, res, events, { claimsPerBridge, maxAckPending, concurrency }) {
+  const byFid = new Map();
+  const fidsOf = new Map();
+  for (const c of consumers) {
+    for (const r of c.records) {
+      if (!r.id || !r.id.startsWith("roll-")) continue; // dead-* are delivered max_deliver times by design
+      const fid = r.headers ? r.headers.get("Fluxon-Id") : "";
+      if (!byFid.has(fid)) byFid.set(fid, []);
+      byFid.get(fid).push(r);
+      if (!fidsOf.has(r.id)) fidsOf.set(r.id, new Set());
+      fidsOf.get(r.id).add(fid);
+    }
+  }
+  const kills = events.filter((e) => e.how === "SIGKILL");
+  const storedTwice = [...fidsOf].filter(([, f]) => f.size > 1).map(([id]) => id);
+  const badStored = storedTwice.filter((id) => !((res.attempts.get(id) || 0) > 1));
+  const redelivered = [...byFid].filter(([, rs]) => rs.length > 1).map(([fid, rs]) => {
+    const first = rs.reduce((a, b) => (b.at < a.at ? b : a));
+    const from = originOf(first);
+    // the SIGKILL of that bridge that followed the first delivery (before its restart spawned)
+    const kill = kills.find((k) => k.bridge === from && first.at < k.spawn && !events.some((e) => e.bridge === from && e.at > first.at && e.at < k.at));
+    return { fid, id: first.id, from, at: first.at, kill };
+  });
+  const bad = redelivered.filter((d) => !d.kill);
+  const perKill = kills.map((k) => redelivered.filter((d) => d.kill === k).length);
+  const windowBound = 2 * maxAckPending * claimsPerBridge;
+  const publishBound = concurrency * kills.length;
+  ctx.log(`duplicates: ${storedTwice.length} ids stored twice (bound ${publishBound}: ${concurrency} publishes in flight x ${kills.length} SIGKILLs), ` +
+    `${redelivered.length} stored messages redelivered: ${kills.map((k, i) => `${perKill[i]} from SIGKILL ${k.bridge}`).join(", ")} ` +
+    `(bound per SIGKILL: 2 x max_ack_pending ${maxAckPending} x ${claimsPerBridge} claims = ${windowBound}), ${bad.length} unexplained`);
+  const show = (d) => `${d.id} (${d.fid}) first from ${d.from} at ${events.length ? `${d.at - events[0].at} ms after the first restart` : d.at}`;
+  assert.equal(badStored.length, 0, `ids stored twice without a publish retry: ${badStored.slice(0, 5).join(", ")}`);
+  assert.equal(bad.length, 0, `redeliveries not explained by a SIGKILL (a graceful restart must add none): ${bad.slice(0, 5).map(show).join("; ")}`);
+  assert.ok(storedTwice.length <= publishBound, `${storedTwice.length} ids stored twice > ${publishBound}`);
+  perKill.forEach((n, i) => assert.ok(n <= windowBound, `${n} redelivered after SIGKILL ${kills[i].bridge} > in-flight window ${windowBound}`));
+}

@@ -6,9 +6,12 @@
 //                              killed (SIGKILL) part-way; the other two keep quorum.
 //  e2e_cluster_nats_node_loss: nats-server B (R's server) is killed (SIGKILL) part-way and started
 //                              again.
+//  e2e_cluster_bridge_partitioned_from_etcd: L is cut from etcd (TCP proxy) for ttl_seconds + 3 s;
+//                              fencing checked by each delivery's origin (bridge, sub-MPSC, time)
+//                              and duplicates bounded by what was in flight (see the test).
 // Counts reported: published, acked, delivered, duplicated, lost; 0 acked lost in each.
 import { test } from "./lib/runner.mjs";
-import { Etcd, Bridge, startNatsCluster, startEtcdCluster, etcdLeader, waitFor, metricValue } from "./lib/stack.mjs";
+import { Etcd, Bridge, startNatsCluster, startEtcdCluster, etcdLeader, waitFor, metricValue, SLOW } from "./lib/stack.mjs";
 import { natsConnect, makeMsg, Consumer, publishAll } from "./lib/client.mjs";
 import { assert, assertCovers, assertNoConsumerErrors } from "./lib/check.mjs";
 
@@ -62,6 +65,7 @@ async function runUnderFault(ctx, s, { n, faultAt, fault, tag }) {
   assertCovers(acked, [...s.sub.counts.keys()], "acked messages at C");
   const attempts = [...res.attempts.values()].reduce((a, b) => a + b, 0);
   ctx.log(`${tag}: published ${attempts} (${n} distinct), acked ${acked.length}, delivered ${s.sub.unique} distinct, duplicated ${s.sub.duplicates().length}, lost ${acked.filter((id) => !have(id)).length}`);
+  return res;
 }
 
 test("e2e_cluster_bridge_kill9", async (ctx) => {
@@ -167,6 +171,19 @@ class TcpProxy {
   }
 }
 
+/** The bridge that made a delivery: the token after "FLUXON" in its ack reply subject
+ * ($JS.ACK.FLUXON.<bridge>.… on the leaf path, $FLUXON.ACK.FLUXON.<bridge>.… otherwise). */
+function originOf(rec) {
+  const t = rec.reply.split(".");
+  const k = t.indexOf("FLUXON", 2);
+  return k >= 0 ? t[k + 1] : "?";
+}
+/** The sub-MPSC a delivery came from: the first field of Fluxon-Id (<chan>.<producer>.<msg>). */
+function chanOf(rec) {
+  const v = rec.headers ? rec.headers.get("Fluxon-Id") : "";
+  return v ? v.split(".")[0] : "?";
+}
+
 test("e2e_cluster_bridge_partitioned_from_etcd", async (ctx) => {
   const etcd = new Etcd(ctx);
   const [[A, B, C]] = await Promise.all([startNatsCluster(ctx, 3), etcd.start()]);
@@ -191,22 +208,72 @@ test("e2e_cluster_bridge_partitioned_from_etcd", async (ctx) => {
   const pubNc = await natsConnect(ctx, C.url, "pub-on-C");
   const CUT_MS = DEFAULTS.ttl_seconds * 1000 + 3000; // longer than ttl_seconds
   const logFrom = L.log().length;
-  await runUnderFault(ctx, { sub, pubNc }, {
+  let tCut = 0;
+  let tRestore = 0;
+  const res = await runUnderFault(ctx, { sub, pubNc }, {
     n: 3000,
     faultAt: 800,
     tag: "P",
     fault: async () => {
+      // L's claim must be delivering before it is cut off (else there is nothing to fence).
+      await waitFor(() => sub.records.some((r) => originOf(r) === "L"), { timeout: 30_000, interval: 20, what: "a delivery from bridge L before the cut" });
       proxy.cut();
+      tCut = Date.now();
       ctx.log(`bridge L cut off from etcd for ${CUT_MS} ms; delivered so far ${sub.unique}`);
-      const t0 = Date.now();
-      await waitFor(() => Date.now() - t0 >= CUT_MS, { timeout: CUT_MS + 1000, interval: 100, what: "the partition's length" });
+      await waitFor(() => Date.now() - tCut >= CUT_MS, { timeout: CUT_MS + 1000, interval: 100, what: "the partition's length" });
       proxy.restore();
+      tRestore = Date.now();
       ctx.log("bridge L reconnected to etcd");
     },
   });
+  // Fencing, from the deliveries themselves: each record's origin bridge (ack reply subject),
+  // sub-MPSC (Fluxon-Id) and arrival time. L's lost claim = the sub-MPSCs L delivered from before
+  // the cut. L's member lease was last confirmed before the cut, so from tCut + ttl_seconds on
+  // (etcd may have expired it and R may drain those sub-MPSCs) L must hand out nothing from them;
+  // GRACE covers deliveries already on their way. A delivery by L from a lost sub-MPSC after
+  // that is stale when it comes while L is still cut off, or when R delivered the same id too
+  // (after the partition L may legitimately bind one of them again with a new claim and deliver
+  // messages R never saw).
+  const GRACE_MS = 1000 * SLOW;
+  const tFence = tCut + DEFAULTS.ttl_seconds * 1000 + GRACE_MS;
+  const recs = sub.records.map((r) => ({ id: r.id, at: r.at, br: originOf(r), chan: chanOf(r), dl: r.delivered }));
+  const rel = (t) => `${t >= tCut ? "+" : ""}${t - tCut} ms`;
+  const lostChans = new Set(recs.filter((r) => r.br === "L" && r.at < tCut).map((r) => r.chan));
+  assert.ok(lostChans.size > 0, "bridge L delivered from its claim before the cut (positive control)");
+  assert.ok(recs.every((r) => r.br === "L" || r.br === "R"), `every delivery names its bridge: ${JSON.stringify(recs.find((r) => r.br !== "L" && r.br !== "R"))}`);
+  const byId = new Map();
+  for (const r of recs) {
+    if (!byId.has(r.id)) byId.set(r.id, []);
+    byId.get(r.id).push(r);
+  }
+  const rHas = (id) => byId.get(id).some((x) => x.br === "R");
+  const lLost = recs.filter((r) => r.br === "L" && lostChans.has(r.chan));
+  const lastBeforeFence = Math.max(...lLost.filter((r) => r.at <= tFence).map((r) => r.at));
+  const stale = lLost.filter((r) => r.at > tFence && (r.at < tRestore || rHas(r.id)));
+  const takeover = recs.filter((r) => r.br === "R" && lostChans.has(r.chan));
+  ctx.log(`fencing: L's claim delivered from sub-MPSC(s) ${[...lostChans]}; L's last delivery from them before the fence at ${rel(lastBeforeFence)}; ` +
+    `fence at ${rel(tFence)} (ttl_seconds + ${GRACE_MS} ms); partition healed at ${rel(tRestore)}; ` +
+    `R took them over from ${takeover.length ? rel(Math.min(...takeover.map((r) => r.at))) : "never"} (${takeover.length} deliveries); ` +
+    `L deliveries from them after the fence: ${lLost.filter((r) => r.at > tFence).length}, stale ${stale.length}`);
+  assert.equal(stale.length, 0, `bridge L kept delivering from the claim it lost: ${stale.length} deliveries after the fence, e.g. ` +
+    stale.slice(0, 5).map((r) => `${r.id} from sub-MPSC ${r.chan} at ${rel(r.at)}${rHas(r.id) ? " (also delivered by R)" : ""}`).join(", "));
+  // Duplicates, bounded by what was in flight: every id delivered more than once was published
+  // more than once (a retried publish may be stored twice), or was handed out by L from the lost
+  // claim before the fence and then again by R, which drains the lost sub-MPSC from its last
+  // committed offset (L's acks after the cut could not be committed: its unacked and its
+  // acked-but-uncommitted window). Anything else is a duplicate fencing does not explain.
+  const retried = new Set([...res.attempts].filter(([, n]) => n > 1).map(([id]) => id));
+  const dupIds = [...byId].filter(([, rs]) => rs.length > 1).map(([id]) => id);
+  const windowIds = new Set(lLost.filter((r) => r.at <= tFence).map((r) => r.id));
+  const unexplained = dupIds.filter((id) => !retried.has(id) && !(windowIds.has(id) && rHas(id)));
+  ctx.log(`duplicates: ${dupIds.length} ids (${dupIds.filter((id) => retried.has(id)).length} published more than once, ` +
+    `${dupIds.filter((id) => windowIds.has(id) && rHas(id)).length} from L's lost claim redelivered by R); ` +
+    `bound: ${retried.size} retried publishes + ${windowIds.size} ids L delivered from the lost claim before the fence`);
+  assert.ok(dupIds.length <= retried.size + windowIds.size, `duplicates ${dupIds.length} > in flight ${retried.size} + ${windowIds.size}`);
+  assert.equal(unexplained.length, 0, `duplicates not explained by a publish retry or the lost claim's window: ${unexplained.slice(0, 5).map((id) => `${id}: ${byId.get(id).map((x) => `${x.br}/${x.chan}@${rel(x.at)}/d${x.dl}`).join(",")}`).join("; ")}`);
   const lines = L.log().slice(logFrom).split("\n");
-  const fenced = lines.filter((l) => /commit refused|lease \d+ expired|closed because lease lost|lease lost/.test(l));
-  ctx.log(`bridge L after the partition: ${fenced.length} fencing line(s):\n    ${fenced.slice(0, 8).join("\n    ")}`);
+  const fenced = lines.filter((l) => /commit refused|lease \d+ expired|lease lost|not confirmed by etcd/.test(l));
+  ctx.log(`bridge L after the partition: ${fenced.length} fencing line(s):\n    ${fenced.slice(0, 6).join("\n    ")}`);
   assert.ok(fenced.some((l) => /lease \d+ expired|lease lost/.test(l)), "bridge L noticed that its member lease expired (its stale claim stopped)");
   for (const br of [L, R]) {
     const ex = await br.stop();

@@ -22,6 +22,10 @@
  *   external_client_id.
  * mpsc_global_lease_lost_closes_consumer: revoking the MPSC global lease closes its consumer:
  *   next get FX_ELEASE_LOST, then FX_ECLOSED.
+ * mpmc_unconfirmed_member_lease_fences_get (issue 20): the proxy drops only the keepalives of an
+ *   MPMC consumer's member lease; within about its TTL the consumer is fenced (get FX_EUNAVAIL,
+ *   fx_mpmc_consumer_fenced) while messages are stored; once etcd expired the lease and the
+ *   keepalives pass, FX_ELEASE_LOST; a new consumer gets every message.
  *
  * Usage: test_mq_edges [cmocka filter]. Waits poll with deadlines; the only timed pauses are the
  * closer's varying delay in the race test (fault timing, not synchronisation).
@@ -770,6 +774,138 @@ static void mpsc_global_lease_lost_closes_consumer(void **state)
     fx_mq_client_free(c);
 }
 
+/* ===================================================================================================
+ * mpmc_unconfirmed_member_lease_fences_get (issue 20)
+ *
+ * A consumer whose member lease etcd has not confirmed for its TTL hands out nothing. The proxy in
+ * front of the consumer's client drops only the keepalives of that lease (every other call goes
+ * through: the state right after a partition heals, before the keepalive says "expired"). Messages
+ * are stored meanwhile by a producer on a direct client. Once the TTL since the last confirmation
+ * is over, fx_mpmc_get answers FX_EUNAVAIL and fx_mpmc_consumer_fenced() is true, and nothing of
+ * the stored messages is handed out; when etcd has expired the lease and the keepalives pass again,
+ * the consumer reports FX_ELEASE_LOST; a new consumer receives every message.
+ * =================================================================================================*/
+
+/* Get up to `want` messages within timeout_ms (acking them); returns how many; *last: the last
+ * result that was not FX_OK/FX_ETIMEDOUT (FX_OK if none). */
+static size_t fence_drain(fx_mpmc_consumer *q, size_t want, int timeout_ms, fx_err *last)
+{
+    size_t got = 0;
+    *last = FX_OK;
+    int64_t dl = now_ms() + timeout_ms;
+    while (got < want && now_ms() < dl) {
+        fx_mq_delivery d[16];
+        size_t n = 0;
+        fx_err e = fx_mpmc_get(q, d, 16, &n, 100);
+        for (size_t i = 0; i < n; i++) {
+            CHECK(fx_mpmc_ack(q, &d[i].id, 1));
+            fx_mq_delivery_free(&d[i]);
+        }
+        got += n;
+        if (e != FX_OK && e != FX_ETIMEDOUT) {
+            *last = e;
+            break;
+        }
+    }
+    return got;
+}
+
+static void fence_put(fx_mpmc_producer *p, const char *text)
+{
+    fx_slice v = FX_SLICE_STR(text);
+    size_t n = 0;
+    CHECK(fx_mpmc_put(p, &v, 1, OP_MS, &n, NULL));
+    assert_int_equal(n, 1);
+}
+
+static void mpmc_unconfirmed_member_lease_fences_get(void **state)
+{
+    (void)state;
+    const char *root = "/t_fence";
+    fx_mq_keys k = mkkeys(root);
+    fxt_proxy *px = fxt_proxy_start(G.etcd.client_port);
+    assert_non_null(px);
+    copts po = {.eps = fxt_proxy_eps(px)};
+    fx_mq_client *cc = client_new(root, &po); /* the consumer's, through the proxy */
+    fx_mq_client *pc = client_new(root, NULL); /* the producer's, direct */
+    fx_mq_chan_cfg cfg = cfg_ttl();
+    int64_t m = -1;
+    CHECK(fx_mpmc_resolve(pc, "fence", &cfg, &m));
+    fx_mpmc_consumer *q = NULL;
+    CHECK(fx_mpmc_consumer_open(cc, m, &q));
+    fx_mpmc_producer *p = NULL;
+    CHECK(fx_mpmc_producer_open(pc, m, 0, &p));
+
+    /* Positive control: the consumer hands out what is stored. */
+    fence_put(p, "before");
+    fx_err last = FX_OK;
+    assert_int_equal(fence_drain(q, 1, 5000, &last), 1);
+    assert_false(fx_mpmc_consumer_fenced(q));
+
+    /* Only the keepalives of the consumer's member lease are dropped from now on. */
+    fx_mq_key role;
+    CHECK(fx_mq_key_mpmc_role(&k, FX_MQ_ROLE_CONSUMER, m, fx_mpmc_consumer_member(q), &role));
+    fx_kv kv = {0};
+    if (!raw_get(role.s, &kv)) fail_msg("role key %s absent", role.s);
+    int64_t lease = kv.lease;
+    fx_kv_free(&kv);
+    assert_true(lease > 0);
+    char needle[32];
+    snprintf(needle, sizeof needle, "%" PRId64, lease);
+    const char *rule[1] = {needle};
+    int64_t t_block = now_ms();
+    fxt_proxy_block(px, rule, 1);
+    for (int i = 0; i < 5; i++) fence_put(p, "during");
+
+    /* Within the TTL the consumer may still hand messages out; past it (+ slack) it must not. */
+    int64_t dl = t_block + TTL * 1000 + 3000;
+    while (!fx_mpmc_consumer_fenced(q) && now_ms() < dl) nap_ms(20);
+    int64_t t_fenced = now_ms();
+    if (!fx_mpmc_consumer_fenced(q))
+        fail_msg("consumer not fenced %" PRId64 " ms after its member lease's keepalives stopped "
+                 "passing (TTL %d s)", t_fenced - t_block, TTL);
+    print_message("fenced %" PRId64 " ms after the keepalives stopped passing (TTL %d s)\n",
+                  t_fenced - t_block, TTL);
+    /* whatever it handed out before the fence, it hands out nothing now */
+    (void)fence_drain(q, 5, 200, &last);
+    fx_mq_delivery d[4];
+    size_t n = 9;
+    fx_err e = fx_mpmc_get(q, d, 4, &n, 200);
+    if (e != FX_EUNAVAIL || n != 0)
+        fail_msg("get while the member lease is unconfirmed: %s, %zu message(s) (%s); want FX_EUNAVAIL",
+                 fx_errname(e), n, fx_err_detail());
+
+    /* etcd expires the lease (TTL after its last keepalive: its role key goes with it); then the
+     * keepalives pass again and report it: lost. */
+    dl = now_ms() + TTL * 1000 + 5000;
+    while (raw_exists(role.s) && now_ms() < dl) nap_ms(50);
+    if (raw_exists(role.s)) fail_msg("etcd did not expire the member lease %" PRId64, lease);
+    uint64_t before = lease_expired_count(cc);
+    fxt_proxy_block(px, NULL, 0);
+    wait_lease_expiry_seen(cc, before);
+    e = fx_mpmc_get(q, d, 4, &n, 200);
+    if (e != FX_ELEASE_LOST)
+        fail_msg("get after the member lease expired: %s (%s), want FX_ELEASE_LOST", fx_errname(e),
+                 fx_err_detail());
+    fx_mpmc_consumer_free(q);
+
+    /* Nothing is lost: a new consumer gets what the fenced one did not hand out (and, redelivered,
+     * what it handed out without a commit). */
+    fx_mpmc_consumer *q2 = NULL;
+    CHECK(fx_mpmc_consumer_open(pc, m, &q2));
+    size_t got = fence_drain(q2, 5, 10000, &last);
+    if (got < 5) fail_msg("new consumer got %zu of the 5 messages stored during the block (last: %s)",
+                          got, fx_errname(last));
+    CHECK(fx_mpmc_consumer_close(q2));
+    fx_mpmc_consumer_free(q2);
+    CHECK(fx_mpmc_producer_close(p));
+    fx_mpmc_producer_free(p);
+    fx_mq_client_free(cc);
+    CHECK(fx_mq_client_close(pc));
+    fx_mq_client_free(pc);
+    fxt_proxy_stop(px);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1) cmocka_set_test_filter(argv[1]);
@@ -780,6 +916,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(mq_rollback_verified, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(mpsc_second_consumer_refused, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(mpsc_global_lease_lost_closes_consumer, test_setup,
+                                        test_teardown),
+        cmocka_unit_test_setup_teardown(mpmc_unconfirmed_member_lease_fences_get, test_setup,
                                         test_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
