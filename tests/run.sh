@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the test programs (and the shell tests tests/<suite>/test_*.sh) and prints one closing line "N passed, N failed, N skipped".
-#   tests/run.sh [unit|integration|e2e ...]   (default: all suites)
+#   tests/run.sh [unit|integration|e2e|chaos ...]   (default: all suites)
 # Environment: BUILD (build dir, default build), FXT_VALGRIND=1 (unit tests under valgrind),
 # FXT_TEST_TIMEOUT (seconds per program, default 600).
 # Every program runs with FXT_TMPDIR set to a fresh directory; whatever a program started is
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 export BUILD
 SUITES=("$@")
-[ ${#SUITES[@]} -eq 0 ] && SUITES=(unit integration e2e)
+[ ${#SUITES[@]} -eq 0 ] && SUITES=(unit integration e2e chaos)
 TIMEOUT=${FXT_TEST_TIMEOUT:-600}
 
 export FXT_TMPDIR
@@ -75,6 +75,7 @@ for suite in "${SUITES[@]}"; do
       if [ -x tests/e2e/run.sh ]; then
         run_prog e2e tests/e2e/run.sh
       fi ;;
+    chaos) run_prog chaos tests/chaos/run.sh ;; # chaos_fixed_seed (60 s of faults, seed 19)
     *) echo "unknown suite: $suite" >&2; exit 2 ;;
   esac
 done
