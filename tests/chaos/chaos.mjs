@@ -13,13 +13,14 @@
 // Bridge b1 reaches etcd through one fault proxy per member (proxy.mjs); b2 and b3 directly.
 // Load: 4 publishers (16 requests in flight each, every publish retried until it is acked or
 // given up; publishers 1 and 3 set Nats-Msg-Id), two steady consumer names (c0, c1) and a churn
-// of short-lived names (ch0..ch7, joining and leaving every few hundred ms), a consumer of the
-// dead-letter channel; every consumer acks every delivery.
+// of short-lived names (ch0..ch9, up to 6 at a time, each living 150-1200 ms, one joining every
+// 100-400 ms), a consumer of the dead-letter channel; every consumer acks every delivery.
 // Fault lanes (each lane one fault at a time; lanes overlap): bridges (kill -9 then restart,
 // SIGSTOP for 1.2-3x ttl_seconds then SIGCONT, SIGTERM restart), etcd (SIGSTOP or kill -9 and
 // restart of the leader or a follower; one member at a time, so quorum holds), Redis (kill -9,
 // restart on its AOF), nats-server (restart, SIGTERM or kill -9), the etcd proxy of b1 (answers
 // delayed, answers dropped, connections cut), SIGHUP reloads (a second channel added/removed).
+// Lanes inject during storms of 12 s separated by calm spells of 5 s (churn and load only).
 // Bridges that exit on their own are restarted (like systemd's Restart=always) and noted.
 // After the schedule: every fault healed, churn and publishers stopped, then a drain with a
 // deadline; then the checker.
@@ -52,6 +53,8 @@ const IN_FLIGHT = 16;
 const PUB_TIMEOUT_MS = 3000;
 const MAX_ATTEMPTS = 40;
 const HEAL_MS = 90_000;
+const STORM_S = 12;
+const CALM_S = 5;
 const DRAIN_MS = 90_000;
 
 // ---------------------------------------------------------------------------------------------
@@ -110,6 +113,14 @@ class History {
     this.flush();
     fs.closeSync(this.fd);
   }
+}
+
+/** The last [ERR] line a bridge process wrote in its current run (its log holds every run). */
+function lastErrOfRun(proc) {
+  if (!proc) return "";
+  const log = proc.log();
+  const run = log.slice(log.lastIndexOf("\n---- ") + 1).split("\n").filter((l) => l.includes("[ERR]"));
+  return run.length ? run[run.length - 1].replace(/^\[\d+\] \S+ \S+ /, "") : "";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -247,7 +258,7 @@ test(NAME, async (ctx) => {
     const r = rng(SEED, "churn");
     const live = new Map(); // name -> {sub, until}
     while (!state.stopChurn) {
-      await sleep(r.range(150, 600));
+      await sleep(r.range(100, 400));
       const t = Date.now();
       for (const [name, s] of live) {
         if (s.until <= t) {
@@ -256,9 +267,9 @@ test(NAME, async (ctx) => {
           faultLog("churn_leave", name, "inject");
         }
       }
-      const name = `ch${r.int(8)}`;
-      const life = r.range(200, 1500);
-      if (live.size < 4 && !live.has(name)) {
+      const name = `ch${r.int(10)}`;
+      const life = r.range(150, 1200);
+      if (live.size < 6 && !live.has(name)) {
         live.set(name, { sub: subscribe(churnNc, name), until: t + life });
         faultLog("churn_join", name, "inject");
       }
@@ -285,7 +296,8 @@ test(NAME, async (ctx) => {
         await x.b.start();
         return true;
       } catch (e) {
-        note("bridge_start_failed", x.name, `${why}, try ${i}: ${String(e.message).split("\n").slice(0, 2).join(" ").slice(0, 200)}`);
+        const lastErr = lastErrOfRun(x.b.proc);
+        note("bridge_start_failed", x.name, `${why}, try ${i}: ${String(e.message).split("\n")[0].slice(0, 120)}${lastErr ? `; last ERR: ${lastErr.slice(0, 200)}` : ""}`);
         if (!(x.b.proc && x.b.proc.running)) await sleep(1000);
       }
     }
@@ -297,7 +309,8 @@ test(NAME, async (ctx) => {
       for (const x of bridges) {
         if (x.busy || !x.b.proc || x.b.proc.running) continue;
         x.busy = true;
-        note("bridge_exit", x.name, `exited on its own ${JSON.stringify(x.b.proc.exit)}; restarted`);
+        const lastErr = lastErrOfRun(x.b.proc);
+        note("bridge_exit", x.name, `exited on its own ${JSON.stringify(x.b.proc.exit)}${lastErr ? ` (last ERR: ${lastErr.slice(0, 200)})` : ""}; restarted`);
         await startBridge(x, "its own exit");
         x.busy = false;
       }
@@ -305,13 +318,26 @@ test(NAME, async (ctx) => {
   })();
 
   // ------------------------------------------------------------------ fault lanes
+  // Storms of STORM_S seconds with calm spells of CALM_S between them: in a storm every lane
+  // injects; in a calm spell only the churn goes on, and the load runs at full speed (so binds,
+  // claims and reclaims race many publishes, not only the retries of a stalled system).
   const END = T0 + SECONDS * 1000;
+  const CYCLE = (STORM_S + CALM_S) * 1000;
+  const untilStorm = () => {
+    const into = (Date.now() - T0) % CYCLE;
+    return into < STORM_S * 1000 ? 0 : CYCLE - into;
+  };
   const lane = async (laneName, gap, step) => {
     const r = rng(SEED, laneName);
     for (;;) {
       const wait = r.range(gap[0], gap[1]) * 1000;
       if (Date.now() + wait >= END || state.stopFaults) return;
       await sleep(wait);
+      const calm = untilStorm();
+      if (calm > 0) {
+        if (Date.now() + calm >= END) return;
+        await sleep(calm);
+      }
       await step(r);
     }
   };
