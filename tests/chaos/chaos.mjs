@@ -298,7 +298,7 @@ test(NAME, async (ctx) => {
         return true;
       } catch (e) {
         const lastErr = lastErrOfRun(x.b.proc);
-        note("bridge_start_failed", x.name, `${why}, try ${i}: ${String(e.message).split("\n")[0].slice(0, 120)}${lastErr ? `; last ERR: ${lastErr.slice(0, 200)}` : ""}`);
+        note("bridge_start_failed", x.name, `${why}, try ${i}: ${String(e.message).split("\n")[0].replace(/; last lines:$/, "").slice(0, 120)}${lastErr ? `; last ERR: ${lastErr.slice(0, 200)}` : ""}`);
         if (!(x.b.proc && x.b.proc.running)) await sleep(1000);
       }
     }
