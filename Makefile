@@ -11,6 +11,10 @@
 #   make run      install, build, start a local etcd + nats-server, run the bridge
 #   make bench    benchmarks (tables into BENCHMARKS.md)
 #   make soak     5-minute bridge memory soak under full load (nats_bench -S 300)
+#   make chaos    seeded random faults (kill -9, SIGSTOP, etcd/Redis/nats restarts, dropped etcd
+#                 answers, subscriber churn, SIGHUP) under acked load, then a checker: fails on
+#                 any acked message lost or phantom; CHAOS_SECONDS (default 600), CHAOS_SEED
+#                 (default random, printed); make test runs chaos_fixed_seed (60 s, seed 19)
 #   make fuzz     libFuzzer targets (tests/fuzz/, clang, ASan+UBSan, build dir build-fuzz), each
 #                 run for FUZZ_SECONDS (default 30) from its seed corpus; non-zero on any crash
 #   make fuzz-corpus  rewrite the seed corpora tests/fuzz/corpus/ (after a format change)
@@ -96,7 +100,7 @@ FUZZ_BIN   := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/tests/fuzz/%)
 # Keep object files of test programs (make would delete them as intermediates and rebuild).
 .SECONDARY:
 
-.PHONY: all deps test test-unit test-integration check tsan valgrind run bench soak clean tests \
+.PHONY: all deps test test-unit test-integration check tsan valgrind run bench soak chaos clean tests \
         fuzz fuzz-build fuzz-corpus layers install
 
 all: $(LIBLEASE) $(if $(BRIDGE_OBJ),$(LIBBRIDGE)) $(if $(PLUGIN_OBJ),$(LIBPLUGIN)) $(BINS) tests $(BENCH_BIN)
@@ -227,6 +231,9 @@ bench: deps all
 
 soak: deps all
 	@bash tests/bench/run.sh --soak 300
+
+chaos: deps all
+	@BUILD=$(BUILD) bash tests/chaos/run.sh --full
 
 # Install layout (DESTDIR is prepended to every path). The systemd units name the binary, the docs
 # and the config by absolute path: they are installed with those paths rewritten to match.

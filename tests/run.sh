@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the test programs (and the shell tests tests/<suite>/test_*.sh) and prints one closing line "N passed, N failed, N skipped".
-#   tests/run.sh [--slow N] [--e2e-filter REGEX [--e2e-skip-reason TEXT]] [unit|integration|e2e ...]
+#   tests/run.sh [--slow N] [--e2e-filter REGEX [--e2e-skip-reason TEXT]] [unit|integration|e2e|chaos ...]
 #   (default: all suites)
 # --slow N: the slow-build factor (FXT_SLOW, an integer >= 1) every test multiplies its time
 #   bounds and deadlines by (tests/support/fxt_slow.h, tests/e2e/lib/stack.mjs); the Makefile
@@ -50,7 +50,7 @@ export FXT_SLOW=$SLOW
 [ "$SLOW" -gt 1 ] && echo "tests/run.sh: slow-build factor $SLOW (time bounds and deadlines x$SLOW)"
 
 SUITES=("$@")
-[ ${#SUITES[@]} -eq 0 ] && SUITES=(unit integration e2e)
+[ ${#SUITES[@]} -eq 0 ] && SUITES=(unit integration e2e chaos)
 TIMEOUT=$(( ${FXT_TEST_TIMEOUT:-600} * SLOW ))
 
 export FXT_TMPDIR
@@ -115,6 +115,7 @@ for suite in "${SUITES[@]}"; do
       if [ -x tests/e2e/run.sh ]; then
         run_prog e2e tests/e2e/run.sh
       fi ;;
+    chaos) run_prog chaos tests/chaos/run.sh ;; # chaos_fixed_seed (60 s of faults, seed 19)
     *) echo "unknown suite: $suite" >&2; exit 2 ;;
   esac
 done

@@ -150,6 +150,7 @@ export async function httpGet(url, timeout = 3000) {
 // Processes
 
 const live = new Set();
+const PDEATHSIG = process.env.FXE2E_PDEATHSIG === "1";
 
 function killAllSync() {
   for (const p of live) {
@@ -203,8 +204,11 @@ export class Proc {
     fs.writeSync(fd, `---- ${new Date().toISOString()} start: ${cmd} ${args.join(" ")}\n`);
     const extra = inheritFds > 0 ? fs.openSync("/dev/null", "r") : null;
     const stdio = ["ignore", fd, fd, ...Array(inheritFds).fill(extra)];
+    // FXE2E_PDEATHSIG=1 (the chaos runner): the child is exec'd by setpriv with a parent-death
+    // signal, so it dies with the runner even when the runner itself is killed with SIGKILL.
+    const [c0, a0] = PDEATHSIG ? ["setpriv", ["--pdeathsig", "KILL", "--", cmd, ...args]] : [cmd, args];
     try {
-      this.child = spawn(cmd, args, { stdio, cwd, env: env || process.env });
+      this.child = spawn(c0, a0, { stdio, cwd, env: env || process.env });
     } finally {
       fs.closeSync(fd);
       if (extra !== null) fs.closeSync(extra);
