@@ -304,6 +304,30 @@ out:
     return e;
 }
 
+/* Split planes: a chunk whose offset txn failed or was never confirmed may have left its payload
+ * keys (or segment, keyed by its last id) above the produce offset. The ids from `from` on are
+ * about to be written again, possibly cut into other chunks: a stale segment among them would
+ * overlap the new ones and the consumer would skip them as corrupt (acked messages lost). So
+ * before a producer reuses ids after an unknown outcome, it deletes every payload of its own
+ * index from `from` on (it is the only writer of that index). Called with put_mu held. */
+static fx_err drop_orphans(fx_mpsc_producer *p, int64_t from)
+{
+    fx_mq_key s, en;
+    fx_err e;
+    if ((e = key_err(pay_key(&p->m, p->pidx, from, &s), "payload")) ||
+        (e = key_err(pay_key(&p->m, p->pidx, INT64_MAX, &en), "payload")))
+        return e;
+    int64_t n = 0;
+    if ((e = fx_kv_delete_range(p->c->kv, fx_mq_key_slice(&s), fx_mq_key_slice(&en), &n,
+                                p->c->kv_timeout_ms)))
+        return e;
+    if (n > 0)
+        FX_INF("mpsc producer %lld/%lld: removed %lld payload key(s) from id %lld on that an "
+               "unconfirmed write left",
+               (long long)p->m.chan, (long long)p->pidx, (long long)n, (long long)from);
+    return FX_OK;
+}
+
 /* Chunk size starting at vals[0], >= 1. One key per message: <= CHUNK_MSGS values and
  * <= CHUNK_BYTES counting 128 bytes of key/JSON per value. Segment: <= FX_SEG_MAX_MSGS values and
  * an encoded segment of <= CHUNK_BYTES. */
@@ -362,6 +386,14 @@ static fx_err put_impl(fx_mpsc_producer *p, const fx_slice *values, size_t n, in
                     continue;
                 }
                 break;
+            }
+            if (!fx__plane_fused(c) && (e = drop_orphans(p, cur + 1))) {
+                if (transient(e) && fx_now_ms() + backoff < wdeadline) {
+                    nap(&p->mu, &p->cv, &p->lf.stop, backoff);
+                    backoff = min64(backoff * 2, RETRY_MAX_MS);
+                    continue;
+                }
+                break; /* offset_unknown stays: the next put re-reads and drops again */
             }
             if (cur + 1 != p->next)
                 FX_INF("mpsc producer %lld/%lld: produce offset re-read: next id %lld -> %lld",
