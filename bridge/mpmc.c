@@ -46,6 +46,12 @@
  *    on S's meta and on every key under S's prefix; on success put the list without S (its
  *    lease kept), delete S's meta, channel keys, counters and cluster-lease keys; afterwards
  *    revoke S's global-long lease (best effort) and drop this client's hold on it. Races:
+ *     - a producer binding S (its first put there): the membership txn compares that S's meta
+ *       exists (mpsc.c member_txn) and puts keys under S's prefix. Landing after R and before
+ *       the reclaim txn, it makes the reclaim's compare fail (S kept; the reclaim decides again);
+ *       landing after the reclaim txn, it fails for want of the meta (FX_ENOTFOUND) and the
+ *       put routes elsewhere. Every put txn compares the meta too. So a bind and a reclaim never
+ *       both win: nothing is acknowledged into an unlisted sub-MPSC (issue 19).
  *     - a producer that put into S after R changed an offset: the compare fails, S is kept (its
  *       backlog then keeps it); a producer that puts after the txn finds its membership key gone
  *       (its put txn compares it), its chunk fails with nothing stored (a payload written to a
@@ -2164,6 +2170,7 @@ struct fx_mpmc_producer {
      * holder answers its batch before the next batch of that sub-MPSC is stored. */
     int64_t *busy;
     size_t n_busy, cap_busy;
+    _Atomic uint64_t reroutes; /* fx__mpmc_producer_reroutes */
 };
 
 static bool grow(void **arr, size_t *cap, size_t need, size_t elem)
@@ -2613,6 +2620,7 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
                 if (last.e == FX_ELEASE_LOST || last.e == FX_ECLOSED) last.e = FX_EUNAVAIL;
                 if (last.e == FX_ENOTFOUND) { /* meta gone: reclaimed; route elsewhere */
                     gone = true;
+                    p->reroutes++;
                     pthread_mutex_lock(&m->mu);
                     ready_remove(p, cand[i]);
                     pthread_mutex_unlock(&m->mu);
@@ -2654,6 +2662,7 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
                 producer_drop_sub(p, cand[i]);
                 producer_unreserve(p, cand[i]);
                 gone = true; /* membership gone: reclaimed, or its lease lost */
+                p->reroutes++;
                 continue;
             }
             producer_unreserve(p, cand[i]);
@@ -2872,6 +2881,8 @@ fx_err fx_mpmc_producer_open(fx_mq_client *c, int64_t mpmc, int64_t weight,
 }
 
 int64_t fx_mpmc_producer_member(const fx_mpmc_producer *p) { return p ? p->m.member : -1; }
+
+uint64_t fx__mpmc_producer_reroutes(const fx_mpmc_producer *p) { return p ? p->reroutes : 0; }
 
 fx_err fx_mpmc_producer_check(fx_mpmc_producer *p)
 {

@@ -1243,7 +1243,8 @@ static fx_err cons_build(fx_mpsc_consumer *c, int64_t chan, const fx__mpsc_paren
     char *js = NULL;
     if ((e = fx_mq_member_meta_encode(&mm, &js))) return e;
     fx_slice cps = fx_mq_key_slice(&cpre);
-    e = member_txn(cl, fx_mq_key_slice(&c->k_member), FX_SLICE_STR(js), c->m.member_lease, NULL,
+    e = member_txn(cl, fx_mq_key_slice(&c->m.k_meta), fx_mq_key_slice(&c->k_member),
+                   FX_SLICE_STR(js), c->m.member_lease, NULL,
                    (fx_slice){NULL, 0}, 0, &cps);
     free(js);
     if (e) return e;

@@ -221,5 +221,8 @@ int64_t fx__mpsc_consumer_chan(const fx_mpsc_consumer *c);
 /* fx_mpmc_consumer_set_notify of the sub-consumer (mpsc_cons.c). */
 void fx__mpsc_consumer_set_notify(fx_mpsc_consumer *c, void (*fn)(void *arg), void *arg);
 int64_t fx__mpsc_consumer_idx(const fx_mpsc_consumer *c);
+/* Sub-MPSCs an MPMC producer found gone under a put (a bind refused because the meta was gone,
+ * or a sub-producer that closed itself) and routed the put elsewhere (monotonic; mpmc.c). */
+uint64_t fx__mpmc_producer_reroutes(const fx_mpmc_producer *p);
 
 #endif
