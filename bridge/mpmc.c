@@ -2133,6 +2133,22 @@ fx_err fx_mpmc_flush(fx_mpmc_consumer *c, int timeout_ms)
 int64_t fx_mpmc_consumer_member(const fx_mpmc_consumer *c) { return c ? c->m.member : -1; }
 int64_t fx_mpmc_consumer_chan(const fx_mpmc_consumer *c) { return c ? c->chan : -1; }
 
+fx_err fx__mpmc_consumer_fence(const fx_mpmc_consumer *c, fx_mq_key *key, int64_t *create_rev)
+{
+    if (!c || !c->sub) return fx_seterr(FX_EINVAL, "mpmc consumer: not bound");
+    return fx__mpsc_consumer_fence(c->sub, key, create_rev);
+}
+
+void fx__mpmc_consumer_committed(const fx_mpmc_consumer *c, const int64_t *pidx, size_t n,
+                                 int64_t *out)
+{
+    if (c && c->sub) {
+        fx__mpsc_consumer_committed(c->sub, pidx, n, out);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) out[i] = FX_MQ_CONSUME_OFFSET_BEGIN;
+}
+
 void fx_mpmc_consumer_set_notify(fx_mpmc_consumer *c, void (*fn)(void *arg), void *arg)
 {
     if (c && c->sub) fx__mpsc_consumer_set_notify(c->sub, fn, arg);

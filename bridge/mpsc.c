@@ -382,13 +382,16 @@ fx_err fx_mpsc_create(fx_mq_client *c, const fx_mq_chan_cfg *cfg, int64_t *out_c
  * the reclaim lands first and this txn fails: FX_ENOTFOUND, the caller routes elsewhere. Channel
  * ids are never reused (a shared counter), so existence is proof enough. No extra round trip.
  * Retry-safe: when the key exists with our value and our lease, a previous attempt landed.
+ * *create_rev (may be NULL): the membership key's create revision (the writer's fence: attempts.h).
  * excl (may be NULL): a prefix that must hold no key but ours (the consumer memberships of the
  * channel: an MPSC never has two live consumers, the reference's "invalid binding state" that
  * fails every producer put); the compare covers the whole prefix, so two binders racing cannot
  * both win. */
 fx_err member_txn(fx_mq_client *c, fx_slice meta, fx_slice key, fx_slice val, int64_t lease,
-                  const fx_slice *wkey, fx_slice wval, int64_t wlease, const fx_slice *excl)
+                  const fx_slice *wkey, fx_slice wval, int64_t wlease, const fx_slice *excl,
+                  int64_t *create_rev)
 {
+    if (create_rev) *create_rev = 0;
     fx_err e = FX_OK;
     uint8_t xend[FX_MQ_KEY_CAP];
     fx_slice xe = {NULL, 0};
@@ -428,6 +431,7 @@ fx_err member_txn(fx_mq_client *c, fx_slice meta, fx_slice key, fx_slice val, in
                                 kv->lease == lease && kv->value.len == val.len &&
                                 memcmp(kv->value.data, val.data, val.len) == 0;
                     if (!ours) other = kv;
+                    else if (create_rev) *create_rev = kv->create_revision;
                 }
                 if (r && r->n_kvs >= 1 && !other) {
                     e = FX_OK; /* our earlier attempt landed */
@@ -439,6 +443,8 @@ fx_err member_txn(fx_mq_client *c, fx_slice meta, fx_slice key, fx_slice val, in
                     e = fx_seterr(FX_EEXISTS, "membership key %.*s is held by another member",
                                   (int)key.len, (const char *)key.data);
                 }
+            } else if (create_rev) {
+                *create_rev = resp.revision; /* the txn's revision: the key's creation */
             }
             fx_txn_resp_free(&resp);
             return e;

@@ -195,6 +195,7 @@ fx_err mgr_renew_long(fx_mq_client *c, chan_mgr *m);
 fx_err mgr_open(fx_mq_client *c, int64_t chan, const fx__mpsc_parent *parent,
                 fx_lease_expired_fn cb, void *arg, chan_mgr *m);
 fx_err member_txn(fx_mq_client *c, fx_slice meta, fx_slice key, fx_slice val, int64_t lease,
-                  const fx_slice *wkey, fx_slice wval, int64_t wlease, const fx_slice *excl);
+                  const fx_slice *wkey, fx_slice wval, int64_t wlease, const fx_slice *excl,
+                  int64_t *create_rev);
 
 #endif

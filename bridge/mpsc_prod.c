@@ -578,7 +578,7 @@ static fx_err prod_build(fx_mpsc_producer *p, int64_t chan, const fx__mpsc_paren
     fx_slice wk = fx_mq_key_slice(&p->k_weight);
     e = member_txn(c, fx_mq_key_slice(&p->m.k_meta), fx_mq_key_slice(&p->k_member),
                    FX_SLICE_STR(js), p->m.member_lease, &wk,
-                   (fx_slice){wv, wl}, p->m.meta.global_lease_id, NULL);
+                   (fx_slice){wv, wl}, p->m.meta.global_lease_id, NULL, NULL);
     free(js);
     if (e) return e;
     p->member_written = true;
