@@ -304,8 +304,9 @@ static fx_err sub_chan_id(fx_mq_client *c, int64_t *out)
  * channel id from the client's block, a grant of the new global-long lease, then ONE txn that
  * creates the id-allocator cluster-lease key and the meta (both create==0). The global and
  * payload leases are the parent's, held by the parent member: no registration here. On an error
- * after the txn was sent *out_chan is set: the txn may have landed and the caller rolls the
- * channel's keys back (rollback_unpublished); otherwise *out_chan is -1. */
+ * after the txn was sent *out_chan and *out_meta are set: the txn may have landed and the caller
+ * rolls the channel's keys back and revokes its global-long lease (rollback_unpublished);
+ * otherwise *out_chan is -1 (and the lease, if granted, is revoked here). */
 fx_err fx__mpsc_create_sub(fx_mq_client *c, const fx_mq_chan_cfg *cfg,
                            const fx__mpsc_parent *parent, int64_t *out_chan,
                            fx_mq_chan_meta *out_meta)
@@ -345,7 +346,8 @@ fx_err fx__mpsc_create_sub(fx_mq_client *c, const fx_mq_chan_cfg *cfg,
     fx_txn_resp resp = {0};
     e = fx_etcd_txn(c->etcd, &tx, &resp, c->op_timeout_ms);
     if (e) {
-        *out_chan = chan; /* maybe landed: the caller rolls back */
+        *out_chan = chan; /* maybe landed: the caller rolls back (and revokes gll) */
+        *out_meta = meta;
     } else if (!resp.succeeded) {
         e = fx_seterr(FX_EEXISTS, "mpsc create: keys of channel %lld already exist",
                       (long long)chan);

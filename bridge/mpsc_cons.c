@@ -1110,7 +1110,7 @@ static fx_err cons_close_impl(fx_mpsc_consumer *c, bool force, bool *unfinished)
                    (long long)c->m.chan, (long long)c->cidx, (long long)left, c->final_detail);
         else if (c->final_err)
             FX_WRN("mpsc consumer %lld/%lld close: final commit failed: %s (%s); offsets are "
-                   "committed, payloads left behind expire with the payload lease",
+                   "committed, payloads left behind are deleted when the sub-MPSC is reclaimed",
                    (long long)c->m.chan, (long long)c->cidx, fx_errname(c->final_err),
                    c->final_detail);
     }

@@ -25,7 +25,9 @@
  * mq_attempts_write_fenced (issue 19): consumer A records 2 attempts of a message; A's member
  *   lease is revoked (as after a SIGSTOP past ttl_seconds); a drain consumer on another client
  *   adopts the sub-MPSC, inherits 2 and records 3; A's stale writer then writes its own view: it
- *   is refused (FX_ELEASE_LOST) and the record still says 3 (no count rolled back).
+ *   is refused (FX_ELEASE_LOST) and the record still says 3 (no count rolled back); when the
+ *   drain consumer leaves, the sub-MPSC is reclaimed with its record and the stale writer cannot
+ *   re-create it.
  * mq_attempts_pruned (issue 19): 5,000 producer ids churn through one sub-MPSC over 20 consumer
  *   lifetimes (moves), 250 each, every id of them published once and committed (the consume
  *   offsets a commit leaves are written for them); then a message is delivered twice and the
@@ -56,6 +58,7 @@
 #include "fluxon_mq.h"
 #include "fx_log.h"
 #include "keys.h"
+#include "meta.h"
 #include "lease_mgr.h"
 #include "tests/support/fxt.h"
 #include "tests/support/fxt_proxy.h"
@@ -820,8 +823,9 @@ static void mq_attempts_write_fenced(void **state)
     fx_mq_chan_cfg cfg = {.capacity = 1000, .ttl_s = 10};
     int64_t mpmc = -1;
     CHECK(fx_mpmc_resolve(c1, "attf", &cfg, &mpmc));
-    fx_mpmc_consumer *a = NULL, *d = NULL;
+    fx_mpmc_consumer *a = NULL, *b = NULL, *d = NULL;
     CHECK(fx_mpmc_consumer_open(c1, mpmc, &a));
+    CHECK(fx_mpmc_consumer_open(c2, mpmc, &b)); /* a second sub-MPSC: a is reclaimable later */
     int64_t s = fx_mpmc_consumer_chan(a);
     fx_attempts *aa = NULL, *da = NULL;
     CHECK(ATT_OPEN(c1, a, &aa));
@@ -865,9 +869,35 @@ static void mq_attempts_write_fenced(void **state)
     const fx_attempt f3[] = {{7, 3, 4}};
     CHECK(fx_attempts_save(da, f3, 1, OP_MS, NULL));
     assert_int_equal(raw_attempts(root, s, 7, 3, NULL), 4);
-    fx_attempts_free(aa);
+    /* The drain consumer leaves; the sub-MPSC is reclaimed with its record, and the stale
+     * writer cannot re-create it. */
     fx_attempts_free(da);
     fx_mpmc_consumer_free(d);
+    char akey[256];
+    snprintf(akey, sizeof akey, "%s/attempts/%" PRId64, root, s);
+    fx_mq_key lk;
+    CHECK(fx_mq_key_mpmc_mpsc_channels(&k, mpmc, &lk));
+    dl = now_ms() + 10000;
+    while (now_ms() < dl) {
+        fx_kv kv = {0};
+        bool listed = false;
+        if (raw_get(lk.s, &kv)) {
+            int64_t *ids = NULL;
+            size_t n = 0;
+            CHECK(fx_mq_mpsc_list_decode(kv.value.data, kv.value.len, &ids, &n));
+            for (size_t i = 0; i < n; i++) listed = listed || ids[i] == s;
+            free(ids);
+        }
+        fx_kv_free(&kv);
+        if (!listed) break;
+        nap_ms(20);
+    }
+    assert_false(raw_exists(akey)); /* reclaimed with the sub-MPSC */
+    e = fx_attempts_save(aa, f1, 1, OP_MS, &wrote);
+    assert_int_equal(e, FX_ELEASE_LOST);
+    assert_false(raw_exists(akey));
+    fx_attempts_free(aa);
+    fx_mpmc_consumer_free(b);
     fx_mpmc_consumer_free(a);
     fx_mq_client_free(c2);
     fx_mq_client_free(c1);
