@@ -67,9 +67,10 @@
  *    other.
  *  - A publish txn that fails ambiguously (timeout) is verified by re-reading the list; if that
  *    is impossible, the sub-MPSC is closed but its keys are not rolled back (a rollback of a
- *    channel that did get published would be worse). When it was not published its keys stay
- *    (bound to the metadata lease, which every member renews, and unlisted, so no reclaim
- *    sees them): ERR logged with the sub-MPSC id; known gap (issue 19: a sweep of unlisted metas).
+ *    channel that did get published would be worse). When it was not published, its keys are
+ *    unlisted (no reclaim sees them) but bound to its own global-long lease, not renewed once
+ *    its creator let go (the publish txn moves the meta to the metadata lease): they go with
+ *    that lease (`retention`) instead of living as long as the channel (issue 19).
  *  - A rollback of an unpublished sub-MPSC is strict: delete, read back, up to 3 times; when
  *    keys are still there (or the read-back fails) the open / put reports that error.
  *  - Member ids: one CAS per open (no range cache).
@@ -377,8 +378,8 @@ static fx_err rollback_unpublished(fx_mq_client *c, int64_t mpmc, int64_t chan,
                  " could not be verified after %d attempts: %s", mpmc, chan,
                  MPMC_ROLLBACK_ATTEMPTS, ver.detail);
     }
-    FX_ERR("%s; its keys stay as long as the channel's metadata lease (a reclaim does not see an "
-           "unlisted sub-MPSC)", msg);
+    FX_ERR("%s; its keys go with its own lease (not renewed once unbound; at most retention)",
+           msg);
     return fx_seterr(r, "%s", msg);
 }
 
@@ -1388,14 +1389,18 @@ static fx_err pub_view(fx_mq_client *c, int64_t mpmc, mpmc_view *v)
 /* Publish `chan` with the CAS: list == snapshot (create==0 when absent) && create(ready)==0 ->
  * list+[chan] (metadata lease), ready = member (member lease). Both branches also read the brief
  * (success: the ready and consumer counts; failure: the list too) into the publish cache. */
-static fx_err consumer_publish(fx_mpmc_consumer *cs, const mpmc_view *v, int64_t chan, bool *won)
+/* The publish txn: CAS list + ready key; it also moves the new sub-MPSC's meta (meta_js) from
+ * its own global-long lease to the global lease (fx__mpsc_create_sub). */
+static fx_err consumer_publish(fx_mpmc_consumer *cs, const mpmc_view *v, int64_t chan,
+                               const fx_mq_chan_meta *meta, const char *meta_js, bool *won)
 {
     mpmc_member *m = &cs->m;
     fx_mq_client *c = m->c;
     *won = false;
-    fx_mq_key lk, rk;
+    fx_mq_key lk, rk, mk;
     fx_err e = fx_mq_key_mpmc_mpsc_channels(&c->keys, m->mpmc, &lk);
     if (!e) e = fx_mq_key_mpmc_ready(&c->keys, m->mpmc, chan, &rk);
+    if (!e) e = fx_mq_key_chan_meta(&c->keys, chan, &mk);
     if (e) return e;
     int64_t *ids = malloc((v->n_list + 1) * sizeof *ids);
     if (!ids) return fx_seterr(FX_ENOMEM, "mpmc: out of memory");
@@ -1417,18 +1422,19 @@ static fx_err consumer_publish(fx_mpmc_consumer *cs, const mpmc_view *v, int64_t
     }
     uint8_t rend[FX_MQ_KEY_CAP], cend[FX_MQ_KEY_CAP];
     fx_slice rps = {rend, fx_prefix_end(ks(&rp), rend)}, cps = {cend, fx_prefix_end(ks(&cp), cend)};
-    fx_op ops[4] = {op_put(ks(&lk), FX_SLICE_STR(json), m->meta.metadata_lease_id),
+    fx_op ops[5] = {op_put(ks(&lk), FX_SLICE_STR(json), m->meta.metadata_lease_id),
                     op_put(ks(&rk), (fx_slice){m->member_dec, m->member_dec_len}, m->member_lease),
-                    op_range(ks(&rp), rps), op_range(ks(&cp), cps)};
+                    op_range(ks(&rp), rps), op_range(ks(&cp), cps),
+                    op_put(ks(&mk), FX_SLICE_STR(meta_js), meta->global_lease_id)};
     ops[2].u.range.count_only = ops[3].u.range.count_only = true;
     fx_op fops[3] = {op_range(ks(&lk), (fx_slice){NULL, 0}), ops[2], ops[3]};
-    fx_txn_req t = {.cmp = cmp, .n_cmp = 2, .success = ops, .n_success = 4, .failure = fops,
+    fx_txn_req t = {.cmp = cmp, .n_cmp = 2, .success = ops, .n_success = 5, .failure = fops,
                     .n_failure = 3};
     fx_txn_resp r = {0};
     e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
     *won = !e && r.succeeded;
     c->pub_valid = false;
-    if (!e && r.succeeded && r.n_responses == 4 && r.responses[2].type == FX_OP_RANGE &&
+    if (!e && r.succeeded && r.n_responses == 5 && r.responses[2].type == FX_OP_RANGE &&
         r.responses[3].type == FX_OP_RANGE) {
         fx_kv kv = {.value = {(uint8_t *)json, strlen(json)}};
         fx_range_resp lr = {.kvs = &kv, .n_kvs = 1};
@@ -1494,6 +1500,13 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
         fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL, meta.global_long_lease_id);
         return re ? rollback_err(re, &se) : restore_err(&se);
     }
+    char *meta_js = NULL; /* re-put by the publish txn under the global lease */
+    if ((e = fx_mq_chan_meta_encode(&meta, &meta_js))) {
+        saved_err se;
+        save_err(&se, e);
+        fx_err re = rollback_unpublished(c, m->mpmc, chan, sub, meta.global_long_lease_id);
+        return re ? rollback_err(re, &se) : restore_err(&se);
+    }
     bool published = false;
     pthread_mutex_lock(&c->publish_mu);
     bool fresh = false; /* the cached brief comes from a read or a txn of this call */
@@ -1549,7 +1562,7 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
                           " active, %zu sub-MPSCs)", m->mpmc, active, v.n_list);
             break;
         }
-        e = consumer_publish(cs, &v, chan, &published);
+        e = consumer_publish(cs, &v, chan, &meta, meta_js, &published);
         if (published && !e && (cs->seen = malloc((v.n_list + 1) * sizeof *cs->seen))) {
             if (v.n_list) memcpy(cs->seen, v.list, v.n_list * sizeof *cs->seen);
             cs->seen[v.n_list] = chan;
@@ -1579,6 +1592,7 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
     if (!published && e == FX_OK && !cs->sub) /* attempts used up without a decision */
         e = fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": no sub-MPSC published or claimed after %d "
                       "attempts", m->mpmc, MPMC_PUBLISH_ATTEMPTS);
+    free(meta_js);
     if (published) {
         cs->sub = sub;
         cs->chan = chan;

@@ -303,7 +303,12 @@ static fx_err sub_chan_id(fx_mq_client *c, int64_t *out)
 /* The sub-MPSC creation in two round trips (issue 13; fx__mpsc_create took about eight): a
  * channel id from the client's block, a grant of the new global-long lease, then ONE txn that
  * creates the id-allocator cluster-lease key and the meta (both create==0). The global and
- * payload leases are the parent's, held by the parent member: no registration here. On an error
+ * payload leases are the parent's, held by the parent member: no registration here. Until the
+ * sub-MPSC is published the meta key is bound to its own global-long lease (the publish txn
+ * moves it to the global lease, mpmc.c consumer_publish): a sub-MPSC never published (its
+ * creator crashed, or the publish was ambiguous and could not be verified) is unlisted, so no
+ * reclaim sees it; every key of it then goes with that lease, which only its binder renews
+ * (issue 19), instead of living as long as the channel. On an error
  * after the txn was sent *out_chan and *out_meta are set: the txn may have landed and the caller
  * rolls the channel's keys back and revokes its global-long lease (rollback_unpublished);
  * otherwise *out_chan is -1 (and the lease, if granted, is revoked here). */
@@ -341,7 +346,7 @@ fx_err fx__mpsc_create_sub(fx_mq_client *c, const fx_mq_chan_cfg *cfg,
         {.type = FX_OP_PUT, .u.put = {.key = fx_mq_key_slice(&lk), .value = {lv, lvl},
                                       .lease = gll}},
         {.type = FX_OP_PUT, .u.put = {.key = fx_mq_key_slice(&mk), .value = FX_SLICE_STR(js),
-                                      .lease = parent->global_lease}}};
+                                      .lease = gll}}};
     fx_txn_req tx = {.cmp = cmp, .n_cmp = 2, .success = put, .n_success = 2};
     fx_txn_resp resp = {0};
     e = fx_etcd_txn(c->etcd, &tx, &resp, c->op_timeout_ms);

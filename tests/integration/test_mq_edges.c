@@ -15,8 +15,9 @@
  *   backends; a retry once etcd answers again commits, succeeds and frees the backends.
  * mq_rollback_verified: a sub-MPSC created by an MPMC consumer whose bind fails is rolled back;
  *   when the proxy drops the rollback's delete, the read-back sees the keys and the open reports
- *   the rollback failure; when the delete goes through, the keys are gone and the open reports
- *   the bind error.
+ *   the rollback failure (and the meta left is bound to the sub-MPSC's own global-long lease, not
+ *   to the channel's metadata lease); when the delete goes through, the keys are gone and the
+ *   open reports the bind error.
  * mpsc_second_consumer_refused: a second consumer of a standalone MPSC is refused (FX_EEXISTS)
  *   while the first is bound, and accepted once it closed; membership records carry the client's
  *   external_client_id.
@@ -657,6 +658,20 @@ static void mq_rollback_verified(void **state)
     char want[64];
     snprintf(want, sizeof want, "sub-MPSC %" PRId64, chan);
     if (!strstr(detail, want)) fail_msg("error does not name %s: %s", want, detail);
+    /* The keys left are bound to the sub-MPSC's own global-long lease (which nobody renews once
+     * its creator let go), not to the channel's metadata lease that every member renews: they go
+     * with it (issue 19). */
+    fx_kv mkv = {0};
+    assert_true(raw_get(meta.s, &mkv));
+    int64_t meta_lease = mkv.lease;
+    fx_kv_free(&mkv);
+    fx_mq_key cll;
+    CHECK(fx_mq_key_cluster_lease_id_alloc(&k, chan, &cll));
+    int64_t own = raw_get_int(cll.s);
+    print_message("      leftover meta lease %" PRId64 ", its own global-long lease %" PRId64 "\n",
+                  meta_lease, own);
+    assert_true(own > 0);
+    assert_int_equal(meta_lease, own);
 }
 
 /* ===================================================================================================
