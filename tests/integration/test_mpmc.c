@@ -45,6 +45,8 @@
  *   sub-MPSC held (proxy) while the owning consumer closes and reclaims it from another client;
  *   released, the put is refused or rerouted, never acknowledged into the unlisted sub-MPSC;
  *   every acknowledged message is delivered.
+ * mpmc_reclaim_deletes_leftover_payloads (issue 19): split payload plane: a payload left behind
+ *   by a failed delete and the attempt record go when the sub-MPSC is reclaimed.
  * mq_attach_registers_data_leases: ttl 2 s, retention 4 s: metadata, payload, id-allocator and
  *   sub-MPSC global-long leases are granted with the retention, the member lease with the TTL;
  *   the attacher alone keeps them past 3 x TTL (and the retention); when it leaves too, the
@@ -1446,6 +1448,51 @@ static void mpmc_reclaim_vs_first_bind_no_loss(void **state)
     fx_mq_client_free(c);
 }
 
+/* mpmc_reclaim_deletes_leftover_payloads (issue 19): on a split payload plane (payloads in their
+ * own KV store, here a prefix of the same etcd) a payload whose delete failed after its offsets
+ * were committed (a stray key below the consume offset) goes when its sub-MPSC is reclaimed,
+ * and so does the sub-MPSC's attempt record. */
+static void mpmc_reclaim_deletes_leftover_payloads(void **state)
+{
+    (void)state;
+    const char *root = "/t_leftover";
+    fx_mq_client_opts o = {.etcd = {.endpoints = G.eps, .n_endpoints = 1}, .root = root,
+                           .long_lease_ttl_s = 60, .min_ttl_s = 2, .op_timeout_ms = OP_MS,
+                           .close_timeout_ms = 1000, .kv_endpoints = G.eps, .n_kv_endpoints = 1};
+    fx_mq_client *c = NULL;
+    CHECK(fx_mq_client_new(&o, &c));
+    fx_mq_keys k;
+    keys_of(root, &k);
+    int64_t mpmc = -1;
+    CHECK(fx_mpmc_resolve(c, "lo", &CFG, &mpmc));
+    fx_mpmc_consumer *a = NULL, *b = NULL;
+    CHECK(fx_mpmc_consumer_open(c, mpmc, &a));
+    CHECK(fx_mpmc_consumer_open(c, mpmc, &b));
+    int64_t sa = fx_mpmc_consumer_chan(a);
+    fx_mq_key rel, pre;
+    CHECK(fx_mq_payload_key(mpmc, sa, 5, 42, &rel));
+    CHECK(fx_mq_payload_prefix_mpsc(mpmc, sa, &pre));
+    char stray[1024], prefix[1024], akey[256];
+    snprintf(stray, sizeof stray, "%s/kv/%s", root, rel.s);
+    snprintf(prefix, sizeof prefix, "%s/kv/%s", root, pre.s);
+    snprintf(akey, sizeof akey, "%s/attempts/%" PRId64, root, sa);
+    fx_put_req pr = {.key = FX_SLICE_STR(stray), .value = FX_SLICE_STR("left behind")};
+    CHECK(fx_etcd_put(G.raw, &pr, NULL, OP_MS));
+    fx_put_req ar = {.key = FX_SLICE_STR(akey), .value = FX_SLICE_STR("FXA1")};
+    CHECK(fx_etcd_put(G.raw, &ar, NULL, OP_MS));
+    assert_int_equal(raw_count(prefix), 1);
+    fx_mpmc_consumer_free(a); /* empty, unready, b remains: reclaimed at close */
+    assert_true(wait_unlisted(&k, mpmc, sa, 5000));
+    int64_t dl = fxt_now_ms() + 5000, left = 0;
+    while ((left = raw_count(prefix)) > 0 && fxt_now_ms() < dl) nap_ms(20);
+    print_message("      sub-MPSC %" PRId64 " reclaimed: %" PRId64 " payload key(s) left, attempt "
+                  "record %s\n", sa, left, raw_get(akey, NULL) ? "left" : "gone");
+    assert_int_equal(left, 0);
+    assert_false(raw_get(akey, NULL));
+    fx_mpmc_consumer_free(b);
+    fx_mq_client_free(c);
+}
+
 /* mpmc_many_consumers_open (issue 13): FXT_MANY (default 96) consumers opened by 8 threads on one
  * MPMC, no producer: each creates its own sub-MPSC, all distinct, every one listed and ready; the
  * open rate is printed (claims/s; FXT_MANY=1000 measures the scale case). */
@@ -1542,6 +1589,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(mpmc_reclaim_follows_consumers),
         cmocka_unit_test(mpmc_reclaim_racing_producer_loses_nothing),
         cmocka_unit_test(mpmc_reclaim_vs_first_bind_no_loss),
+        cmocka_unit_test(mpmc_reclaim_deletes_leftover_payloads),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
