@@ -9,10 +9,12 @@
 
 #include "keys.h"
 #include "meta.h"
+#include "mq_int.h"
 
 #define MAGIC "FXA1"
 
 struct fx_attempts {
+    fx_mq_client *c;
     fx_etcd *etcd;
     char key[FX_ATTEMPTS_KEY_CAP];
     size_t klen;
@@ -31,6 +33,12 @@ struct fx_attempts {
     fx_attempt *exc; /* scratch for save */
     size_t exc_cap;
     fx_attempts_stats st;
+    const fx_mpmc_consumer *owner; /* NULL: unfenced, unpruned */
+    fx_mq_key fence;               /* owner's membership key */
+    int64_t fence_rev;             /* its create revision */
+    int64_t *cbuf;                 /* prune scratch: committed offsets */
+    size_t cbuf_cap;
+    size_t prune_at; /* prune when np reaches this */
 };
 
 /* ---- codec ----------------------------------------------------------------------------------- */
@@ -140,12 +148,55 @@ static ssize_t prod_find(const fx_attempts *a, int64_t pidx)
     return -1;
 }
 
+#define PRUNE_MIN 64
+
+/* Inherited exceptions of pidx: taken (they are committed). in.exc is sorted by (pidx, msg). */
+static void drop_inherited(fx_attempts *a, int64_t pidx)
+{
+    size_t lo = 0, hi = a->in.ne;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (a->in.exc[mid].pidx < pidx) lo = mid + 1;
+        else hi = mid;
+    }
+    for (size_t i = lo; i < a->in.ne && a->in.exc[i].pidx == pidx; i++) a->in.exc[i].n = UINT32_MAX;
+}
+
+/* Drop the producer entries whose every published id is committed by the owner (see the
+ * header). One lock of the owner, no I/O. */
+static void prune(fx_attempts *a)
+{
+    if (!a->owner || !a->np) return;
+    if (a->np > a->cbuf_cap) {
+        int64_t *nb = realloc(a->cbuf, a->np * sizeof *nb);
+        if (!nb) return; /* out of memory: no prune this time */
+        a->cbuf = nb;
+        a->cbuf_cap = a->np;
+    }
+    fx__mpmc_consumer_committed(a->owner, a->p_pidx, a->np, a->cbuf);
+    for (size_t i = 0; i < a->np;) {
+        if (a->p_hi[i] < a->cbuf[i]) {
+            drop_inherited(a, a->p_pidx[i]);
+            size_t l = --a->np;
+            a->p_pidx[i] = a->p_pidx[l];
+            a->p_hi[i] = a->p_hi[l];
+            a->p_floor[i] = a->p_floor[l];
+            a->cbuf[i] = a->cbuf[l];
+            a->st.pruned++;
+        } else {
+            i++;
+        }
+    }
+    a->prune_at = a->np * 2 > PRUNE_MIN ? a->np * 2 : PRUNE_MIN;
+}
+
 /* The producer's slot, created (hi -1: nothing published; floor INT64_MAX: nothing fetched).
- * -1 when the bound is reached. */
+ * -1 when the bound is reached (after a prune). */
 static ssize_t prod_slot(fx_attempts *a, int64_t pidx)
 {
     ssize_t i = prod_find(a, pidx);
     if (i >= 0) return i;
+    if (a->np >= FX_ATTEMPTS_MAX_PRODUCERS) prune(a);
     if (a->np >= FX_ATTEMPTS_MAX_PRODUCERS) {
         a->st.dropped++;
         return -1;
@@ -169,9 +220,13 @@ static ssize_t prod_slot(fx_attempts *a, int64_t pidx)
     return (ssize_t)a->np++;
 }
 
-fx_err fx_attempts_open(fx_mq_client *c, int64_t chan, int timeout_ms, fx_attempts **out)
+fx_err fx_attempts_open(fx_mq_client *c, int64_t chan, const fx_mpmc_consumer *owner,
+                        int timeout_ms, fx_attempts **out)
 {
     *out = NULL;
+    if (owner && fx_mpmc_consumer_chan(owner) != chan)
+        return fx_seterr(FX_EINVAL, "attempts: the owner is bound to sub-MPSC %" PRId64 ", not %"
+                         PRId64, fx_mpmc_consumer_chan(owner), chan);
     fx_mq_keys keys;
     fx_mq_key mk;
     fx_err e = fx_mq_keys_init(&keys, fx_mq_client_root(c));
@@ -179,6 +234,15 @@ fx_err fx_attempts_open(fx_mq_client *c, int64_t chan, int timeout_ms, fx_attemp
     if (e) return e;
     fx_attempts *a = calloc(1, sizeof *a);
     if (!a) return fx_seterr(FX_ENOMEM, "attempts: out of memory");
+    a->prune_at = PRUNE_MIN;
+    if (owner) {
+        a->owner = owner;
+        if ((e = fx__mpmc_consumer_fence(owner, &a->fence, &a->fence_rev))) {
+            free(a);
+            return e;
+        }
+    }
+    a->c = c;
     a->etcd = fx_mq_client_etcd(c);
     int kl = snprintf(a->key, sizeof a->key, "%s/attempts/%" PRId64, fx_mq_client_root(c), chan);
     if (kl < 0 || (size_t)kl >= sizeof a->key) {
@@ -224,6 +288,7 @@ fx_err fx_attempts_open(fx_mq_client *c, int64_t chan, int timeout_ms, fx_attemp
         fx_attempts_free(a);
         return e;
     }
+    prune(a); /* entries the owner's resume points show committed */
     *out = a;
     return FX_OK;
 }
@@ -238,6 +303,7 @@ void fx_attempts_free(fx_attempts *a)
     free(a->last);
     free(a->buf);
     free(a->exc);
+    free(a->cbuf);
     free(a);
 }
 
@@ -282,6 +348,7 @@ static bool exc_push(fx_attempts *a, size_t *ne, const fx_attempt *x)
 bool fx_attempts_build(fx_attempts *a, const fx_attempt *inflight, size_t n, const uint8_t **val,
                        size_t *len)
 {
+    if (a->owner && a->np >= a->prune_at) prune(a);
     /* raise hi over what has been published at least once */
     for (size_t i = 0; i < n; i++) {
         if (inflight[i].n == 0) continue;
@@ -323,14 +390,37 @@ bool fx_attempts_build(fx_attempts *a, const fx_attempt *inflight, size_t n, con
     return true;
 }
 
-fx_slice fx_attempts_key(const fx_attempts *a) { return (fx_slice){a->key, a->klen}; }
-int64_t fx_attempts_lease(const fx_attempts *a) { return a->lease; }
+void fx_attempts_dest_of(const fx_attempts *a, fx_attempts_dest *out)
+{
+    memcpy(out->key, a->key, a->klen);
+    out->klen = a->klen;
+    out->lease = a->lease;
+    out->flen = a->owner ? strlen(a->fence.s) : 0;
+    if (out->flen) memcpy(out->fence, a->fence.s, out->flen);
+    out->fence_rev = a->fence_rev;
+}
 
-fx_err fx_attempts_put(fx_mq_client *c, fx_slice key, int64_t lease, const uint8_t *val,
+/* One put; fenced: ONE txn compare(create(owner membership) == its bind's revision). */
+fx_err fx_attempts_put(fx_mq_client *c, const fx_attempts_dest *d, const uint8_t *val,
                        size_t len, int timeout_ms)
 {
-    fx_put_req p = {.key = key, .value = {val, len}, .lease = lease};
-    return fx_etcd_put(fx_mq_client_etcd(c), &p, NULL, timeout_ms);
+    fx_etcd *etcd = fx_mq_client_etcd(c);
+    fx_op put = {.type = FX_OP_PUT,
+                 .u.put = {.key = {d->key, d->klen}, .value = {val, len}, .lease = d->lease}};
+    if (!d->flen) return fx_etcd_put(etcd, &put.u.put, NULL, timeout_ms);
+    fx_cmp cmp = {.target = FX_CMP_CREATE, .result = FX_CMP_EQUAL,
+                  .key = {d->fence, d->flen}, .num = d->fence_rev};
+    fx_txn_req t = {.cmp = &cmp, .n_cmp = 1, .success = &put, .n_success = 1};
+    fx_txn_resp r = {0};
+    fx_err e = fx_etcd_txn(etcd, &t, &r, timeout_ms);
+    bool won = !e && r.succeeded;
+    fx_txn_resp_free(&r);
+    if (e) return e;
+    if (!won)
+        return fx_seterr(FX_ELEASE_LOST, "attempts %.*s: the writer's membership %.*s is gone "
+                         "(member lease lost or sub-MPSC reclaimed): not written",
+                         (int)d->klen, d->key, (int)d->flen, d->fence);
+    return FX_OK;
 }
 
 fx_err fx_attempts_save(fx_attempts *a, const fx_attempt *inflight, size_t n, int timeout_ms,
@@ -340,8 +430,9 @@ fx_err fx_attempts_save(fx_attempts *a, const fx_attempt *inflight, size_t n, in
     const uint8_t *val = NULL;
     size_t len = 0;
     if (!fx_attempts_build(a, inflight, n, &val, &len)) return FX_OK;
-    fx_put_req p = {.key = {a->key, a->klen}, .value = {val, len}, .lease = a->lease};
-    fx_err e = fx_etcd_put(a->etcd, &p, NULL, timeout_ms);
+    fx_attempts_dest d;
+    fx_attempts_dest_of(a, &d);
+    fx_err e = fx_attempts_put(a->c, &d, val, len, timeout_ms);
     if (e) {
         free(a->last); /* not written: the next build must not look unchanged */
         a->last = NULL;

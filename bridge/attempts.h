@@ -21,13 +21,28 @@
  * attempts of each message it fetches (fx_attempts_take); inherited entries of a producer below
  * the first message fetched from it are committed and are dropped.
  *
- * Bounds: at most FX_ATTEMPTS_MAX_EXC exceptions and FX_ATTEMPTS_MAX_PRODUCERS producers per
- * record (more: the extra entries are left out and counted in dropped; such messages fall back
- * to "1 attempt"). A record that does not decode is ignored (counted, FX_EPROTO logged by the
- * caller) and rewritten by the next save.
+ * Fencing (issue 19): a record opened for its owner (the MPMC consumer bound to the sub-MPSC) is
+ * written only while that owner still holds its consumer membership: every put is a txn that
+ * compares the membership key's create revision (the owner's bind). A consumer whose member
+ * lease expired (its membership deleted) or whose sub-MPSC was reclaimed (every key under the
+ * channel deleted) gets FX_ELEASE_LOST and writes nothing: it can neither roll back the counts of
+ * the consumer that took the sub-MPSC over nor re-create the record after a reclaim. The
+ * membership key is unique to one bind (create revision), so a later bind with the same consumer
+ * index does not pass the compare either. Without an owner (tests, tools) puts are plain.
  *
- * Ownership: fx_attempts borrows the client (which must outlive it). Thread rules: one thread
- * at a time (the claim thread that owns the consumer).
+ * Pruning: a producer entry whose high mark is below the owner's committed offset of that
+ * producer (every id of it that was ever published is committed, never read again) is dropped,
+ * with its inherited exceptions: at open (from the resume points the owner read at its bind) and
+ * when the number of entries doubled since the last prune (amortised: one lock of the owner and
+ * no I/O). So churned producer ids (each bridge restart makes new ones) do not fill the bound.
+ *
+ * Bounds: at most FX_ATTEMPTS_MAX_EXC exceptions and FX_ATTEMPTS_MAX_PRODUCERS producers per
+ * record (more: a prune first; what is still over the bound is left out and counted in dropped;
+ * such messages fall back to "1 attempt"). A record that does not decode is ignored (counted,
+ * FX_EPROTO logged by the caller) and rewritten by the next save.
+ *
+ * Ownership: fx_attempts borrows the client and the owner consumer (both must outlive it).
+ * Thread rules: one thread at a time (the claim thread that owns the consumer).
  */
 #ifndef FX_BRIDGE_ATTEMPTS_H
 #define FX_BRIDGE_ATTEMPTS_H
@@ -50,12 +65,26 @@ typedef struct fx_attempt {
 } fx_attempt;
 
 typedef struct fx_attempts_stats {
-    uint64_t writes, inherited, dropped;
+    uint64_t writes, inherited, dropped, pruned;
     size_t last_bytes;
 } fx_attempts_stats;
 
-/* Read the record of sub-MPSC chan (and its lease). A missing record is an empty one. */
-fx_err fx_attempts_open(fx_mq_client *c, int64_t chan, int timeout_ms, fx_attempts **out);
+/* Where a record goes and the writer's fence, copied by value (the writer thread's copy). */
+typedef struct fx_attempts_dest {
+    char key[FX_ATTEMPTS_KEY_CAP];
+    size_t klen;
+    int64_t lease;
+    char fence[FX_ATTEMPTS_KEY_CAP]; /* the owner's consumer membership key (flen 0: no fence) */
+    size_t flen;
+    int64_t fence_rev; /* its create revision */
+} fx_attempts_dest;
+
+/* Read the record of sub-MPSC chan (and its lease). A missing record is an empty one. owner:
+ * the MPMC consumer bound to chan (its membership fences every write, its committed offsets
+ * prune the record); NULL only for tests and tools (plain puts, no pruning). */
+fx_err fx_attempts_open(fx_mq_client *c, int64_t chan, const fx_mpmc_consumer *owner,
+                        int timeout_ms, fx_attempts **out);
+#define FX_ATTEMPTS_FENCED 1 /* fx_attempts_open takes the owner */
 void fx_attempts_free(fx_attempts *a);
 
 /* Attempts made on (pidx, msg) before this consumer; the inherited entry is consumed. */
@@ -70,13 +99,13 @@ fx_err fx_attempts_save(fx_attempts *a, const fx_attempt *inflight, size_t n, in
 /* The same in two steps, so the put can run on another thread (pipelined with deliveries):
  * build (the owner thread) returns true when the record differs from the last one built, with
  * *val / *len pointing into a buffer of a that stays valid until the next build; put writes a
- * value to a key (any thread; key and lease from fx_attempts_key / fx_attempts_lease, copied by
- * the caller, so it does not touch a). */
+ * value to the destination (any thread; fx_attempts_dest_of, copied by the caller, so it does not
+ * touch a). A fenced put whose writer no longer owns the sub-MPSC: FX_ELEASE_LOST (nothing
+ * written; do not retry). */
 bool fx_attempts_build(fx_attempts *a, const fx_attempt *inflight, size_t n, const uint8_t **val,
                        size_t *len);
-fx_slice fx_attempts_key(const fx_attempts *a);
-int64_t fx_attempts_lease(const fx_attempts *a);
-fx_err fx_attempts_put(fx_mq_client *c, fx_slice key, int64_t lease, const uint8_t *val,
+void fx_attempts_dest_of(const fx_attempts *a, fx_attempts_dest *out);
+fx_err fx_attempts_put(fx_mq_client *c, const fx_attempts_dest *d, const uint8_t *val,
                        size_t len, int timeout_ms);
 
 void fx_attempts_get_stats(const fx_attempts *a, fx_attempts_stats *out);

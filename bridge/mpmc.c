@@ -52,6 +52,12 @@
  *    on S's meta and on every key under S's prefix; on success put the list without S (its
  *    lease kept), delete S's meta, channel keys, counters and cluster-lease keys; afterwards
  *    revoke S's global-long lease (best effort) and drop this client's hold on it. Races:
+ *     - a producer binding S (its first put there): the membership txn compares that S's meta
+ *       exists (mpsc.c member_txn) and puts keys under S's prefix. Landing after R and before
+ *       the reclaim txn, it makes the reclaim's compare fail (S kept; the reclaim decides again);
+ *       landing after the reclaim txn, it fails for want of the meta (FX_ENOTFOUND) and the
+ *       put routes elsewhere. Every put txn compares the meta too. So a bind and a reclaim never
+ *       both win: nothing is acknowledged into an unlisted sub-MPSC (issue 19).
  *     - a producer that put into S after R changed an offset: the compare fails, S is kept (its
  *       backlog then keeps it); a producer that puts after the txn finds its membership key gone
  *       (its put txn compares it), its chunk fails with nothing stored (a payload written to a
@@ -67,7 +73,10 @@
  *    other.
  *  - A publish txn that fails ambiguously (timeout) is verified by re-reading the list; if that
  *    is impossible, the sub-MPSC is closed but its keys are not rolled back (a rollback of a
- *    channel that did get published would be worse); they expire with the leases.
+ *    channel that did get published would be worse). When it was not published, its keys are
+ *    unlisted (no reclaim sees them) but bound to its own global-long lease, not renewed once
+ *    its creator let go (the publish txn moves the meta to the metadata lease): they go with
+ *    that lease (`retention`) instead of living as long as the channel (issue 19).
  *  - A rollback of an unpublished sub-MPSC is strict: delete, read back, up to 3 times; when
  *    keys are still there (or the read-back fails) the open / put reports that error.
  *  - Member ids: one CAS per open (no range cache).
@@ -93,6 +102,7 @@
 #include "fx_log.h"
 #include "fx_time.h"
 #include "mq_int.h"
+#include "plane.h"
 
 #define MPMC_PUBLISH_ATTEMPTS 10
 #define MPMC_RESOLVE_ATTEMPTS 8
@@ -299,8 +309,12 @@ static fx_err rollback_left(fx_mq_client *c, const fx_op *dels, int64_t *left)
  * every channel-scoped key and read them back, up to MPMC_ROLLBACK_ATTEMPTS times. FX_OK only once
  * a read-back found none left; otherwise an error (FX_EEXISTS: keys still present; or the error
  * of the read-back) whose detail names the sub-MPSC. The caller reports it instead of its own
- * error: an unpublished channel that outlives its creator's open must not go unnoticed. */
-static fx_err rollback_unpublished(fx_mq_client *c, int64_t mpmc, int64_t chan, fx_mpsc_consumer *sub)
+ * error: an unpublished channel that outlives its creator's open must not go unnoticed.
+ * long_lease: the sub-MPSC's own global-long lease (0: read from its cluster-lease key); revoked
+ * once the rollback is verified, so an ambiguous create leaks no lease (issue 19: it would live
+ * `retention`). */
+static fx_err rollback_unpublished(fx_mq_client *c, int64_t mpmc, int64_t chan,
+                                   fx_mpsc_consumer *sub, int64_t long_lease)
 {
     if (sub) {
         fx_err e = fx_mpsc_consumer_close(sub);
@@ -318,6 +332,13 @@ static fx_err rollback_unpublished(fx_mq_client *c, int64_t mpmc, int64_t chan, 
     if (e)
         return fx_seterr(e, "mpmc %" PRId64 ": rollback of unpublished sub-MPSC %" PRId64 ": %s",
                          mpmc, chan, fx_err_detail());
+    if (long_lease <= 0) { /* best effort: absent when the create never landed */
+        fx_kv lkv = {0};
+        if (fx_etcd_get(c->etcd, ks(&cll), &lkv, c->op_timeout_ms) == FX_OK &&
+            fx_mq_lease_id_decode(lkv.value.data, lkv.value.len, &long_lease) != FX_OK)
+            long_lease = 0;
+        fx_kv_free(&lkv);
+    }
     uint8_t pce[FX_MQ_KEY_CAP], pae[FX_MQ_KEY_CAP];
     size_t pcl = fx_prefix_end(ks(&pc), pce), pal = fx_prefix_end(ks(&pa), pae);
     fx_slice none = {NULL, 0};
@@ -335,6 +356,13 @@ static fx_err rollback_unpublished(fx_mq_client *c, int64_t mpmc, int64_t chan, 
         if (!ve && left == 0) {
             FX_INF("mpmc %" PRId64 ": rolled back unpublished sub-MPSC %" PRId64 " (verified)",
                    mpmc, chan);
+            if (long_lease > 0) {
+                fx_err re = fx_etcd_lease_revoke(c->etcd, long_lease, c->op_timeout_ms);
+                if (re && re != FX_ENOTFOUND)
+                    FX_WRN("mpmc %" PRId64 ": rolled back sub-MPSC %" PRId64 ": revoke of its "
+                           "lease %" PRId64 ": %s (it expires after retention)", mpmc, chan,
+                           long_lease, fx_errname(re));
+            }
             return FX_OK;
         }
         if (ve) {
@@ -356,7 +384,8 @@ static fx_err rollback_unpublished(fx_mq_client *c, int64_t mpmc, int64_t chan, 
                  " could not be verified after %d attempts: %s", mpmc, chan,
                  MPMC_ROLLBACK_ATTEMPTS, ver.detail);
     }
-    FX_ERR("%s; its keys expire with their leases", msg);
+    FX_ERR("%s; its keys go with its own lease (not renewed once unbound; at most retention)",
+           msg);
     return fx_seterr(r, "%s", msg);
 }
 
@@ -1041,8 +1070,14 @@ static fx_err member_renew_idalloc(mpmc_member *m, int64_t ttl, fx_lease **out)
             bool won = false;
             e = meta_cas_put(c, m->mpmc, &cur, kv.mod_revision, kv.lease, &won);
             fx_kv_free(&kv);
+            if (!e && !won) { /* lost the CAS: the fresh lease guards nothing (issue 19) */
+                fx_err re = fx_etcd_lease_revoke(c->etcd, nl, c->op_timeout_ms);
+                if (re && re != FX_ENOTFOUND)
+                    FX_DBG("mpmc %" PRId64 ": revoke of unused lease %" PRId64 ": %s", m->mpmc,
+                           nl, fx_errname(re));
+                continue;
+            }
             if (e) return e;
-            if (!won) continue;
             granted = true;
             FX_WRN("mpmc %" PRId64 ": id-allocator lease %" PRId64 " had expired; renewed as %" PRId64,
                    m->mpmc, old, nl);
@@ -1360,14 +1395,18 @@ static fx_err pub_view(fx_mq_client *c, int64_t mpmc, mpmc_view *v)
 /* Publish `chan` with the CAS: list == snapshot (create==0 when absent) && create(ready)==0 ->
  * list+[chan] (metadata lease), ready = member (member lease). Both branches also read the brief
  * (success: the ready and consumer counts; failure: the list too) into the publish cache. */
-static fx_err consumer_publish(fx_mpmc_consumer *cs, const mpmc_view *v, int64_t chan, bool *won)
+/* The publish txn: CAS list + ready key; it also moves the new sub-MPSC's meta (meta_js) from
+ * its own global-long lease to the global lease (fx__mpsc_create_sub). */
+static fx_err consumer_publish(fx_mpmc_consumer *cs, const mpmc_view *v, int64_t chan,
+                               const fx_mq_chan_meta *meta, const char *meta_js, bool *won)
 {
     mpmc_member *m = &cs->m;
     fx_mq_client *c = m->c;
     *won = false;
-    fx_mq_key lk, rk;
+    fx_mq_key lk, rk, mk;
     fx_err e = fx_mq_key_mpmc_mpsc_channels(&c->keys, m->mpmc, &lk);
     if (!e) e = fx_mq_key_mpmc_ready(&c->keys, m->mpmc, chan, &rk);
+    if (!e) e = fx_mq_key_chan_meta(&c->keys, chan, &mk);
     if (e) return e;
     int64_t *ids = malloc((v->n_list + 1) * sizeof *ids);
     if (!ids) return fx_seterr(FX_ENOMEM, "mpmc: out of memory");
@@ -1389,18 +1428,19 @@ static fx_err consumer_publish(fx_mpmc_consumer *cs, const mpmc_view *v, int64_t
     }
     uint8_t rend[FX_MQ_KEY_CAP], cend[FX_MQ_KEY_CAP];
     fx_slice rps = {rend, fx_prefix_end(ks(&rp), rend)}, cps = {cend, fx_prefix_end(ks(&cp), cend)};
-    fx_op ops[4] = {op_put(ks(&lk), FX_SLICE_STR(json), m->meta.metadata_lease_id),
+    fx_op ops[5] = {op_put(ks(&lk), FX_SLICE_STR(json), m->meta.metadata_lease_id),
                     op_put(ks(&rk), (fx_slice){m->member_dec, m->member_dec_len}, m->member_lease),
-                    op_range(ks(&rp), rps), op_range(ks(&cp), cps)};
+                    op_range(ks(&rp), rps), op_range(ks(&cp), cps),
+                    op_put(ks(&mk), FX_SLICE_STR(meta_js), meta->global_lease_id)};
     ops[2].u.range.count_only = ops[3].u.range.count_only = true;
     fx_op fops[3] = {op_range(ks(&lk), (fx_slice){NULL, 0}), ops[2], ops[3]};
-    fx_txn_req t = {.cmp = cmp, .n_cmp = 2, .success = ops, .n_success = 4, .failure = fops,
+    fx_txn_req t = {.cmp = cmp, .n_cmp = 2, .success = ops, .n_success = 5, .failure = fops,
                     .n_failure = 3};
     fx_txn_resp r = {0};
     e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
     *won = !e && r.succeeded;
     c->pub_valid = false;
-    if (!e && r.succeeded && r.n_responses == 4 && r.responses[2].type == FX_OP_RANGE &&
+    if (!e && r.succeeded && r.n_responses == 5 && r.responses[2].type == FX_OP_RANGE &&
         r.responses[3].type == FX_OP_RANGE) {
         fx_kv kv = {.value = {(uint8_t *)json, strlen(json)}};
         fx_range_resp lr = {.kvs = &kv, .n_kvs = 1};
@@ -1454,7 +1494,7 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
         if (chan < 0) return e;
         saved_err se; /* the create txn may have landed */
         save_err(&se, e);
-        fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL);
+        fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL, meta.global_long_lease_id);
         return re ? rollback_err(re, &se) : restore_err(&se);
     }
     fx__mpsc_parent np = m->parent;
@@ -1463,7 +1503,14 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
     if ((e = fx__mpsc_consumer_open_sub(c, chan, &np, &sub))) {
         saved_err se;
         save_err(&se, e);
-        fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL);
+        fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL, meta.global_long_lease_id);
+        return re ? rollback_err(re, &se) : restore_err(&se);
+    }
+    char *meta_js = NULL; /* re-put by the publish txn under the global lease */
+    if ((e = fx_mq_chan_meta_encode(&meta, &meta_js))) {
+        saved_err se;
+        save_err(&se, e);
+        fx_err re = rollback_unpublished(c, m->mpmc, chan, sub, meta.global_long_lease_id);
         return re ? rollback_err(re, &se) : restore_err(&se);
     }
     bool published = false;
@@ -1521,7 +1568,7 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
                           " active, %zu sub-MPSCs)", m->mpmc, active, v.n_list);
             break;
         }
-        e = consumer_publish(cs, &v, chan, &published);
+        e = consumer_publish(cs, &v, chan, &meta, meta_js, &published);
         if (published && !e && (cs->seen = malloc((v.n_list + 1) * sizeof *cs->seen))) {
             if (v.n_list) memcpy(cs->seen, v.list, v.n_list * sizeof *cs->seen);
             cs->seen[v.n_list] = chan;
@@ -1551,6 +1598,7 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
     if (!published && e == FX_OK && !cs->sub) /* attempts used up without a decision */
         e = fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": no sub-MPSC published or claimed after %d "
                       "attempts", m->mpmc, MPMC_PUBLISH_ATTEMPTS);
+    free(meta_js);
     if (published) {
         cs->sub = sub;
         cs->chan = chan;
@@ -1561,7 +1609,7 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
     }
     saved_err se;
     save_err(&se, e);
-    fx_err re = rollback_unpublished(c, m->mpmc, chan, sub);
+    fx_err re = rollback_unpublished(c, m->mpmc, chan, sub, meta.global_long_lease_id);
     if (re) return rollback_err(re, &se);
     return restore_err(&se);
 }
@@ -1659,6 +1707,8 @@ static void chan_state(const fx_mq_keys *keys, int64_t chan, const fx_range_resp
 /* Keys of one reclaim candidate. */
 typedef struct rc_keys {
     fx_mq_key rk, pc, mk, cl, cll, pa;
+    char ak[FX_MQ_KEY_CAP]; /* its attempt record (bridge/attempts.h) */
+    size_t akl;
     uint8_t pce[FX_MQ_KEY_CAP], pae[FX_MQ_KEY_CAP];
     fx_slice pcend, paend;
 } rc_keys;
@@ -1681,7 +1731,7 @@ static fx_err reclaim_once(fx_mq_client *c, int64_t mpmc, const int64_t *chans, 
     rc_keys *rk = calloc(k, sizeof *rk);
     fx_op *rd = calloc(2 + 3 * k, sizeof *rd);
     fx_cmp *cmp = calloc(1 + 3 * k, sizeof *cmp);
-    fx_op *ops = calloc(1 + 5 * k, sizeof *ops);
+    fx_op *ops = calloc(1 + 6 * k, sizeof *ops);
     bool *elig = calloc(k, sizeof *elig);
     if (!rk || !rd || !cmp || !ops || !elig) {
         e = fx_seterr(FX_ENOMEM, "mpmc reclaim: out of memory");
@@ -1701,6 +1751,13 @@ static fx_err reclaim_once(fx_mq_client *c, int64_t mpmc, const int64_t *chans, 
         if (!e) e = fx_mq_key_cluster_lease_id_alloc(&c->keys, chans[i], &x->cll);
         if (!e) e = fx_mq_prefix_alloc_chan(&c->keys, chans[i], &x->pa);
         if (e) goto done;
+        int al = snprintf(x->ak, sizeof x->ak, "%s/attempts/%" PRId64, fx_mq_client_root(c),
+                          chans[i]);
+        if (al < 0 || (size_t)al >= sizeof x->ak) {
+            e = fx_seterr(FX_EINVAL, "mpmc reclaim: attempts key too long");
+            goto done;
+        }
+        x->akl = (size_t)al;
         x->pcend = (fx_slice){x->pce, fx_prefix_end(ks(&x->pc), x->pce)};
         x->paend = (fx_slice){x->pae, fx_prefix_end(ks(&x->pa), x->pae)};
         rd[2 + 3 * i] = op_range(ks(&x->rk), none);
@@ -1774,6 +1831,7 @@ static fx_err reclaim_once(fx_mq_client *c, int64_t mpmc, const int64_t *chans, 
         ops[no++] = op_del(ks(&x->cl), none);
         ops[no++] = op_del(ks(&x->cll), none);
         ops[no++] = op_del(ks(&x->pa), x->paend);
+        ops[no++] = op_del((fx_slice){x->ak, x->akl}, none); /* issue 19: nothing of S is left */
     }
     fx_txn_req t = {.cmp = cmp, .n_cmp = nc, .success = ops, .n_success = no};
     fx_txn_resp w = {0};
@@ -1807,13 +1865,31 @@ done:
     return e;
 }
 
-/* After a reclaim, outside publish_mu: this client's holds dropped, the leases revoked. */
+/* After a reclaim, outside publish_mu: this client's holds dropped, the leases revoked, and the
+ * payloads a failed delete left below the consume offsets removed from the payload plane (split
+ * and Redis planes: a commit deletes them after its offsets txn, and a delete that failed at a
+ * consumer's close was never retried; they would live as long as the channel's payload lease,
+ * which every member renews). One delete_range per reclaimed sub-MPSC, best effort. */
 static void reclaim_after(fx_mq_client *c, int64_t mpmc, const int64_t *chans, size_t k,
                           const bool *removed, const int64_t *long_leases, int timeout_ms)
 {
     for (size_t i = 0; i < k; i++) {
         if (!removed[i]) continue;
         keeper_forget(c, mpmc, chans[i]);
+        fx_mq_key ps;
+        if (!fx__plane_fused(c) && !fx_mq_payload_prefix_mpsc(mpmc, chans[i], &ps)) {
+            uint8_t pe[FX_MQ_KEY_CAP];
+            size_t el = fx_prefix_end(fx_mq_key_slice(&ps), pe);
+            int64_t gone = 0;
+            fx_err de = fx_kv_delete_range(c->kv, fx_mq_key_slice(&ps), (fx_slice){pe, el}, &gone,
+                                           timeout_ms);
+            if (de)
+                FX_WRN("mpmc %" PRId64 ": reclaimed sub-MPSC %" PRId64 ": deleting its leftover "
+                       "payloads failed: %s (%s)", mpmc, chans[i], fx_errname(de), fx_err_detail());
+            else if (gone)
+                FX_INF("mpmc %" PRId64 ": reclaimed sub-MPSC %" PRId64 ": %" PRId64 " leftover "
+                       "payload key(s) deleted", mpmc, chans[i], gone);
+        }
         if (long_leases[i] <= 0) continue;
         fx_err re = fx_etcd_lease_revoke(c->etcd, long_leases[i], timeout_ms);
         if (re && re != FX_ENOTFOUND)
@@ -2167,6 +2243,22 @@ bool fx_mpmc_consumer_fenced(fx_mpmc_consumer *c)
 int64_t fx_mpmc_consumer_member(const fx_mpmc_consumer *c) { return c ? c->m.member : -1; }
 int64_t fx_mpmc_consumer_chan(const fx_mpmc_consumer *c) { return c ? c->chan : -1; }
 
+fx_err fx__mpmc_consumer_fence(const fx_mpmc_consumer *c, fx_mq_key *key, int64_t *create_rev)
+{
+    if (!c || !c->sub) return fx_seterr(FX_EINVAL, "mpmc consumer: not bound");
+    return fx__mpsc_consumer_fence(c->sub, key, create_rev);
+}
+
+void fx__mpmc_consumer_committed(const fx_mpmc_consumer *c, const int64_t *pidx, size_t n,
+                                 int64_t *out)
+{
+    if (c && c->sub) {
+        fx__mpsc_consumer_committed(c->sub, pidx, n, out);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) out[i] = FX_MQ_CONSUME_OFFSET_BEGIN;
+}
+
 void fx_mpmc_consumer_set_notify(fx_mpmc_consumer *c, void (*fn)(void *arg), void *arg)
 {
     if (c && c->sub) fx__mpsc_consumer_set_notify(c->sub, fn, arg);
@@ -2204,6 +2296,7 @@ struct fx_mpmc_producer {
      * holder answers its batch before the next batch of that sub-MPSC is stored. */
     int64_t *busy;
     size_t n_busy, cap_busy;
+    _Atomic uint64_t reroutes; /* fx__mpmc_producer_reroutes */
 };
 
 static bool grow(void **arr, size_t *cap, size_t need, size_t elem)
@@ -2386,7 +2479,7 @@ static fx_err producer_create_first(fx_mpmc_producer *p)
             saved_err se;
             save_err(&se, e);
             fx_bytes_free(&raw);
-            fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL);
+            fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL, 0);
             if (re) return rollback_err(re, &se);
             return restore_err(&se);
         }
@@ -2410,7 +2503,7 @@ static fx_err producer_create_first(fx_mpmc_producer *p)
                 bool in = ids_has(p->list, p->n_list, chan);
                 pthread_mutex_unlock(&m->mu);
                 if (in) return FX_OK;
-                fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL);
+                fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL, 0);
                 if (re) return rollback_err(re, &se);
             }
             return restore_err(&se);
@@ -2427,7 +2520,7 @@ static fx_err producer_create_first(fx_mpmc_producer *p)
         }
         FX_DBG("mpmc %" PRId64 ": producer can only create the first sub-MPSC; using the winner's",
                m->mpmc);
-        if ((e = rollback_unpublished(c, m->mpmc, chan, NULL))) return e;
+        if ((e = rollback_unpublished(c, m->mpmc, chan, NULL, 0))) return e;
     }
     return fx_seterr(FX_EEXISTS, "mpmc %" PRId64 ": no first sub-MPSC after %d attempts", m->mpmc,
                      MPMC_CREATE_FIRST_ATTEMPTS);
@@ -2653,6 +2746,7 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
                 if (last.e == FX_ELEASE_LOST || last.e == FX_ECLOSED) last.e = FX_EUNAVAIL;
                 if (last.e == FX_ENOTFOUND) { /* meta gone: reclaimed; route elsewhere */
                     gone = true;
+                    p->reroutes++;
                     pthread_mutex_lock(&m->mu);
                     ready_remove(p, cand[i]);
                     pthread_mutex_unlock(&m->mu);
@@ -2694,6 +2788,7 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
                 producer_drop_sub(p, cand[i]);
                 producer_unreserve(p, cand[i]);
                 gone = true; /* membership gone: reclaimed, or its lease lost */
+                p->reroutes++;
                 continue;
             }
             producer_unreserve(p, cand[i]);
@@ -2912,6 +3007,8 @@ fx_err fx_mpmc_producer_open(fx_mq_client *c, int64_t mpmc, int64_t weight,
 }
 
 int64_t fx_mpmc_producer_member(const fx_mpmc_producer *p) { return p ? p->m.member : -1; }
+
+uint64_t fx__mpmc_producer_reroutes(const fx_mpmc_producer *p) { return p ? p->reroutes : 0; }
 
 fx_err fx_mpmc_producer_check(fx_mpmc_producer *p)
 {

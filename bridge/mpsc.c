@@ -8,9 +8,10 @@
  *   wait on the producer condvar (woken by close / lease loss) polling the count every
  *   CAP_POLL_MS until the put's deadline (FX_EFULL then). Store min(room, rest) values in chunks
  *   of <= CHUNK_MSGS values / CHUNK_BYTES bytes. One chunk = ids [next, next+m):
- *     ONE txn  compare(produce offset == next-1 (absent when next == 0), membership key exists)
+ *     ONE txn  compare(produce offset == next-1 (absent when next == 0), membership key exists,
+ *              the channel's meta exists: the bind's proof, member_txn)
  *              success: offset put (global lease), with the payload puts (payload lease) on the
- *                       etcd fused plane; failure: read offset, read membership
+ *                       etcd fused plane; failure: read offset, membership, meta (count)
  *     on the split planes (etcd split, Redis) the payloads are written before it (put_many);
  *     plane.h has the three planes (fused, split, Redis) and where their payload ops go.
  *   The compare makes a retry of an ambiguous failure (timeout after send) idempotent: a retry
@@ -18,7 +19,8 @@
  *   after success; a chunk that cannot be confirmed before the deadline leaves `offset_unknown`,
  *   and the next put re-reads the produce offset before choosing ids. So no id is skipped and no
  *   id is written twice with different values. A missing membership key means the member lease
- *   is gone: the producer closes itself (FX_ELEASE_LOST). A write refused because a lease is gone
+ *   is gone or the sub-MPSC was reclaimed, a missing meta the latter: the producer closes itself
+ *   (FX_ELEASE_LOST; an MPMC producer reroutes the batch). A write refused because a lease is gone
  *   (payload or global): the same.
  *
  * Consumer read path:
@@ -156,7 +158,8 @@ fx_err mgr_open(fx_mq_client *c, int64_t chan, const fx__mpsc_parent *parent,
      * leases it shares with the parent are held by the parent member, the long one was just
      * granted: no read, no probes. */
     bool fresh = parent && parent->fresh_meta;
-    fx_err e = FX_OK;
+    fx_err e = key_err(fx_mq_key_chan_meta(&c->keys, chan, &m->k_meta), "meta");
+    if (e) return e;
     if (fresh)
         m->meta = *parent->fresh_meta;
     else if ((e = read_meta(c, chan, &m->meta)))
@@ -300,9 +303,15 @@ static fx_err sub_chan_id(fx_mq_client *c, int64_t *out)
 /* The sub-MPSC creation in two round trips (issue 13; fx__mpsc_create took about eight): a
  * channel id from the client's block, a grant of the new global-long lease, then ONE txn that
  * creates the id-allocator cluster-lease key and the meta (both create==0). The global and
- * payload leases are the parent's, held by the parent member: no registration here. On an error
- * after the txn was sent *out_chan is set: the txn may have landed and the caller rolls the
- * channel's keys back (rollback_unpublished); otherwise *out_chan is -1. */
+ * payload leases are the parent's, held by the parent member: no registration here. Until the
+ * sub-MPSC is published the meta key is bound to its own global-long lease (the publish txn
+ * moves it to the global lease, mpmc.c consumer_publish): a sub-MPSC never published (its
+ * creator crashed, or the publish was ambiguous and could not be verified) is unlisted, so no
+ * reclaim sees it; every key of it then goes with that lease, which only its binder renews
+ * (issue 19), instead of living as long as the channel. On an error
+ * after the txn was sent *out_chan and *out_meta are set: the txn may have landed and the caller
+ * rolls the channel's keys back and revokes its global-long lease (rollback_unpublished);
+ * otherwise *out_chan is -1 (and the lease, if granted, is revoked here). */
 fx_err fx__mpsc_create_sub(fx_mq_client *c, const fx_mq_chan_cfg *cfg,
                            const fx__mpsc_parent *parent, int64_t *out_chan,
                            fx_mq_chan_meta *out_meta)
@@ -337,12 +346,13 @@ fx_err fx__mpsc_create_sub(fx_mq_client *c, const fx_mq_chan_cfg *cfg,
         {.type = FX_OP_PUT, .u.put = {.key = fx_mq_key_slice(&lk), .value = {lv, lvl},
                                       .lease = gll}},
         {.type = FX_OP_PUT, .u.put = {.key = fx_mq_key_slice(&mk), .value = FX_SLICE_STR(js),
-                                      .lease = parent->global_lease}}};
+                                      .lease = gll}}};
     fx_txn_req tx = {.cmp = cmp, .n_cmp = 2, .success = put, .n_success = 2};
     fx_txn_resp resp = {0};
     e = fx_etcd_txn(c->etcd, &tx, &resp, c->op_timeout_ms);
     if (e) {
-        *out_chan = chan; /* maybe landed: the caller rolls back */
+        *out_chan = chan; /* maybe landed: the caller rolls back (and revokes gll) */
+        *out_meta = meta;
     } else if (!resp.succeeded) {
         e = fx_seterr(FX_EEXISTS, "mpsc create: keys of channel %lld already exist",
                       (long long)chan);
@@ -371,35 +381,55 @@ fx_err fx_mpsc_create(fx_mq_client *c, const fx_mq_chan_cfg *cfg, int64_t *out_c
     return fx__mpsc_create(c, cfg, NULL, out_chan);
 }
 
-/* Membership txn: create(key)==0 -> put key (member lease) [+ put weight key (global lease)].
+/* Membership txn: create(key)==0 and create(meta) > 0 -> put key (member lease) [+ put weight key
+ * (global lease)]. The meta compare is the bind's proof that the channel still exists (issue 19):
+ * a reclaim deletes the meta and every key under the channel prefix in one txn whose compares
+ * see any key a bind put after the reclaim's read, so either the bind lands first (the reclaim
+ * then fails its compare, or deletes this membership and the first put txn finds it gone) or
+ * the reclaim lands first and this txn fails: FX_ENOTFOUND, the caller routes elsewhere. Channel
+ * ids are never reused (a shared counter), so existence is proof enough. No extra round trip.
  * Retry-safe: when the key exists with our value and our lease, a previous attempt landed.
+ * *create_rev (may be NULL): the membership key's create revision (the writer's fence: attempts.h).
  * excl (may be NULL): a prefix that must hold no key but ours (the consumer memberships of the
  * channel: an MPSC never has two live consumers, the reference's "invalid binding state" that
  * fails every producer put); the compare covers the whole prefix, so two binders racing cannot
  * both win. */
-fx_err member_txn(fx_mq_client *c, fx_slice key, fx_slice val, int64_t lease,
-                  const fx_slice *wkey, fx_slice wval, int64_t wlease, const fx_slice *excl)
+fx_err member_txn(fx_mq_client *c, fx_slice meta, fx_slice key, fx_slice val, int64_t lease,
+                  const fx_slice *wkey, fx_slice wval, int64_t wlease, const fx_slice *excl,
+                  int64_t *create_rev)
 {
+    if (create_rev) *create_rev = 0;
     fx_err e = FX_OK;
     uint8_t xend[FX_MQ_KEY_CAP];
     fx_slice xe = {NULL, 0};
     if (excl) xe = (fx_slice){xend, fx_prefix_end(*excl, xend)};
     for (int attempt = 0; attempt < MEMBER_TXN_ATTEMPTS; attempt++) {
-        fx_cmp cmp = {.target = FX_CMP_CREATE, .result = FX_CMP_EQUAL,
-                      .key = excl ? *excl : key, .range_end = xe};
+        fx_cmp cmp[2] = {
+            {.target = FX_CMP_CREATE, .result = FX_CMP_EQUAL, .key = excl ? *excl : key,
+             .range_end = xe},
+            {.target = FX_CMP_CREATE, .result = FX_CMP_GREATER, .key = meta, .num = 0}};
         fx_op ok[2] = {
             {.type = FX_OP_PUT, .u.put = {.key = key, .value = val, .lease = lease}},
             {.type = FX_OP_PUT, .u.put = {.key = wkey ? *wkey : key, .value = wval,
                                           .lease = wlease}},
         };
-        fx_op get = {.type = FX_OP_RANGE, .u.range = {.key = excl ? *excl : key, .range_end = xe}};
-        fx_txn_req tx = {.cmp = &cmp, .n_cmp = 1, .success = ok, .n_success = wkey ? 2 : 1,
-                         .failure = &get, .n_failure = 1};
+        fx_op get[2] = {
+            {.type = FX_OP_RANGE, .u.range = {.key = excl ? *excl : key, .range_end = xe}},
+            {.type = FX_OP_RANGE, .u.range = {.key = meta, .count_only = true}}};
+        fx_txn_req tx = {.cmp = cmp, .n_cmp = 2, .success = ok, .n_success = wkey ? 2 : 1,
+                         .failure = get, .n_failure = 2};
         fx_txn_resp resp = {0};
         e = fx_etcd_txn(c->etcd, &tx, &resp, c->op_timeout_ms);
         if (e == FX_OK) {
+            bool have = resp.n_responses == 2 && resp.responses[0].type == FX_OP_RANGE &&
+                        resp.responses[1].type == FX_OP_RANGE;
+            if (!resp.succeeded && have && resp.responses[1].u.range.count == 0) {
+                fx_txn_resp_free(&resp); /* reclaimed (or expired) before this bind landed */
+                return fx_seterr(FX_ENOTFOUND, "channel meta %.*s gone (reclaimed): not bound",
+                                 (int)meta.len, (const char *)meta.data);
+            }
             if (!resp.succeeded) {
-                const fx_range_resp *r = resp.n_responses == 1 ? &resp.responses[0].u.range : NULL;
+                const fx_range_resp *r = have ? &resp.responses[0].u.range : NULL;
                 const fx_kv *other = NULL;
                 for (size_t i = 0; r && i < r->n_kvs && !other; i++) {
                     const fx_kv *kv = &r->kvs[i];
@@ -408,6 +438,7 @@ fx_err member_txn(fx_mq_client *c, fx_slice key, fx_slice val, int64_t lease,
                                 kv->lease == lease && kv->value.len == val.len &&
                                 memcmp(kv->value.data, val.data, val.len) == 0;
                     if (!ours) other = kv;
+                    else if (create_rev) *create_rev = kv->create_revision;
                 }
                 if (r && r->n_kvs >= 1 && !other) {
                     e = FX_OK; /* our earlier attempt landed */
@@ -419,6 +450,8 @@ fx_err member_txn(fx_mq_client *c, fx_slice key, fx_slice val, int64_t lease,
                     e = fx_seterr(FX_EEXISTS, "membership key %.*s is held by another member",
                                   (int)key.len, (const char *)key.data);
                 }
+            } else if (create_rev) {
+                *create_rev = resp.revision; /* the txn's revision: the key's creation */
             }
             fx_txn_resp_free(&resp);
             return e;

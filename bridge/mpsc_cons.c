@@ -53,6 +53,7 @@ struct fx_mpsc_consumer {
     chan_mgr m;
     int64_t cidx;
     fx_mq_key k_member;
+    int64_t member_rev; /* create revision of k_member (the attempt writes' fence) */
     bool member_written;
     bool member_deleted;
     fx_pwatch *pw; /* registered with the client's produce-offset watch (NULL: not) */
@@ -1143,7 +1144,7 @@ static fx_err cons_close_impl(fx_mpsc_consumer *c, bool force, bool *unfinished)
                    (long long)c->m.chan, (long long)c->cidx, (long long)left, c->final_detail);
         else if (c->final_err)
             FX_WRN("mpsc consumer %lld/%lld close: final commit failed: %s (%s); offsets are "
-                   "committed, payloads left behind expire with the payload lease",
+                   "committed, payloads left behind are deleted when the sub-MPSC is reclaimed",
                    (long long)c->m.chan, (long long)c->cidx, fx_errname(c->final_err),
                    c->final_detail);
     }
@@ -1209,6 +1210,34 @@ void fx__mpsc_consumer_stats(const fx_mpsc_consumer *c, fx__mpsc_stats *out)
 
 int64_t fx__mpsc_consumer_chan(const fx_mpsc_consumer *c) { return c ? c->m.chan : -1; }
 int64_t fx__mpsc_consumer_idx(const fx_mpsc_consumer *c) { return c ? c->cidx : -1; }
+
+fx_err fx__mpsc_consumer_fence(const fx_mpsc_consumer *c, fx_mq_key *key, int64_t *create_rev)
+{
+    if (!c || !c->member_written || c->member_rev <= 0)
+        return fx_seterr(FX_EINVAL, "mpsc consumer: no membership to fence with");
+    *key = c->k_member;
+    *create_rev = c->member_rev;
+    return FX_OK;
+}
+
+void fx__mpsc_consumer_committed(const fx_mpsc_consumer *cc, const int64_t *pidx, size_t n,
+                                 int64_t *out)
+{
+    fx_mpsc_consumer *c = (fx_mpsc_consumer *)cc;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < n; i++) {
+        int64_t v = FX_MQ_CONSUME_OFFSET_BEGIN;
+        const pstate *s = ps_find(c, pidx[i]);
+        if (s) {
+            v = s->committed;
+        } else {
+            for (size_t j = 0; j < c->n_resume; j++)
+                if (c->resume[j].pidx == pidx[i]) v = c->resume[j].off;
+        }
+        out[i] = v;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
 
 static bool cons_abort_requested(fx_mpsc_consumer *c)
 {
@@ -1277,8 +1306,9 @@ static fx_err cons_build(fx_mpsc_consumer *c, int64_t chan, const fx__mpsc_paren
     char *js = NULL;
     if ((e = fx_mq_member_meta_encode(&mm, &js))) return e;
     fx_slice cps = fx_mq_key_slice(&cpre);
-    e = member_txn(cl, fx_mq_key_slice(&c->k_member), FX_SLICE_STR(js), c->m.member_lease, NULL,
-                   (fx_slice){NULL, 0}, 0, &cps);
+    e = member_txn(cl, fx_mq_key_slice(&c->m.k_meta), fx_mq_key_slice(&c->k_member),
+                   FX_SLICE_STR(js), c->m.member_lease, NULL,
+                   (fx_slice){NULL, 0}, 0, &cps, &c->member_rev);
     free(js);
     if (e) return e;
     c->member_written = true;

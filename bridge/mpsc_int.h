@@ -79,6 +79,7 @@ typedef struct chan_mgr {
     int64_t long_ttl_s;   /* ttl of the global-long lease (grant on renewal, registration) */
     int64_t member_lease;
     fx_lease *h_member, *h_global, *h_long, *h_payload;
+    fx_mq_key k_meta; /* the channel's meta key: the bind and every put compare it exists */
 } chan_mgr;
 
 /* Endpoint lifecycle state (guarded by the endpoint's mu): lifecycle.h. */
@@ -193,7 +194,8 @@ fx_err read_meta(fx_mq_client *c, int64_t chan, fx_mq_chan_meta *out);
 fx_err mgr_renew_long(fx_mq_client *c, chan_mgr *m);
 fx_err mgr_open(fx_mq_client *c, int64_t chan, const fx__mpsc_parent *parent,
                 fx_lease_expired_fn cb, void *arg, chan_mgr *m);
-fx_err member_txn(fx_mq_client *c, fx_slice key, fx_slice val, int64_t lease,
-                  const fx_slice *wkey, fx_slice wval, int64_t wlease, const fx_slice *excl);
+fx_err member_txn(fx_mq_client *c, fx_slice meta, fx_slice key, fx_slice val, int64_t lease,
+                  const fx_slice *wkey, fx_slice wval, int64_t wlease, const fx_slice *excl,
+                  int64_t *create_rev);
 
 #endif

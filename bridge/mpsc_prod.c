@@ -195,17 +195,24 @@ static fx_err write_chunk(fx_mpsc_producer *p, const fx_slice *vals, size_t m, i
                                               .u.put = {.key = fx_mq_key_slice(&p->k_offset),
                                                         .value = {lastv, lastl},
                                                         .lease = p->m.meta.global_lease_id}};
-    fx_cmp cmps[2] = {
+    /* The membership and the channel's meta must exist (the bind's proof, mpsc.c member_txn):
+     * a reclaim between the bind and this txn deletes both, so the chunk fails with nothing
+     * stored and the MPMC producer routes it elsewhere. One compare more, no round trip. */
+    fx_cmp cmps[3] = {
         first == 0 ? (fx_cmp){.target = FX_CMP_CREATE, .result = FX_CMP_EQUAL,
                               .key = fx_mq_key_slice(&p->k_offset), .num = 0}
                    : (fx_cmp){.target = FX_CMP_VALUE, .result = FX_CMP_EQUAL,
                               .key = fx_mq_key_slice(&p->k_offset), .value = {prevv, prevl}},
         {.target = FX_CMP_CREATE, .result = FX_CMP_GREATER, .key = fx_mq_key_slice(&p->k_member),
          .num = 0},
+        {.target = FX_CMP_CREATE, .result = FX_CMP_GREATER, .key = fx_mq_key_slice(&p->m.k_meta),
+         .num = 0},
     };
-    fx_op fail[2] = {
+    fx_op fail[3] = {
         {.type = FX_OP_RANGE, .u.range = {.key = fx_mq_key_slice(&p->k_offset)}},
         {.type = FX_OP_RANGE, .u.range = {.key = fx_mq_key_slice(&p->k_member)}},
+        {.type = FX_OP_RANGE, .u.range = {.key = fx_mq_key_slice(&p->m.k_meta),
+                                          .count_only = true}},
     };
     int64_t backoff = RETRY_MIN_MS;
     for (int attempt = 0;; attempt++) {
@@ -240,8 +247,8 @@ static fx_err write_chunk(fx_mpsc_producer *p, const fx_slice *vals, size_t m, i
             if (transient(e)) continue;
             goto out;
         }
-        fx_txn_req tx = {.cmp = cmps, .n_cmp = 2, .success = pb.ops, .n_success = pb.nops,
-                         .failure = fail, .n_failure = 2};
+        fx_txn_req tx = {.cmp = cmps, .n_cmp = 3, .success = pb.ops, .n_success = pb.nops,
+                         .failure = fail, .n_failure = 3};
         fx_txn_resp resp = {0};
         e = fx_etcd_txn(c->etcd, &tx, &resp, c->op_timeout_ms);
         if (e == FX_OK && resp.succeeded) {
@@ -262,9 +269,10 @@ static fx_err write_chunk(fx_mpsc_producer *p, const fx_slice *vals, size_t m, i
             goto out;
         }
         /* A compare failed: learn why from the failure branch. */
-        bool have = resp.n_responses == 2 && resp.responses[0].type == FX_OP_RANGE &&
-                    resp.responses[1].type == FX_OP_RANGE;
+        bool have = resp.n_responses == 3 && resp.responses[0].type == FX_OP_RANGE &&
+                    resp.responses[1].type == FX_OP_RANGE && resp.responses[2].type == FX_OP_RANGE;
         bool member = have && resp.responses[1].u.range.n_kvs > 0;
+        bool listed = have && resp.responses[2].u.range.count > 0;
         int64_t cur = FX_MQ_PRODUCE_OFFSET_BEGIN;
         fx_err de = FX_OK;
         if (have && resp.responses[0].u.range.n_kvs > 0) {
@@ -283,11 +291,13 @@ static fx_err write_chunk(fx_mpsc_producer *p, const fx_slice *vals, size_t m, i
             e = FX_OK;
             goto out;
         }
-        if (!member) {
+        if (!member || !listed) {
             fx_mq_key s, en; /* split: orphans above the offset: remove them (best effort) */
             if (!pay_key(&p->m, p->pidx, first, &s) && !pay_key(&p->m, p->pidx, last + 1, &en))
                 fx__plane_batch_undo(&pb, &s, &en, c->close_timeout_ms);
-            e = prod_fault_now(p, "membership key gone (member lease lost)");
+            e = prod_fault_now(p, !listed ? "channel meta gone (reclaimed); nothing stored"
+                                          : "membership key gone (member lease lost, or the "
+                                            "sub-MPSC reclaimed)");
             goto out;
         }
         p->offset_unknown = true;
@@ -606,8 +616,9 @@ static fx_err prod_build(fx_mpsc_producer *p, int64_t chan, const fx__mpsc_paren
     char wv[FX_MQ_DEC_BUF];
     size_t wl = fx_mq_dec_format(p->weight, wv);
     fx_slice wk = fx_mq_key_slice(&p->k_weight);
-    e = member_txn(c, fx_mq_key_slice(&p->k_member), FX_SLICE_STR(js), p->m.member_lease, &wk,
-                   (fx_slice){wv, wl}, p->m.meta.global_lease_id, NULL);
+    e = member_txn(c, fx_mq_key_slice(&p->m.k_meta), fx_mq_key_slice(&p->k_member),
+                   FX_SLICE_STR(js), p->m.member_lease, &wk,
+                   (fx_slice){wv, wl}, p->m.meta.global_lease_id, NULL, NULL);
     free(js);
     if (e) return e;
     p->member_written = true;

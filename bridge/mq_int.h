@@ -222,5 +222,19 @@ int64_t fx__mpsc_consumer_chan(const fx_mpsc_consumer *c);
 /* fx_mpmc_consumer_set_notify of the sub-consumer (mpsc_cons.c). */
 void fx__mpsc_consumer_set_notify(fx_mpsc_consumer *c, void (*fn)(void *arg), void *arg);
 int64_t fx__mpsc_consumer_idx(const fx_mpsc_consumer *c);
+/* The consumer's membership key and its create revision: a write that compares them lands only
+ * while this consumer still owns the channel (attempts.c). FX_EINVAL before the bind. */
+fx_err fx__mpsc_consumer_fence(const fx_mpsc_consumer *c, fx_mq_key *key, int64_t *create_rev);
+/* out[i]: the first id of producer pidx[i] not committed by this consumer (ids below it are
+ * committed: never read again), from its commits or the resume point read at open. */
+void fx__mpsc_consumer_committed(const fx_mpsc_consumer *c, const int64_t *pidx, size_t n,
+                                 int64_t *out);
+/* The same of an MPMC consumer's sub-consumer (mpmc.c). */
+fx_err fx__mpmc_consumer_fence(const fx_mpmc_consumer *c, fx_mq_key *key, int64_t *create_rev);
+void fx__mpmc_consumer_committed(const fx_mpmc_consumer *c, const int64_t *pidx, size_t n,
+                                 int64_t *out);
+/* Sub-MPSCs an MPMC producer found gone under a put (a bind refused because the meta was gone,
+ * or a sub-producer that closed itself) and routed the put elsewhere (monotonic; mpmc.c). */
+uint64_t fx__mpmc_producer_reroutes(const fx_mpmc_producer *p);
 
 #endif

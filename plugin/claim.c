@@ -238,7 +238,8 @@ static bool attempts_ready(cst *s)
 {
     if (!s->explicit_ack || s->own.att) return true;
     if (!s->cons) return false;
-    fx_err e = fx_attempts_open(s->d->mq, fx_mpmc_consumer_chan(s->cons), 5000, &s->own.att);
+    fx_err e = fx_attempts_open(s->d->mq, fx_mpmc_consumer_chan(s->cons), s->cons, 5000,
+                                &s->own.att);
     if (e) {
         s->own.att = NULL;
         fx_log_ratelimited(&s->slot_att, 5000, FX_LOG_WRN,
@@ -259,7 +260,9 @@ static bool attempts_ready(cst *s)
  * most. A delivery waits until the record that holds its attempt count is durable (`durable` >=
  * the entry's rec_gen), so a crash can never forget an attempt that a subscriber may have seen;
  * meanwhile the claim thread keeps fetching and handling acks. A failed put is retried (newest
- * record) after 200 ms (the stream goes back to the tail of the queue with a not-before time).
+ * record) after 200 ms (the stream goes back to the tail of the queue with a not-before time),
+ * except a fenced refusal (FX_ELEASE_LOST: the claim's consumer no longer owns the sub-MPSC, so
+ * its deliveries must not go out; the claim finds the lost lease on its next call).
  * The pool's threads start with the first stream and stop with the last one. */
 typedef struct attw {
     /* under pool.mu */
@@ -268,9 +271,7 @@ typedef struct attw {
     struct attw *qnext;
     uint8_t *val; /* pending record (gen > 0) */
     size_t len, cap;
-    char key[FX_ATTEMPTS_KEY_CAP];
-    size_t klen;
-    int64_t lease;
+    fx_attempts_dest dest; /* key, lease and the writer's fence */
     uint64_t gen;
     atomic_uint_fast64_t durable;
     dm_claim *cl;
@@ -348,14 +349,11 @@ static void *attw_main(void *arg)
             bcap = len;
         }
         memcpy(buf, w->val, len);
-        char key[FX_ATTEMPTS_KEY_CAP];
-        memcpy(key, w->key, w->klen);
-        fx_slice k = {key, w->klen};
-        int64_t lease = w->lease;
+        fx_attempts_dest d = w->dest;
         w->gen = 0;
         w->busy = true;
         pthread_mutex_unlock(&pool.mu);
-        fx_err e = fx_attempts_put(w->mq, k, lease, buf, len, 5000);
+        fx_err e = fx_attempts_put(w->mq, &d, buf, len, 5000);
         if (!e) {
             atomic_store(&w->durable, g);
             pthread_mutex_lock(&w->cl->mu); /* wake the claim: deliveries may go */
@@ -369,7 +367,8 @@ static void *attw_main(void *arg)
         }
         pthread_mutex_lock(&pool.mu);
         w->busy = false;
-        if (e && !w->gen) w->gen = g; /* nothing newer: retry this one */
+        if (e == FX_ELEASE_LOST) w->gen = 0; /* fenced: never retried */
+        else if (e && !w->gen) w->gen = g; /* nothing newer: retry this one */
         if (w->stop) {
             pthread_cond_broadcast(&pool.done_cv);
         } else if (w->gen) {
@@ -453,7 +452,6 @@ static void attw_stop(attw *w)
 /* Hand the record of generation gen to the writers (replacing one they have not started). */
 static bool attw_submit(attw *w, fx_attempts *att, const uint8_t *val, size_t len, uint64_t gen)
 {
-    fx_slice k = fx_attempts_key(att);
     pthread_mutex_lock(&pool.mu);
     if (len > w->cap) {
         uint8_t *nb = realloc(w->val, len);
@@ -466,9 +464,7 @@ static bool attw_submit(attw *w, fx_attempts *att, const uint8_t *val, size_t le
     }
     memcpy(w->val, val, len);
     w->len = len;
-    memcpy(w->key, k.data, k.len);
-    w->klen = k.len;
-    w->lease = fx_attempts_lease(att);
+    fx_attempts_dest_of(att, &w->dest);
     w->gen = gen;
     if (!w->queued && !w->busy) {
         w->not_before = 0;
@@ -1079,7 +1075,7 @@ static void adopt_stranded(cst *s)
         }
         struct adopted ad = {.c = c, .chan = stranded[i]};
         if (s->explicit_ack) { /* its messages keep their delivery counts (own record) */
-            e = fx_attempts_open(s->d->mq, stranded[i], 5000, &ad.as.att);
+            e = fx_attempts_open(s->d->mq, stranded[i], c, 5000, &ad.as.att);
             if (!e && !(ad.as.w = attw_start(s->cl, s->d->mq)))
                 e = fx_seterr(FX_ENOMEM, "cannot start an attempt writer");
             if (e) {

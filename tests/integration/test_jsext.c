@@ -101,7 +101,7 @@ static void attempts_persist_and_inherit(void **state)
     fx_mq_client *c1 = client_new("/jsx1"), *c2 = client_new("/jsx1");
     int64_t chan = new_chan(c1);
     fx_attempts *a = NULL;
-    CHECK(fx_attempts_open(c1, chan, OP_MS, &a));
+    CHECK(fx_attempts_open(c1, chan, NULL, OP_MS, &a));
     assert_int_equal(fx_attempts_take(a, 1, 5), 0); /* nothing recorded yet */
     const fx_attempt fl[] = {{1, 4, 0}, {1, 5, 1}, {1, 6, 2}, {1, 7, 0}, {2, 3, 1}, {1, 9, 0}};
     bool wrote = false;
@@ -130,7 +130,7 @@ static void attempts_persist_and_inherit(void **state)
     fx_kv_free(&mkv);
 
     /* The next consumer (another client, as on another bridge) inherits the counts. */
-    CHECK(fx_attempts_open(c2, chan, OP_MS, &a));
+    CHECK(fx_attempts_open(c2, chan, NULL, OP_MS, &a));
     assert_int_equal(fx_attempts_take(a, 1, 4), 0); /* fetched, never published */
     assert_int_equal(fx_attempts_take(a, 1, 5), 1);
     assert_int_equal(fx_attempts_take(a, 1, 6), 2);
@@ -143,7 +143,7 @@ static void attempts_persist_and_inherit(void **state)
     CHECK(fx_attempts_save(a, f2, 1, OP_MS, &wrote));
     assert_true(wrote);
     fx_attempts_free(a);
-    CHECK(fx_attempts_open(c1, chan, OP_MS, &a));
+    CHECK(fx_attempts_open(c1, chan, NULL, OP_MS, &a));
     assert_int_equal(fx_attempts_take(a, 1, 6), 3);
     assert_int_equal(fx_attempts_take(a, 1, 6), 1); /* taken: only the implicit count is left */
     fx_attempts_free(a);
@@ -157,12 +157,12 @@ static void attempts_committed_entries_dropped(void **state)
     fx_mq_client *c = client_new("/jsx2");
     int64_t chan = new_chan(c);
     fx_attempts *a = NULL;
-    CHECK(fx_attempts_open(c, chan, OP_MS, &a));
+    CHECK(fx_attempts_open(c, chan, NULL, OP_MS, &a));
     const fx_attempt fl[] = {{1, 2, 4}, {1, 3, 2}, {1, 4, 1}};
     CHECK(fx_attempts_save(a, fl, 3, OP_MS, NULL));
     fx_attempts_free(a);
     /* The next consumer's first fetch from producer 1 starts at 4: 2 and 3 were committed. */
-    CHECK(fx_attempts_open(c, chan, OP_MS, &a));
+    CHECK(fx_attempts_open(c, chan, NULL, OP_MS, &a));
     assert_int_equal(fx_attempts_take(a, 1, 4), 1);
     const fx_attempt f2[] = {{1, 4, 2}};
     CHECK(fx_attempts_save(a, f2, 1, OP_MS, NULL));

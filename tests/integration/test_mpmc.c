@@ -34,10 +34,19 @@
  *   consumed everything is reclaimed when it leaves (list and every key of it gone), the one
  *   left with a backlog is kept (fx_mpmc_reclaim keeps it too, and a ready one), a later
  *   consumer claims it and gets the backlog: every message put is received once.
- * mpmc_reclaim_racing_producer_loses_nothing (issue 13): a producer puts without pause while
+ * mpmc_reclaim_racing_producer_loses_nothing (issue 13, 20): a producer puts without pause while
  *   consumers come and go (each close reclaims its sub-MPSC when it is not needed) and
- *   fx_mpmc_reclaim is called on every listed sub-MPSC in a loop; afterwards every message whose
- *   put succeeded is received, and the sub-MPSCs came back to what the consumers need.
+ *   fx_mpmc_reclaim is called on every listed sub-MPSC in a loop; the producer's etcd calls go
+ *   through a proxy that holds its first bind of each new sub-MPSC until that sub-MPSC's
+ *   consumer has left and reclaimed it, so the race happens every round: reclaims > 0 and
+ *   rerouted or refused puts > 0 are asserted; afterwards every message whose put succeeded is
+ *   received, and the sub-MPSCs came back to what the consumers need.
+ * mpmc_reclaim_vs_first_bind_no_loss (issue 19): 50 rounds of a producer's first bind of a
+ *   sub-MPSC held (proxy) while the owning consumer closes and reclaims it from another client;
+ *   released, the put is refused or rerouted, never acknowledged into the unlisted sub-MPSC;
+ *   every acknowledged message is delivered.
+ * mpmc_reclaim_deletes_leftover_payloads (issue 19): split payload plane: a payload left behind
+ *   by a failed delete and the attempt record go when the sub-MPSC is reclaimed.
  * mq_attach_registers_data_leases: ttl 2 s, retention 4 s: metadata, payload, id-allocator and
  *   sub-MPSC global-long leases are granted with the retention, the member lease with the TTL;
  *   the attacher alone keeps them past 3 x TTL (and the retention); when it leaves too, the
@@ -65,6 +74,7 @@
 #include "keys.h"
 #include "lease_mgr.h"
 #include "meta.h"
+#include "mq_int.h"
 #include "tests/support/fxt.h"
 #include "tests/support/fxt_proxy.h"
 
@@ -1200,11 +1210,73 @@ static void *race_prod_main(void *arg)
     return NULL;
 }
 
+/* Hold the membership txn of member's first bind of sub-MPSC chan (the one txn that puts both
+ * its producer membership and its weight key; a put txn carries the membership key only). */
+static void hold_bind(fxt_proxy *px, const fx_mq_keys *k, int64_t chan, int64_t member)
+{
+    fx_mq_key mk, wk;
+    CHECK(fx_mq_key_producer_member(k, chan, member, &mk));
+    CHECK(fx_mq_key_producer_weight(k, chan, member, &wk));
+    char m64[FXT_PROXY_NEEDLE_MAX], w64[FXT_PROXY_NEEDLE_MAX];
+    fxt_proxy_b64(mk.s, m64, sizeof m64);
+    fxt_proxy_b64(wk.s, w64, sizeof w64);
+    const char *nd[2] = {m64, w64};
+    fxt_proxy_hold(px, nd, 2);
+}
+
+typedef struct bind_put {
+    fx_mpmc_producer *p;
+    char text[16];
+    fx_err e;
+    size_t n;
+    fx_mq_msg_id id;
+} bind_put;
+
+static void *bind_put_main(void *arg)
+{
+    bind_put *b = arg;
+    fx_slice v = FX_SLICE_STR(b->text);
+    b->e = fx_mpmc_put(b->p, &v, 1, 15000, &b->n, &b->id);
+    return NULL;
+}
+
+/* Wait (deadline) until chan is no longer listed; true when it went. */
+static bool wait_unlisted(const fx_mq_keys *k, int64_t mpmc, int64_t chan, int ms)
+{
+    int64_t list[64], dl = fxt_now_ms() + ms;
+    for (;;) {
+        size_t n = list_of(k, mpmc, list, 64);
+        if (!ids_in(list, n < 64 ? n : 64, chan)) return true;
+        if (fxt_now_ms() >= dl) return false;
+        nap_ms(10);
+    }
+}
+
+/* Open consumers until one creates a sub-MPSC (every unready one with a backlog is then claimed
+ * and drained), then drain `keep`: every stored message is marked in seen. */
+static void drain_everything(fx_mq_client *c, const fx_mq_keys *k, int64_t mpmc,
+                             fx_mpmc_consumer *keep, int *seen, size_t cap)
+{
+    int64_t list[64];
+    for (int i = 0; i < 16; i++) {
+        size_t n = list_of(k, mpmc, list, 64);
+        fx_mpmc_consumer *d = NULL;
+        fx_err e = fx_mpmc_consumer_open(c, mpmc, &d);
+        if (e == FX_EEXISTS) break; /* nothing unready left */
+        CHECK(e);
+        bool created = !ids_in(list, n < 64 ? n : 64, fx_mpmc_consumer_chan(d));
+        drain_mark(d, seen, cap, 300);
+        fx_mpmc_consumer_free(d);
+        if (created) break;
+    }
+    if (keep) drain_mark(keep, seen, cap, 300);
+}
+
 static void mpmc_reclaim_racing_producer_loses_nothing(void **state)
 {
     (void)state;
     const char *root = "/t_reclaim_race";
-    enum { CAP = 100000 };
+    enum { CAP = 100000, ROUNDS = 6 };
     fx_mq_client *c = client_new(root, 60);
     fx_mq_keys k;
     keys_of(root, &k);
@@ -1215,18 +1287,36 @@ static void mpmc_reclaim_racing_producer_loses_nothing(void **state)
     assert_non_null(acked);
     fx_mpmc_consumer *a = NULL;
     CHECK(fx_mpmc_consumer_open(c, mpmc, &a));
+    /* The producer's etcd calls go through a proxy that holds its first bind of each new
+     * sub-MPSC while that sub-MPSC's consumer leaves (and reclaims it): the race happens in
+     * every round, not only when the timing happens to line up. */
+    fxt_proxy *px = fxt_proxy_start(G.etcd.client_port);
+    assert_non_null(px);
+    fx_mq_client_opts o = {.etcd = {.endpoints = fxt_proxy_eps(px), .n_endpoints = 1},
+                           .root = root, .long_lease_ttl_s = 60, .min_ttl_s = 2,
+                           .op_timeout_ms = 15000, .close_timeout_ms = 1000};
+    fx_mq_client *cx = NULL;
+    CHECK(fx_mq_client_new(&o, &cx));
     fx_mpmc_producer *p = NULL;
-    CHECK(fx_mpmc_producer_open(c, mpmc, 0, &p));
+    CHECK(fx_mpmc_producer_open(cx, mpmc, 0, &p));
+    int64_t member = fx_mpmc_producer_member(p);
     race_prod r = {.p = p, .acked = acked, .cap = CAP};
     atomic_init(&r.stop, false);
     pthread_t th;
     pthread_create(&th, NULL, race_prod_main, &r);
-    int removed_total = 0;
-    for (int round = 0; round < 6; round++) {
+    int removed_total = 0, close_reclaims = 0, held_binds = 0;
+    for (int round = 0; round < ROUNDS; round++) {
         fx_mpmc_consumer *b = NULL;
         CHECK(fx_mpmc_consumer_open(c, mpmc, &b));
+        int64_t sb = fx_mpmc_consumer_chan(b);
+        hold_bind(px, &k, sb, member); /* the producer binds it once its watch shows it ready */
+        int64_t dl = fxt_now_ms() + 10000;
+        while (fxt_proxy_held(px) < 1 && fxt_now_ms() < dl) nap_ms(2);
+        held_binds += fxt_proxy_held(px) > 0;
         drain_mark_for(b, seen, CAP, 150, 500);
         fx_mpmc_consumer_free(b); /* reclaims its sub-MPSC at close when not needed */
+        close_reclaims += wait_unlisted(&k, mpmc, sb, 2000);
+        fxt_proxy_hold(px, NULL, 0); /* the held bind goes on: refused, the put rerouted */
         int64_t list[64];
         size_t n = list_of(&k, mpmc, list, 64);
         for (size_t i = 0; i < n && i < 64; i++) {
@@ -1238,35 +1328,184 @@ static void mpmc_reclaim_racing_producer_loses_nothing(void **state)
     }
     atomic_store(&r.stop, true);
     pthread_join(th, NULL);
+    uint64_t reroutes = fx__mpmc_producer_reroutes(p);
     /* Drain every sub-MPSC: consumers claim the unready ones (a backlog) until one creates. */
-    int64_t list[64];
-    for (int i = 0; i < 16; i++) {
-        size_t n = list_of(&k, mpmc, list, 64);
-        fx_mpmc_consumer *d = NULL;
-        fx_err e = fx_mpmc_consumer_open(c, mpmc, &d);
-        if (e == FX_EEXISTS) break; /* nothing unready left */
-        CHECK(e);
-        bool created = !ids_in(list, n < 64 ? n : 64, fx_mpmc_consumer_chan(d));
-        drain_mark(d, seen, CAP, 300);
-        fx_mpmc_consumer_free(d);
-        if (created) break;
-    }
-    drain_mark(a, seen, CAP, 300);
+    drain_everything(c, &k, mpmc, a, seen, CAP);
     int lost = 0, dup = 0;
     for (int i = 0; i < CAP; i++) {
         if (acked[i] && !seen[i]) lost++;
         if (seen[i] > 1) dup++;
     }
-    print_message("      %d puts ok, %d failed (rerouted or refused, not stored), %d sub-MPSCs "
-                  "reclaimed by fx_mpmc_reclaim, lost %d, duplicated %d\n",
-                  r.ok, r.failed, removed_total, lost, dup);
+    print_message("      %d puts ok, %d failed (refused, not stored), %" PRIu64 " rerouted; %d "
+                  "binds held; sub-MPSCs reclaimed: %d by a leaving consumer, %d by "
+                  "fx_mpmc_reclaim; lost %d, duplicated %d\n",
+                  r.ok, r.failed, reroutes, held_binds, close_reclaims, removed_total, lost, dup);
     assert_true(r.ok > 0);
+    assert_int_equal(held_binds, ROUNDS);
+    assert_true(close_reclaims + removed_total > 0); /* the race in the name happened */
+    assert_true(reroutes + (uint64_t)r.failed > 0);  /* and puts met a reclaimed sub-MPSC */
     assert_int_equal(lost, 0);
     fx_mpmc_consumer_free(a);
+    int64_t list[64];
     assert_true(list_of(&k, mpmc, list, 64) <= 1);
     fx_mpmc_producer_free(p);
+    fx_mq_client_free(cx);
+    fxt_proxy_stop(px);
     free(seen);
     free(acked);
+    fx_mq_client_free(c);
+}
+
+/* mpmc_reclaim_vs_first_bind_no_loss (issue 19): a producer's FIRST bind of a sub-MPSC (its
+ * membership txn) is held by the proxy while the sub-MPSC's owning consumer closes and reclaims
+ * it from another client; then the bind is let through. The put must either land in a listed
+ * sub-MPSC and be delivered, or fail / be rerouted; never be acked into the reclaimed one.
+ * 50 rounds, each a fresh sub-MPSC; a second consumer's sub-MPSC (held by fx_mpmc_put_hold
+ * while the race runs, so the racing put can only go to the new one) takes the rerouted puts. */
+static void mpmc_reclaim_vs_first_bind_no_loss(void **state)
+{
+    (void)state;
+    enum { ROUNDS = 50, CAP = 2 * ROUNDS };
+    const char *root = "/t_bind_race";
+    fx_mq_client *c = client_new(root, 60);
+    fx_mq_keys k;
+    keys_of(root, &k);
+    int64_t mpmc = -1;
+    CHECK(fx_mpmc_resolve(c, "br", &CFG, &mpmc));
+    int seen[CAP] = {0}, acked[CAP] = {0};
+    fx_mpmc_consumer *b = NULL;
+    CHECK(fx_mpmc_consumer_open(c, mpmc, &b));
+    int64_t sb = fx_mpmc_consumer_chan(b);
+    fxt_proxy *px = fxt_proxy_start(G.etcd.client_port);
+    assert_non_null(px);
+    fx_mq_client_opts o = {.etcd = {.endpoints = fxt_proxy_eps(px), .n_endpoints = 1},
+                           .root = root, .long_lease_ttl_s = 60, .min_ttl_s = 2,
+                           .op_timeout_ms = 15000, .close_timeout_ms = 1000};
+    fx_mq_client *cx = NULL;
+    CHECK(fx_mq_client_new(&o, &cx));
+    fx_mpmc_producer *p = NULL;
+    CHECK(fx_mpmc_producer_open(cx, mpmc, 0, &p));
+    int64_t member = fx_mpmc_producer_member(p);
+    int reclaimed = 0, ok = 0, refused = 0, unlisted = 0;
+    for (int r = 0; r < ROUNDS; r++) {
+        fx_mpmc_consumer *a = NULL;
+        CHECK(fx_mpmc_consumer_open(c, mpmc, &a));
+        int64_t sa = fx_mpmc_consumer_chan(a);
+        assert_int_not_equal(sa, sb);
+        int64_t dl = fxt_now_ms() + 10000; /* the producer learns the new one by watch */
+        while (fx_mpmc_producer_ready(p) < 2 && fxt_now_ms() < dl) nap_ms(5);
+        assert_int_equal(fx_mpmc_producer_ready(p), 2);
+        /* Reserve B's sub-MPSC (the least recently used): the racing put can only bind A's. */
+        char txt[16];
+        snprintf(txt, sizeof txt, "m%d", 2 * r);
+        fx_slice v = FX_SLICE_STR(txt);
+        fx_mq_msg_id hid;
+        int64_t held = -1;
+        size_t n = 0;
+        CHECK(fx_mpmc_put_hold(p, &v, 1, 5000, &n, &hid, &held));
+        assert_int_equal(held, sb);
+        acked[2 * r] = 1;
+        hold_bind(px, &k, sa, member);
+        bind_put bp = {.p = p, .e = FX_EPROTO};
+        snprintf(bp.text, sizeof bp.text, "m%d", 2 * r + 1);
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, bind_put_main, &bp), 0);
+        dl = fxt_now_ms() + 10000;
+        while (fxt_proxy_held(px) < 1 && fxt_now_ms() < dl) nap_ms(2);
+        if (fxt_proxy_held(px) < 1) {
+            fxt_proxy_hold(px, NULL, 0);
+            fx_mpmc_put_release(p, held);
+            pthread_join(th, NULL);
+            fail_msg("round %d: the producer's bind of sub-MPSC %" PRId64 " was never seen", r,
+                     sa);
+        }
+        /* The owner leaves: its close reclaims the empty, unready sub-MPSC (B remains). */
+        fx_mpmc_consumer_free(a);
+        if (!wait_unlisted(&k, mpmc, sa, 2000)) {
+            bool rm = false;
+            CHECK(fx_mpmc_reclaim(c, mpmc, sa, &rm));
+        }
+        bool gone = wait_unlisted(&k, mpmc, sa, 2000);
+        reclaimed += gone;
+        fxt_proxy_hold(px, NULL, 0); /* the held bind goes on */
+        fx_mpmc_put_release(p, held);
+        pthread_join(th, NULL);
+        if (bp.e == FX_OK && bp.n == 1) {
+            acked[2 * r + 1] = 1;
+            ok++;
+            int64_t list[64];
+            size_t nl = list_of(&k, mpmc, list, 64);
+            if (!ids_in(list, nl < 64 ? nl : 64, bp.id.chan)) {
+                unlisted++;
+                print_message("      round %d: put acked into sub-MPSC %" PRId64
+                              ", which is not listed\n", r, bp.id.chan);
+            }
+        } else {
+            refused++;
+        }
+        drain_mark_for(b, seen, CAP, 0, 0);
+    }
+    drain_everything(c, &k, mpmc, b, seen, CAP);
+    int lost = 0, dup = 0;
+    for (int i = 0; i < CAP; i++) {
+        if (acked[i] && !seen[i]) lost++;
+        if (seen[i] > 1) dup++;
+    }
+    print_message("      %d rounds: %d sub-MPSCs reclaimed under a held bind; racing puts: %d ok "
+                  "(%d into an unlisted sub-MPSC), %d refused; lost %d, duplicated %d\n",
+                  ROUNDS, reclaimed, ok, unlisted, refused, lost, dup);
+    assert_int_equal(reclaimed, ROUNDS);
+    assert_int_equal(unlisted, 0);
+    assert_int_equal(lost, 0);
+    fx_mpmc_producer_free(p);
+    fx_mq_client_free(cx);
+    fxt_proxy_stop(px);
+    fx_mpmc_consumer_free(b);
+    fx_mq_client_free(c);
+}
+
+/* mpmc_reclaim_deletes_leftover_payloads (issue 19): on a split payload plane (payloads in their
+ * own KV store, here a prefix of the same etcd) a payload whose delete failed after its offsets
+ * were committed (a stray key below the consume offset) goes when its sub-MPSC is reclaimed,
+ * and so does the sub-MPSC's attempt record. */
+static void mpmc_reclaim_deletes_leftover_payloads(void **state)
+{
+    (void)state;
+    const char *root = "/t_leftover";
+    fx_mq_client_opts o = {.etcd = {.endpoints = G.eps, .n_endpoints = 1}, .root = root,
+                           .long_lease_ttl_s = 60, .min_ttl_s = 2, .op_timeout_ms = OP_MS,
+                           .close_timeout_ms = 1000, .kv_endpoints = G.eps, .n_kv_endpoints = 1};
+    fx_mq_client *c = NULL;
+    CHECK(fx_mq_client_new(&o, &c));
+    fx_mq_keys k;
+    keys_of(root, &k);
+    int64_t mpmc = -1;
+    CHECK(fx_mpmc_resolve(c, "lo", &CFG, &mpmc));
+    fx_mpmc_consumer *a = NULL, *b = NULL;
+    CHECK(fx_mpmc_consumer_open(c, mpmc, &a));
+    CHECK(fx_mpmc_consumer_open(c, mpmc, &b));
+    int64_t sa = fx_mpmc_consumer_chan(a);
+    fx_mq_key rel, pre;
+    CHECK(fx_mq_payload_key(mpmc, sa, 5, 42, &rel));
+    CHECK(fx_mq_payload_prefix_mpsc(mpmc, sa, &pre));
+    char stray[1024], prefix[1024], akey[256];
+    snprintf(stray, sizeof stray, "%s/kv/%s", root, rel.s);
+    snprintf(prefix, sizeof prefix, "%s/kv/%s", root, pre.s);
+    snprintf(akey, sizeof akey, "%s/attempts/%" PRId64, root, sa);
+    fx_put_req pr = {.key = FX_SLICE_STR(stray), .value = FX_SLICE_STR("left behind")};
+    CHECK(fx_etcd_put(G.raw, &pr, NULL, OP_MS));
+    fx_put_req ar = {.key = FX_SLICE_STR(akey), .value = FX_SLICE_STR("FXA1")};
+    CHECK(fx_etcd_put(G.raw, &ar, NULL, OP_MS));
+    assert_int_equal(raw_count(prefix), 1);
+    fx_mpmc_consumer_free(a); /* empty, unready, b remains: reclaimed at close */
+    assert_true(wait_unlisted(&k, mpmc, sa, 5000));
+    int64_t dl = fxt_now_ms() + 5000, left = 0;
+    while ((left = raw_count(prefix)) > 0 && fxt_now_ms() < dl) nap_ms(20);
+    print_message("      sub-MPSC %" PRId64 " reclaimed: %" PRId64 " payload key(s) left, attempt "
+                  "record %s\n", sa, left, raw_get(akey, NULL) ? "left" : "gone");
+    assert_int_equal(left, 0);
+    assert_false(raw_get(akey, NULL));
+    fx_mpmc_consumer_free(b);
     fx_mq_client_free(c);
 }
 
@@ -1365,6 +1604,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(mpmc_many_consumers_open),
         cmocka_unit_test(mpmc_reclaim_follows_consumers),
         cmocka_unit_test(mpmc_reclaim_racing_producer_loses_nothing),
+        cmocka_unit_test(mpmc_reclaim_vs_first_bind_no_loss),
+        cmocka_unit_test(mpmc_reclaim_deletes_leftover_payloads),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -15,8 +15,9 @@
  *   backends; a retry once etcd answers again commits, succeeds and frees the backends.
  * mq_rollback_verified: a sub-MPSC created by an MPMC consumer whose bind fails is rolled back;
  *   when the proxy drops the rollback's delete, the read-back sees the keys and the open reports
- *   the rollback failure; when the delete goes through, the keys are gone and the open reports
- *   the bind error.
+ *   the rollback failure (and the meta left is bound to the sub-MPSC's own global-long lease, not
+ *   to the channel's metadata lease); when the delete goes through, the keys are gone and the
+ *   open reports the bind error.
  * mpsc_second_consumer_refused: a second consumer of a standalone MPSC is refused (FX_EEXISTS)
  *   while the first is bound, and accepted once it closed; membership records carry the client's
  *   external_client_id.
@@ -26,6 +27,17 @@
  *   MPMC consumer's member lease; within about its TTL the consumer is fenced (get FX_EUNAVAIL,
  *   fx_mpmc_consumer_fenced) while messages are stored; once etcd expired the lease and the
  *   keepalives pass, FX_ELEASE_LOST; a new consumer gets every message.
+ * mq_attempts_write_fenced (issue 19): consumer A records 2 attempts of a message; A's member
+ *   lease is revoked (as after a SIGSTOP past ttl_seconds); a drain consumer on another client
+ *   adopts the sub-MPSC, inherits 2 and records 3; A's stale writer then writes its own view: it
+ *   is refused (FX_ELEASE_LOST) and the record still says 3 (no count rolled back); when the
+ *   drain consumer leaves, the sub-MPSC is reclaimed with its record and the stale writer cannot
+ *   re-create it.
+ * mq_attempts_pruned (issue 19): 5,000 producer ids churn through one sub-MPSC over 20 consumer
+ *   lifetimes (moves), 250 each, every id of them published once and committed (the consume
+ *   offsets a commit leaves are written for them); then a message is delivered twice and the
+ *   sub-MPSC moves: the next consumer inherits 2 attempts (max_deliver still holds), and the record
+ *   holds the live producers only (pruned with the offsets, far below the 4,096 bound).
  *
  * Usage: test_mq_edges [cmocka filter]. Waits poll with deadlines; the only timed pauses are the
  * closer's varying delay in the race test (fault timing, not synchronisation).
@@ -46,10 +58,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "attempts.h"
 #include "etcd.h"
 #include "fluxon_mq.h"
 #include "fx_log.h"
 #include "keys.h"
+#include "meta.h"
 #include "lease_mgr.h"
 #include "tests/support/fxt.h"
 #include "tests/support/fxt_proxy.h"
@@ -648,6 +662,20 @@ static void mq_rollback_verified(void **state)
     char want[64];
     snprintf(want, sizeof want, "sub-MPSC %" PRId64, chan);
     if (!strstr(detail, want)) fail_msg("error does not name %s: %s", want, detail);
+    /* The keys left are bound to the sub-MPSC's own global-long lease (which nobody renews once
+     * its creator let go), not to the channel's metadata lease that every member renews: they go
+     * with it (issue 19). */
+    fx_kv mkv = {0};
+    assert_true(raw_get(meta.s, &mkv));
+    int64_t meta_lease = mkv.lease;
+    fx_kv_free(&mkv);
+    fx_mq_key cll;
+    CHECK(fx_mq_key_cluster_lease_id_alloc(&k, chan, &cll));
+    int64_t own = raw_get_int(cll.s);
+    print_message("      leftover meta lease %" PRId64 ", its own global-long lease %" PRId64 "\n",
+                  meta_lease, own);
+    assert_true(own > 0);
+    assert_int_equal(meta_lease, own);
 }
 
 /* ===================================================================================================
@@ -906,6 +934,191 @@ static void mpmc_unconfirmed_member_lease_fences_get(void **state)
     fxt_proxy_stop(px);
 }
 
+/* ---- attempt records (issue 19) ---------------------------------------------------------------- */
+
+#ifdef FX_ATTEMPTS_FENCED
+#define ATT_OPEN(c, owner, out) \
+    fx_attempts_open((c), fx_mpmc_consumer_chan(owner), (owner), OP_MS, (out))
+#else /* the API before the fence (to run the tests against it) */
+#define ATT_OPEN(c, owner, out) fx_attempts_open((c), fx_mpmc_consumer_chan(owner), OP_MS, (out))
+#endif
+
+/* Attempts of (pidx, msg) as the stored record of chan says; *nh: producer entries in it. */
+static uint32_t raw_attempts(const char *root, int64_t chan, int64_t pidx, int64_t msg, size_t *nh)
+{
+    char key[256];
+    snprintf(key, sizeof key, "%s/attempts/%" PRId64, root, chan);
+    fx_kv kv = {0};
+    if (nh) *nh = 0;
+    if (!raw_get(key, &kv)) return 0;
+    fx_attempts_rec r;
+    CHECK(fx_attempts_decode(kv.value.data, kv.value.len, &r));
+    fx_kv_free(&kv);
+    uint32_t n = 0;
+    for (size_t i = 0; i < r.nh; i++)
+        if (r.hi_pidx[i] == pidx && msg <= r.hi[i]) n = 1;
+    for (size_t i = 0; i < r.ne; i++)
+        if (r.exc[i].pidx == pidx && r.exc[i].msg == msg) n = r.exc[i].n;
+    if (nh) *nh = r.nh;
+    fx_attempts_rec_free(&r);
+    return n;
+}
+
+static void mq_attempts_write_fenced(void **state)
+{
+    (void)state;
+    const char *root = "/t_attf";
+    copts o = {.long_ttl = 60, .close_ms = 1000};
+    fx_mq_client *c1 = client_new(root, &o), *c2 = client_new(root, &o);
+    fx_mq_keys k = mkkeys(root);
+    fx_mq_chan_cfg cfg = {.capacity = 1000, .ttl_s = 10};
+    int64_t mpmc = -1;
+    CHECK(fx_mpmc_resolve(c1, "attf", &cfg, &mpmc));
+    fx_mpmc_consumer *a = NULL, *b = NULL, *d = NULL;
+    CHECK(fx_mpmc_consumer_open(c1, mpmc, &a));
+    CHECK(fx_mpmc_consumer_open(c2, mpmc, &b)); /* a second sub-MPSC: a is reclaimable later */
+    int64_t s = fx_mpmc_consumer_chan(a);
+    fx_attempts *aa = NULL, *da = NULL;
+    CHECK(ATT_OPEN(c1, a, &aa));
+    const fx_attempt f1[] = {{7, 3, 2}}; /* message (7, 3) delivered twice, not acked */
+    CHECK(fx_attempts_save(aa, f1, 1, OP_MS, NULL));
+    assert_int_equal(raw_attempts(root, s, 7, 3, NULL), 2);
+
+    /* A's member lease is gone (its bridge stopped past ttl_seconds): memberships deleted. */
+    fx_mq_key cp;
+    CHECK(fx_mq_prefix_consumer_members(&k, s, &cp));
+    fx_range_resp mr = {0};
+    raw_list(cp.s, &mr);
+    assert_int_equal(mr.n_kvs, 1);
+    int64_t lease = mr.kvs[0].lease;
+    fx_range_resp_free(&mr);
+    CHECK(fx_etcd_lease_revoke(G.raw, lease, OP_MS));
+    assert_int_equal(raw_count(cp.s), 0);
+
+    /* Another bridge adopts the sub-MPSC, inherits 2 attempts and delivers a third time. */
+    fx_err e = FX_EEXISTS;
+    int64_t dl = now_ms() + 10000;
+    while ((e = fx_mpmc_consumer_open_drain(c2, mpmc, s, &d)) == FX_EEXISTS && now_ms() < dl)
+        nap_ms(20); /* the ready key goes with A's lease */
+    CHECK(e);
+    CHECK(ATT_OPEN(c2, d, &da));
+    assert_int_equal(fx_attempts_take(da, 7, 3), 2);
+    const fx_attempt f2[] = {{7, 3, 3}};
+    CHECK(fx_attempts_save(da, f2, 1, OP_MS, NULL));
+    assert_int_equal(raw_attempts(root, s, 7, 3, NULL), 3);
+
+    /* The stale A writes its own view (the message left its table): refused, nothing changes. */
+    bool wrote = true;
+    e = fx_attempts_save(aa, NULL, 0, OP_MS, &wrote);
+    uint32_t now = raw_attempts(root, s, 7, 3, NULL);
+    print_message("      stale writer's save: %s (wrote %d); attempts of (7,3) now %u (want 3)\n",
+                  fx_errname(e), wrote, now);
+    assert_int_equal(now, 3);
+    assert_int_equal(e, FX_ELEASE_LOST);
+    assert_false(wrote);
+    /* The owner's writes go on. */
+    const fx_attempt f3[] = {{7, 3, 4}};
+    CHECK(fx_attempts_save(da, f3, 1, OP_MS, NULL));
+    assert_int_equal(raw_attempts(root, s, 7, 3, NULL), 4);
+    /* The drain consumer leaves; the sub-MPSC is reclaimed with its record, and the stale
+     * writer cannot re-create it. */
+    fx_attempts_free(da);
+    fx_mpmc_consumer_free(d);
+    char akey[256];
+    snprintf(akey, sizeof akey, "%s/attempts/%" PRId64, root, s);
+    fx_mq_key lk;
+    CHECK(fx_mq_key_mpmc_mpsc_channels(&k, mpmc, &lk));
+    dl = now_ms() + 10000;
+    while (now_ms() < dl) {
+        fx_kv kv = {0};
+        bool listed = false;
+        if (raw_get(lk.s, &kv)) {
+            int64_t *ids = NULL;
+            size_t n = 0;
+            CHECK(fx_mq_mpsc_list_decode(kv.value.data, kv.value.len, &ids, &n));
+            for (size_t i = 0; i < n; i++) listed = listed || ids[i] == s;
+            free(ids);
+        }
+        fx_kv_free(&kv);
+        if (!listed) break;
+        nap_ms(20);
+    }
+    assert_false(raw_exists(akey)); /* reclaimed with the sub-MPSC */
+    e = fx_attempts_save(aa, f1, 1, OP_MS, &wrote);
+    assert_int_equal(e, FX_ELEASE_LOST);
+    assert_false(raw_exists(akey));
+    fx_attempts_free(aa);
+    fx_mpmc_consumer_free(b);
+    fx_mpmc_consumer_free(a);
+    fx_mq_client_free(c2);
+    fx_mq_client_free(c1);
+}
+
+static void mq_attempts_pruned(void **state)
+{
+    (void)state;
+    enum { LIVES = 20, PER = 250 };
+    const char *root = "/t_attp";
+    copts o = {.long_ttl = 60, .close_ms = 1000};
+    fx_mq_client *c = client_new(root, &o);
+    fx_mq_keys k = mkkeys(root);
+    fx_mq_chan_cfg cfg = {.capacity = 1000, .ttl_s = 10};
+    int64_t mpmc = -1, s = -1;
+    CHECK(fx_mpmc_resolve(c, "attp", &cfg, &mpmc));
+    static fx_attempt fl[PER];
+    for (int life = 0; life <= LIVES + 1; life++) {
+        fx_mpmc_consumer *d = NULL;
+        if (life == 0) {
+            CHECK(fx_mpmc_consumer_open(c, mpmc, &d));
+            s = fx_mpmc_consumer_chan(d);
+        } else {
+            CHECK(fx_mpmc_consumer_open_drain(c, mpmc, s, &d));
+        }
+        fx_attempts *att = NULL;
+        CHECK(ATT_OPEN(c, d, &att));
+        if (life < LIVES) {
+            /* 100 new producer ids, each message 0 delivered once ... */
+            for (int i = 0; i < PER; i++) {
+                int64_t pid = 1000 + (int64_t)life * PER + i;
+                assert_int_equal(fx_attempts_take(att, pid, 0), 0);
+                fl[i] = (fx_attempt){pid, 0, 1};
+            }
+            CHECK(fx_attempts_save(att, fl, PER, OP_MS, NULL));
+            /* ... acked and committed: the consume offsets a commit leaves (next id 1) */
+            fx_mq_key ck[PER];
+            fx_op ops[PER];
+            for (int i = 0; i < PER; i++) {
+                CHECK(fx_mq_key_consume_offset(&k, s, fl[i].pidx, &ck[i]));
+                ops[i] = (fx_op){.type = FX_OP_PUT,
+                                 .u.put = {.key = fx_mq_key_slice(&ck[i]), .value = {"1", 1}}};
+            }
+            for (int i = 0; i < PER; i += 125) { /* etcd: <= 128 ops per txn */
+                fx_txn_req t = {.success = ops + i, .n_success = PER - i < 125 ? PER - i : 125};
+                CHECK(fx_etcd_txn(G.raw, &t, NULL, OP_MS));
+            }
+            CHECK(fx_attempts_save(att, NULL, 0, OP_MS, NULL));
+        } else if (life == LIVES) { /* a live producer's message delivered twice, then a move */
+            assert_int_equal(fx_attempts_take(att, 99, 0), 0);
+            const fx_attempt f[] = {{99, 0, 2}};
+            CHECK(fx_attempts_save(att, f, 1, OP_MS, NULL));
+        } else {
+            uint32_t n = fx_attempts_take(att, 99, 0);
+            size_t nh = 0;
+            (void)raw_attempts(root, s, 99, 0, &nh);
+            fx_attempts_stats st;
+            fx_attempts_get_stats(att, &st);
+            print_message("      after %d producer ids: attempts of (99,0) inherited %u (want 2); "
+                          "record holds %zu producer entries; %" PRIu64 " dropped\n",
+                          LIVES * PER, n, nh, st.dropped);
+            assert_int_equal(n, 2);
+            assert_true(nh <= 2 * PER);
+        }
+        fx_attempts_free(att);
+        fx_mpmc_consumer_free(d);
+    }
+    fx_mq_client_free(c);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1) cmocka_set_test_filter(argv[1]);
@@ -919,6 +1132,8 @@ int main(int argc, char **argv)
                                         test_teardown),
         cmocka_unit_test_setup_teardown(mpmc_unconfirmed_member_lease_fences_get, test_setup,
                                         test_teardown),
+        cmocka_unit_test_setup_teardown(mq_attempts_write_fenced, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(mq_attempts_pruned, test_setup, test_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
