@@ -615,9 +615,11 @@ static fx_err resolve_locked(fx_mq_client *c, const char *name, const fx_mq_chan
                                             ? st.meta.retention_seconds
                                             : (cfg && cfg->retention_s ? cfg->retention_s
                                                                        : (cfg ? cfg->ttl_s : 0)));
-                FX_ERR("channel '%s': mpmc %" PRId64 " expired (%s: no bridge kept it alive for "
-                       "longer than its retention of %s); its messages are gone: replacing the "
-                       "mapping with a new channel", name, old, st.why, rb);
+                FX_ERR("channel '%s': mpmc %" PRId64 " is gone (%s: either no bridge kept it "
+                       "alive for longer than its retention of %s, or a store lost its keys: an "
+                       "evicting or flushed Redis, etcd restored from an old snapshot); its "
+                       "messages are gone: replacing the mapping with a new channel",
+                       name, old, st.why, rb);
             }
         }
         int64_t id = 0;
