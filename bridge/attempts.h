@@ -21,7 +21,7 @@
  * attempts of each message it fetches (fx_attempts_take); inherited entries of a producer below
  * the first message fetched from it are committed and are dropped.
  *
- * Fencing (issue 19): a record opened for its owner (the MPMC consumer bound to the sub-MPSC) is
+ * Fencing: a record opened for its owner (the MPMC consumer bound to the sub-MPSC) is
  * written only while that owner still holds its consumer membership: every put is a txn that
  * compares the membership key's create revision (the owner's bind). A consumer whose member
  * lease expired (its membership deleted) or whose sub-MPSC was reclaimed (every key under the

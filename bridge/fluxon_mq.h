@@ -40,7 +40,12 @@
  * Thread rules: one fx_mq_client may be shared by any number of threads. An endpoint may be used
  * from several threads; calls of the same kind (two puts, two gets) are serialised internally,
  * except MPMC producer puts, which run at once to distinct sub-MPSCs (fx_mpmc_put).
- * close() may be called from any thread at any time. No callback of this API runs user code.
+ * close() may be called from any thread at any time.
+ *
+ * Callbacks: two run the caller's code, on the MQ's own threads: a consumer's notify hook
+ * (fx_mpmc_consumer_set_notify; with the consumer's lock held) and a release watch's fn
+ * (fx_mq_release_watch_start; on the watch's thread). Both must only wake something up: no MQ
+ * call, no blocking. No other call of this API calls back.
  */
 #ifndef FX_FLUXON_MQ_H
 #define FX_FLUXON_MQ_H
@@ -104,7 +109,8 @@ fx_err fx_mq_client_new(const fx_mq_client_opts *opts, fx_mq_client **out);
  * (watch stop, thread join, lease-handle release) cannot fail; leased-key deletes stay
  * best-effort (TTL fallback) and are never strong errors. */
 fx_err fx_mq_client_close(fx_mq_client *c);
-/* Close if needed and free. Endpoints still registered are closed and freed too. */
+/* Close if needed (forcing a strong failure to finish) and free. Endpoints still open are
+ * closed, never freed: their owners free them, before this call. */
 void fx_mq_client_free(fx_mq_client *c);
 
 /* Borrowed accessors (valid until fx_mq_client_free). */
@@ -275,9 +281,10 @@ int64_t fx_mpmc_consumer_member(const fx_mpmc_consumer *c);
 int64_t fx_mpmc_consumer_chan(const fx_mpmc_consumer *c);
 /* Call fn(arg) whenever new messages may be there for this consumer (a produce offset of its
  * sub-MPSC moved) or it faulted, so a caller that polls with fx_mpmc_get(..., 0) can sleep until
- * then (issue 13: the claim scheduler). fn runs on the client's watch thread with internal locks
- * held: it must only wake something up (no MQ call, no blocking). NULL fn: none. It is not
- * called any more once fx_mpmc_consumer_close() has returned. */
+ * then. fn runs with internal locks held, on the client's produce-offset watch thread (new
+ * messages), the LeaseManager thread (a lease expired) or the thread of a get that found the
+ * payload plane lost: it must only wake something up (no MQ call, no blocking). NULL fn: none.
+ * It is not called any more once fx_mpmc_consumer_close() has returned. */
 void fx_mpmc_consumer_set_notify(fx_mpmc_consumer *c, void (*fn)(void *arg), void *arg);
 /* Drain an unready sub-MPSC `chan` that holds messages (left by a consumer that departed): join
  * as a consumer member and bind that sub-MPSC's consumer directly, WITHOUT a ready key, so
@@ -288,8 +295,8 @@ void fx_mpmc_consumer_set_notify(fx_mpmc_consumer *c, void (*fn)(void *arg), voi
 fx_err fx_mpmc_consumer_open_drain(fx_mq_client *c, int64_t mpmc, int64_t chan,
                                    fx_mpmc_consumer **out);
 
-/* Reclaim sub-MPSC `chan` of MPMC `mpmc` when nobody needs it (issue 13: sub-MPSCs follow the
- * consumers in use, not the peak): it is removed from the MPMC's list and its keys are deleted
+/* Reclaim sub-MPSC `chan` of MPMC `mpmc` when nobody needs it, so sub-MPSCs follow the
+ * consumers in use, not the peak: it is removed from the MPMC's list and its keys are deleted
  * in ONE txn, and its global-long lease is revoked, only when it is unready (no ready key), has
  * no consumer membership, holds no backlog (every produce offset below its consume offset), the
  * list keeps more entries than the active consumers need (at least one: store-and-forward), and

@@ -25,24 +25,24 @@
  *    first asks the backends (TimeToLive / KV keepalive, only on this rare path) whether one of
  *    the member's own leases is gone (then the endpoint closes: FX_ELEASE_LOST), else it drops
  *    that sub-producer and re-binds it on its next turn.
- *  - Fencing of deliveries (issue 20): a consumer whose member lease etcd has not confirmed for its
+ *  - Fencing of deliveries: a consumer whose member lease etcd has not confirmed for its
  *    TTL (fx_lease_confirmed_until_ms over; etcd unreachable) hands out nothing (fx_mpmc_get:
  *    FX_EUNAVAIL; fx_mpmc_consumer_fenced for messages already got): etcd may have expired it and
  *    another member may be draining the sub-MPSC. The lease manager then either renews it or
- *    reports it expired (the endpoint closes). Without it a bridge cut off from etcd read on from
- *    its lost sub-MPSC the moment etcd answered again, before the keepalive said "expired".
+ *    reports it expired (the endpoint closes). So a bridge cut off from etcd does not read on from
+ *    its lost sub-MPSC the moment etcd answers again, before the keepalive says "expired".
  *  - Every member also keeps alive the global-long (id-allocator) lease of every sub-MPSC it
  *    knows (keeper_sync: at open, when a producer's list grows, on ready-watch events), so a
  *    sub-MPSC whose binders all left stays bindable after long_lease_ttl_s while any member
  *    lives. Consumers sync only at open.
- *  - No create lock (issue 13: a lock held across the ~20 round trips of a creation made 1,000
- *    claims take minutes). A consumer creates and binds its sub-MPSC in parallel with others;
- *    only the read-check-publish step (view, consumer count, CAS of list+ready) is serialised
- *    among the threads of one process (client publish_mu), so they do not lose CASes to each
- *    other; across processes the CAS decides and the loser re-reads. A creation that turns out
- *    not to be needed (an unready sub-MPSC appeared, or no more consumers than sub-MPSCs) is
- *    rolled back strictly (below).
- *  - Reclaim (issue 13; fx_mpmc_reclaim, and every consumer's close for its own sub-MPSC):
+ *  - No create lock (a lock held across the ~20 round trips of a creation would make 1,000 claims
+ *    take minutes to open). A consumer creates and binds its sub-MPSC in parallel with others; only
+ *    the read-check-publish step (view, consumer count, CAS of list+ready) is serialised among the
+ *    threads of one process (client publish_mu), so they do not lose CASes to each other; across
+ *    processes the CAS decides and the loser re-reads. A creation that turns out not to be needed
+ *    (an unready sub-MPSC appeared, or no more consumers than sub-MPSCs) is rolled back strictly
+ *    (below).
+ *  - Reclaim (fx_mpmc_reclaim, and every consumer's close for its own sub-MPSC):
  *    sub-MPSCs follow the consumers in use. Protocol: read in one txn (revision R) the list, the
  *    ready key of S, the consumer role count, S's meta and every key under R/channels/{S}/
  *    (memberships, weights, offsets). Keep S unless: S is listed, unready, has no consumer
@@ -57,7 +57,7 @@
  *       the reclaim txn, it makes the reclaim's compare fail (S kept; the reclaim decides again);
  *       landing after the reclaim txn, it fails for want of the meta (FX_ENOTFOUND) and the
  *       put routes elsewhere. Every put txn compares the meta too. So a bind and a reclaim never
- *       both win: nothing is acknowledged into an unlisted sub-MPSC (issue 19).
+ *       both win: nothing is acknowledged into an unlisted sub-MPSC.
  *     - a producer that put into S after R changed an offset: the compare fails, S is kept (its
  *       backlog then keeps it); a producer that puts after the txn finds its membership key gone
  *       (its put txn compares it), its chunk fails with nothing stored (a payload written to a
@@ -76,7 +76,7 @@
  *    channel that did get published would be worse). When it was not published, its keys are
  *    unlisted (no reclaim sees them) but bound to its own global-long lease, not renewed once
  *    its creator let go (the publish txn moves the meta to the metadata lease): they go with
- *    that lease (`retention`) instead of living as long as the channel (issue 19).
+ *    that lease (`retention`) instead of living as long as the channel.
  *  - A rollback of an unpublished sub-MPSC is strict: delete, read back, up to 3 times; when
  *    keys are still there (or the read-back fails) the open / put reports that error.
  *  - Member ids: one CAS per open (no range cache).
@@ -311,7 +311,7 @@ static fx_err rollback_left(fx_mq_client *c, const fx_op *dels, int64_t *left)
  * of the read-back) whose detail names the sub-MPSC. The caller reports it instead of its own
  * error: an unpublished channel that outlives its creator's open must not go unnoticed.
  * long_lease: the sub-MPSC's own global-long lease (0: read from its cluster-lease key); revoked
- * once the rollback is verified, so an ambiguous create leaks no lease (issue 19: it would live
+ * once the rollback is verified, so an ambiguous create leaks no lease (one left would live
  * `retention`). */
 static fx_err rollback_unpublished(fx_mq_client *c, int64_t mpmc, int64_t chan,
                                    fx_mpsc_consumer *sub, int64_t long_lease)
@@ -711,8 +711,8 @@ typedef struct mpmc_member {
 } mpmc_member;
 
 /* The keeper of one MPMC in one client: one hold per sub-MPSC, whatever the number of members
- * (issue 13: each consumer held every sub-MPSC's lease itself, one read and one probe per listed
- * sub-MPSC per open, so a thousand claims cost a million calls and handles). Listed in the
+ * (a hold per consumer would cost one read and one probe per listed sub-MPSC per open: a
+ * million calls and handles for a thousand claims). Listed in the
  * client root (c->keepers, under c->mu) while refs > 0. */
 typedef struct mpmc_keeper {
     int64_t mpmc;
@@ -1072,7 +1072,7 @@ static fx_err member_renew_idalloc(mpmc_member *m, int64_t ttl, fx_lease **out)
             bool won = false;
             e = meta_cas_put(c, m->mpmc, &cur, kv.mod_revision, kv.lease, &won);
             fx_kv_free(&kv);
-            if (!e && !won) { /* lost the CAS: the fresh lease guards nothing (issue 19) */
+            if (!e && !won) { /* lost the CAS: the fresh lease guards nothing: revoke it */
                 fx_err re = fx_etcd_lease_revoke(c->etcd, nl, c->op_timeout_ms);
                 if (re && re != FX_ENOTFOUND)
                     FX_DBG("mpmc %" PRId64 ": revoke of unused lease %" PRId64 ": %s", m->mpmc,
@@ -1833,7 +1833,7 @@ static fx_err reclaim_once(fx_mq_client *c, int64_t mpmc, const int64_t *chans, 
         ops[no++] = op_del(ks(&x->cl), none);
         ops[no++] = op_del(ks(&x->cll), none);
         ops[no++] = op_del(ks(&x->pa), x->paend);
-        ops[no++] = op_del((fx_slice){x->ak, x->akl}, none); /* issue 19: nothing of S is left */
+        ops[no++] = op_del((fx_slice){x->ak, x->akl}, none); /* nothing of S is left */
     }
     fx_txn_req t = {.cmp = cmp, .n_cmp = nc, .success = ops, .n_success = no};
     fx_txn_resp w = {0};
@@ -2176,7 +2176,7 @@ static fx_err consumer_sub_failed(fx_mpmc_consumer *cs, fx_err e)
     return member_gate(m);
 }
 
-/* Fencing (issue 20): a consumer hands out nothing while its member lease is not confirmed by
+/* Fencing: a consumer hands out nothing while its member lease is not confirmed by
  * etcd (fx_lease_confirmed_until_ms passed: etcd unreachable or slow for the lease's whole TTL).
  * etcd may have expired the lease meanwhile and another member may already be draining the
  * sub-MPSC from its committed offset; reading on would deliver the same messages twice from two

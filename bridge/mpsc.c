@@ -300,15 +300,15 @@ static fx_err sub_chan_id(fx_mq_client *c, int64_t *out)
     return e;
 }
 
-/* The sub-MPSC creation in two round trips (issue 13; fx__mpsc_create took about eight): a
+/* The sub-MPSC creation in two round trips (a thousand claims may each create one): a
  * channel id from the client's block, a grant of the new global-long lease, then ONE txn that
  * creates the id-allocator cluster-lease key and the meta (both create==0). The global and
  * payload leases are the parent's, held by the parent member: no registration here. Until the
  * sub-MPSC is published the meta key is bound to its own global-long lease (the publish txn
  * moves it to the global lease, mpmc.c consumer_publish): a sub-MPSC never published (its
  * creator crashed, or the publish was ambiguous and could not be verified) is unlisted, so no
- * reclaim sees it; every key of it then goes with that lease, which only its binder renews
- * (issue 19), instead of living as long as the channel. On an error
+ * reclaim sees it; every key of it then goes with that lease, which only its binder renews,
+ * instead of living as long as the channel. On an error
  * after the txn was sent *out_chan and *out_meta are set: the txn may have landed and the caller
  * rolls the channel's keys back and revokes its global-long lease (rollback_unpublished);
  * otherwise *out_chan is -1 (and the lease, if granted, is revoked here). */
@@ -382,7 +382,7 @@ fx_err fx_mpsc_create(fx_mq_client *c, const fx_mq_chan_cfg *cfg, int64_t *out_c
 }
 
 /* Membership txn: create(key)==0 and create(meta) > 0 -> put key (member lease) [+ put weight key
- * (global lease)]. The meta compare is the bind's proof that the channel still exists (issue 19):
+ * (global lease)]. The meta compare is the bind's proof that the channel still exists:
  * a reclaim deletes the meta and every key under the channel prefix in one txn whose compares
  * see any key a bind put after the reclaim's read, so either the bind lands first (the reclaim
  * then fails its compare, or deletes this membership and the first put txn finds it gone) or

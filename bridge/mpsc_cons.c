@@ -292,7 +292,7 @@ static fx_err commit_group(fx_mpsc_consumer *c, const commit_item *it, size_t n,
             goto out;
     }
     if (nops) {
-        /* Fencing (issue 13): the offsets move only while this consumer's membership key exists.
+        /* Fencing: the offsets move only while this consumer's membership key exists.
          * It lives under the member lease, so a consumer whose lease expired (a bridge cut off
          * from etcd for longer than the TTL, its sub-MPSC claimed by another member since) cannot
          * commit late: the compare fails and the commit is refused. */
@@ -391,7 +391,7 @@ static bool commit_dirty(const fx_mpsc_consumer *c)
 
 /* ---- the commit pool ----------------------------------------------------------------------------
  * One pool of FX_MQ_COMMIT_THREADS threads per client commits for every consumer of the client
- * (issue 13: it was one thread per consumer, i.e. per claim). A consumer is queued while it has
+ * (not a thread per consumer, i.e. per claim). A consumer is queued while it has
  * acks to commit and no pool thread is committing for it, so its commits stay in order and one
  * slow consumer holds one pool thread at most; a failed round is retried after a backoff (50 ms
  * doubling to 1 s: the consumer goes back to the queue with a not-before time). The final commit

@@ -97,7 +97,9 @@ static int off_cmp(const void *a, const void *b)
 }
 
 /* Stored, unconsumed messages of channel `chan` from its offsets: sum over producers of
- * produce - consume + 1 (docs/ARCHITECTURE.md), and the number of producers with a produce offset.
+ * produce - consume + 1 (a produce offset is the last id written, a consume offset the next id
+ * to consume: docs/ARCHITECTURE.md "Keys and objects"), and the number of producers with a
+ * produce offset.
  * One etcd request (a txn of two range reads, so both are read at one revision). */
 static fx_err stored_count(fx_mq_client *c, int64_t chan, int64_t *stored, int64_t *producers)
 {

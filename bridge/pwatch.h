@@ -1,13 +1,12 @@
 /* pwatch.h -- one produce-offset watch per MQ client, shared by all its MPSC consumers.
  *
- * Before (issue 13) every consumer -- every claim of the bridge and every drain consumer --
- * opened its own etcd watch stream on its channel's produce-offset prefix: one thread and one
- * TCP connection each. The hub keeps ONE watch stream on R/channels/ (every channel's control
- * keys; payloads live elsewhere) and hands each produce-offset put to the consumers registered
- * for that channel. A consumer registers first and reads its channel's produce offsets once
- * afterwards (the merge is a monotonic max, so an event and the read may arrive in any order).
- * Idle cost: one stream per client, whatever the number of consumers; etcd sends nothing on an
- * idle stream.
+ * A watch stream per consumer (every claim of the bridge, every drain consumer) would cost one
+ * thread and one TCP connection each. The hub keeps ONE watch stream on R/channels/ (every
+ * channel's control keys; payloads live elsewhere) and hands each produce-offset put to the
+ * consumers registered for that channel. A consumer registers first and reads its channel's produce
+ * offsets once afterwards (the merge is a monotonic max, so an event and the read may arrive in any
+ * order). Idle cost: one stream per client, whatever the number of consumers; etcd sends nothing on
+ * an idle stream.
  *
  * Bounds: at most FX_PWATCH_MAX registrations (FX_EFULL beyond). Dispatch is a hash of the
  * channel id to a short chain (no allocation per event).

@@ -1,6 +1,6 @@
 /* etcd_json.h -- pure codecs for the etcd v3 JSON gateway: request bodies, responses, watch
  * stream lines and the error mapping. No I/O, no global state: everything is testable from byte
- * buffers (the gateway's wire format is summarised in etcd.h and docs/ARCHITECTURE.md).
+ * buffers (the gateway's wire format is summarised in etcd.h).
  *
  * Wire rules applied here:
  *  - bytes fields are standard base64 with padding (fx_b64); decoding is strict.

@@ -89,7 +89,7 @@ typedef struct fx_lease_reg_opts {
      * last renewal or probe succeeded) and not overdue: another holder in this process keeps it
      * alive, so a probe tells nothing new but a revoke since the last renewal, which the next
      * renewal finds (then every holder is notified). For callers that register the same shared
-     * lease for many members (issue 13: 1,000 claims of one channel). */
+     * lease for many members (a thousand claims of one channel share its data leases). */
     bool join_held;
     fx_lease_expired_fn on_expired; /* may be NULL */
     void *arg;

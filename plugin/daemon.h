@@ -29,13 +29,19 @@
  *          FX_DM_INFLIGHT put workers of the channel (started on demand), each batch to its own
  *          sub-MPSC (fx_mpmc_put_hold: one segment, one etcd txn) -> PubAck replies /
  *          dead-letter completions; with one ready sub-MPSC the producer thread stores it.
- *   claim (one per claim): fx_mpmc_get -> deliver -> in-flight table -> acks, redelivery,
- *          dead letters; owns its MPMC consumer.
+ *   claim workers (FX_DM_CLAIM_WORKERS per process): a claim has no thread of its own; these
+ *          run every claim's steps, one worker at a time per claim (fx_mpmc_get -> delivery
+ *          engine -> publish; acks, redelivery, dead letters). A claim owns its MPMC consumer.
+ *   attempt writers (FX_DM_ATTW_THREADS per process, while an explicit-ack claim runs): write
+ *          the claims' delivery-attempt records.
  *   interest (one): polls /subsz, opens and releases claims.
- *   house-keeping (one): etcd status probe (health), backlog/claims/etcd/lease metrics.
+ *   house-keeping (one): etcd status probe (health), backlog/claims/etcd/lease metrics, the
+ *          sub-MPSC views and the release watch.
  *   admin (one): answers $FLUXON.API.* requests (etcd reads).
  *   jsapi (one): answers the JetStream API subset (jsapi.h: $JS.API.* or $JS.<domain>.API.*).
  *   control (one): reload and drain, so main keeps handling signals.
+ *   leaf I/O (one, with nats.leaf_url), HTTP (libmicrohttpd and a reaper), and the MQ client's
+ *   own (LeaseManager, etcd watches, commit pool, revoker): docs/ARCHITECTURE.md "Threads".
  *
  * Thread rules: every function here is called from the main thread only.
  */

@@ -220,10 +220,10 @@ struct dm_claim {
     char token[128];
     char subject[1100];
     atomic_int refs;
-    pthread_t thr;
-    bool started;
+    pthread_t thr;          /* unused: a claim has no thread (the scheduler runs its steps) */
+    bool started;           /* unused, always false (same reason) */
     atomic_int stop;        /* STOP_* */
-    atomic_bool finished;   /* thread done (join is immediate) */
+    atomic_bool finished;   /* its last step has run and it left the scheduler */
     atomic_bool present;    /* interest seen in the last successful poll */
     atomic_bool noresp;     /* a no-responders arrived: release now */
     atomic_bool holding;    /* its consumer is open (a sub-MPSC is claimed): fluxon_claims */
@@ -234,7 +234,7 @@ struct dm_claim {
     dm_ev *evs; /* ring */
     size_t ev_cap, ev_head, ev_n;
     pq_item *dlq_done;
-    bool dlq_closed; /* thread gone: completions are freed by the producer side */
+    bool dlq_closed; /* its last step has run: completions are freed by the producer side */
 
     /* claim scheduler (claim.c): sq_* under its lock; st and phase touched by its steps only */
     bool sq_on, sq_queued, sq_running, sq_kicked;
@@ -334,9 +334,9 @@ void *dm_interest_main(void *arg);
 /* Ask every claim of ch to stop (mode STOP_*) and wait for them; removes them from ch->claims.
  * Caller holds no lock; ch must no longer be in the active list (or stopping must be set). */
 void dm_claims_stop_all(fx_daemon *d, dm_chan *ch, int mode);
-/* Only ask (no wait): lets a drain stop the claims of every channel in parallel. */
 /* Stop and join the claim scheduler's workers (claim.c) once no claim is left (daemon free). */
 void dm_claims_sched_stop(void);
+/* Only ask (no wait): lets a drain stop the claims of every channel in parallel. */
 void dm_claims_request_stop(fx_daemon *d, dm_chan *ch, int mode);
 void dm_claim_unref(dm_claim *cl);
 /* A dead letter came back from the producer (result set). Takes the item. */

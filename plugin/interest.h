@@ -6,7 +6,7 @@
  * literal "<deliver_prefix>.<token>" (one more token, no wildcard). Subscriptions of the bridge's
  * own client ids and subjects starting with '$' are skipped. Wildcard subscribers create no claim.
  *
- * Routed interest (issue 13): nats-server 2.9's /subsz lists the subscriptions of the server's
+ * Routed interest: nats-server 2.9's /subsz lists the subscriptions of the server's
  * own clients only; a subscriber connected to another server of the cluster shows up in
  * GET <monitor_url>/routez?subs=detail instead (per route: subject, and "sid" = "<account>
  * <subject>[ <queue>]"). The fetch reads it after the /subsz pages and adds those of `account`

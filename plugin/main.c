@@ -1,4 +1,4 @@
-/* main.c -- fluxon-bridge: arguments, config validation, signals (issue 4 contract).
+/* main.c -- fluxon-bridge: arguments, config validation, signals (contract below).
  *
  *   fluxon-bridge -c FILE            run
  *   fluxon-bridge --check -c FILE    validate the config (the file, then fx_daemon_check: the

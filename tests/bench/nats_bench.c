@@ -1,4 +1,4 @@
-/* nats_bench.c -- fluxon-bridge vs JetStream WorkQueue vs NATS core, same machine, same run (issue 5).
+/* nats_bench.c -- fluxon-bridge vs JetStream WorkQueue vs NATS core, same machine, same run.
  *
  *   nats_bench [-d seconds] [-w warmup_ms] [-b bridge_binary] [-D drain_ms] [-W window] [-P pubs]
  *              [-o scenarios] [-s sizes] [-M]

@@ -2,8 +2,8 @@
 # Runs the benchmarks (built by make; this script builds nothing) and prints their tables.
 #   tests/bench/run.sh [etcd_bench options, e.g. -d 5 -c 8 -r 1]
 #   tests/bench/run.sh --soak [seconds]   only the bridge memory soak (nats_bench -S, default 300)
-#   tests/bench/run.sh --cluster          only the cluster-shape row (2 bridges vs 1, issue 13)
-#   tests/bench/run.sh --claims           only the claims-scale table (1,000 claims, issue 13)
+#   tests/bench/run.sh --cluster          only the cluster-shape row (2 bridges vs 1)
+#   tests/bench/run.sh --claims           only the claims-scale table (1,000 claims)
 # Environment: BUILD (build dir, default build); FX_ETCD_ENDPOINT to bench an existing etcd
 # instead of one started by the program. The etcd a bench starts lives in a fresh temp dir that
 # is removed (and any leftover process killed) when this script ends, also on failure or Ctrl-C.
@@ -102,7 +102,7 @@ run_all() {
   run_claims
 }
 
-# Issue 13: claims scale on one bridge: threads, descriptors, RSS per 100 claims opened and the
+# Claims scale on one bridge: threads, descriptors, RSS per 100 claims opened and the
 # idle etcd request rate with 1,000 claims, from the e2e_thousand_claims test's phase log (its
 # table rows are the lines starting with "|"). FXE2E_CLAIMS_WAIT_MS=120000 so a slow machine
 # still yields the table (the test's own bound is 45 s).
@@ -120,7 +120,7 @@ run_claims() {
   sed -n 's/^ *\[e2e_thousand_claims [^]]*\] //p' "$log" | grep '^|'
 }
 
-# Issue 13: end-to-end throughput on the cluster shape with 2 bridges vs 1 (an e2e scale test;
+# End-to-end throughput on the cluster shape with 2 bridges vs 1 (an e2e scale test;
 # its table rows are the lines starting with "|" of its log).
 run_cluster() {
   echo

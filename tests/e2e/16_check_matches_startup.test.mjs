@@ -1,8 +1,8 @@
 // check_matches_startup: every configuration that a start of fluxon-bridge refuses, --check
 // refuses too, with the same exit code (2) and the same error text (the [ERR] line without its
-// pid and time). Covers the file-level checks and the ones that only the daemon's own setup made
-// before (etcd/KV endpoints with credentials, NATS credential and TLS files, nkey seeds), and
-// control characters in names and subjects (a "\u0000" in a name used to be truncated silently).
+// pid and time). Covers the file-level checks, the ones of the daemon's own setup (etcd/KV
+// endpoints with credentials, NATS credential and TLS files, nkey seeds), and control characters
+// in names and subjects (a "\u0000" in a name is refused, not truncated silently).
 // No server is needed: every refusal happens before any connection (the endpoints are unused
 // ports, so a start that were not refused would keep retrying and hit the timeout below).
 import fs from "node:fs";

@@ -1,4 +1,4 @@
-// e2e_crash_idle_restart_no_loss (issue 9, issue 20): channel "orders" has `retention` 5 s
+// e2e_crash_idle_restart_no_loss: channel "orders" has `retention` 5 s
 // (ttl_seconds 2): its data leases (metadata, payload, id-allocator; deploy/README.md
 // "Durability") expire 5 s after their last renewal. 3,000 acked publishes with nobody subscribed,
 // the bridge is killed with SIGKILL and started again at once, then nothing happens for

@@ -1,4 +1,4 @@
-// e2e_downtime_no_loss (issue 9): an acked backlog, the bridge is stopped with SIGTERM, NO bridge
+// e2e_downtime_no_loss: an acked backlog, the bridge is stopped with SIGTERM, NO bridge
 // runs for 3 x ttl_seconds (planned downtime: every member lease has expired), the bridge is
 // started again and a subscriber receives every acked message; the MPMC is the same one.
 import { test } from "./lib/runner.mjs";

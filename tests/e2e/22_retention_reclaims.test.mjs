@@ -1,4 +1,4 @@
-// e2e_retention_reclaims (issue 9): channel "orders" has `retention` 4s (ttl_seconds 2); a second
+// e2e_retention_reclaims: channel "orders" has `retention` 4s (ttl_seconds 2); a second
 // channel "keep" has the default retention (7d). Both hold acked messages; then the bridge stops
 // and NO bridge runs: for the retention, then until orders' keys are gone (polled, at most 3 x
 // retention in all, times the slow factor). By then every key of orders' MPMC is gone from etcd (MPMC

@@ -1,4 +1,4 @@
-// e2e_departed_claim_backlog_moves (issue 9): two subscriber names, q.orders.a (acks nothing, so
+// e2e_departed_claim_backlog_moves: two subscriber names, q.orders.a (acks nothing, so
 // its claims hold a backlog: max_ack_pending in flight plus what waits in its sub-MPSCs) and
 // q.orders.b (acks everything), two bridges (each bridge claims for both names).
 //  A. graceful: a unsubscribes. The backlog of a's claims starts reaching b within

@@ -1,4 +1,4 @@
-// e2e_consumer_leaves_during_etcd_outage (issue 9): ttl_seconds 90 (member leases outlive the whole
+// e2e_consumer_leaves_during_etcd_outage: ttl_seconds 90 (member leases outlive the whole
 // test, so nothing may be left to expiry). A subscriber holds the claim over a backlog of 1,000
 // acked messages (acking none of its deliveries) and leaves while etcd is frozen (SIGSTOP) for
 // 12 s. Within 5 s of etcd coming back (SIGCONT), a new subscriber under the same name receives

@@ -1,4 +1,4 @@
-// e2e_settings_change_applies (issue 9): changed settings of an existing channel apply or are
+// e2e_settings_change_applies: changed settings of an existing channel apply or are
 // refused, and no acked message is lost either way.
 //  1. ttl_seconds 3, retention 1h: 300 acked with nobody subscribed; SIGTERM.
 //  2. restart with ttl_seconds 5: it TAKES EFFECT: every member lease of the channel (role keys of

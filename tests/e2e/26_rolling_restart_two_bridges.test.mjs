@@ -1,4 +1,4 @@
-// e2e_rolling_restart_two_bridges (issue 9): two bridges, an acked publish stream that never
+// e2e_rolling_restart_two_bridges: two bridges, an acked publish stream that never
 // stops (each publish retried until acked), subscribers on two names (each bridge claims for
 // both). Each bridge is restarted in turn while the load continues: first SIGTERM + start (L, then
 // R), then SIGKILL + start (L, then R). While the load still runs, every message acked so far is

@@ -1,4 +1,4 @@
-// e2e_thousand_claims (issue 13): 1,000 subscriber names on one bridge. Every name gets a claim;
+// e2e_thousand_claims: 1,000 subscriber names on one bridge. Every name gets a claim;
 // 20,000 acked publishes are delivered (each name receives its share, every acked message reaches
 // some name); meanwhile the bridge's threads, descriptors and RSS are sampled in /proc and must
 // stay inside the targets (<= 64 threads, <= 256 descriptors, RSS < 128 MiB). Then every name

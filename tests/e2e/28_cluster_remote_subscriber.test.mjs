@@ -1,4 +1,4 @@
-// e2e_cluster_remote_subscriber (issue 13): three nats-servers in one cluster (routes), one etcd,
+// e2e_cluster_remote_subscriber: three nats-servers in one cluster (routes), one etcd,
 // the bridge beside server A (client, monitor and leafnode connections to A only). A subscriber
 // connected to server B, a publisher connected to server C: every acked publish is captured once
 // and delivered to the subscriber on B, and its acks reach the bridge (the channel's backlog

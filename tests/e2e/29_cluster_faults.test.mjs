@@ -1,4 +1,4 @@
-// Faults in the cluster shape (issue 13): three routed nats-servers A, B, C, one etcd, bridge L
+// Faults in the cluster shape: three routed nats-servers A, B, C, one etcd, bridge L
 // beside A and bridge R beside B; the subscriber and the publisher are connected to C (no bridge
 // beside it). Under load (acked publishes, each retried until acked), with the consumer present:
 //  e2e_cluster_bridge_kill9:   L is killed with SIGKILL part-way; R takes over its claim's backlog.

@@ -1,4 +1,4 @@
-// sighup_reload_memory_flat (issue 14): SIGHUP reloads that add and remove a channel do not grow
+// sighup_reload_memory_flat: SIGHUP reloads that add and remove a channel do not grow
 // the bridge. A removed channel (its capture subscriptions, producer state) and every replaced
 // configuration are freed once nothing references them.
 //  1. warm-up: 10 add/remove cycles (allocator arenas, thread stacks and cnats pools settle);

@@ -1,4 +1,4 @@
-// e2e_burst_spreads_in_flight (issue 12 item 3): 16 subscriber names (16 claims, so 16 ready
+// e2e_burst_spreads_in_flight: 16 subscriber names (16 claims, so 16 ready
 // sub-MPSCs). A burst of 512 acked publishes at concurrency 256 reaches every name: a capture
 // batch takes at most queued / ready messages (>= 8), so the burst spreads over the ready
 // sub-MPSCs instead of landing in one or two; and more than one batch was stored at once

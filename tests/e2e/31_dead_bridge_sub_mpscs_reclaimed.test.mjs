@@ -1,4 +1,4 @@
-// e2e_dead_bridge_sub_mpscs_reclaimed (issue 13): sub-MPSCs follow the names in use even when the
+// e2e_dead_bridge_sub_mpscs_reclaimed: sub-MPSCs follow the names in use even when the
 // bridge that held them died. Bridge A claims 8 names (8 sub-MPSCs), every message published is
 // delivered and acked (no backlog), then the names leave and A is killed with SIGKILL before it
 // could release its claims (a consumer's own close reclaims its sub-MPSC; a killed bridge closes

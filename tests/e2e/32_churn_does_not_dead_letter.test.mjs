@@ -1,4 +1,4 @@
-// e2e_churn_does_not_dead_letter (issue 19 item 8): a delivery counts as an attempt only when a
+// e2e_churn_does_not_dead_letter: a delivery counts as an attempt only when a
 // subscriber could have received it. Two bridges (leaf path: no no-responders status), max_deliver
 // 5, release_after 1s; paced acked publishes while subscriber names join and leave every
 // 200-500 ms (each name acks everything it receives and leaves with a drain, so every message the

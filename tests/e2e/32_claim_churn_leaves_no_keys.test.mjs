@@ -1,4 +1,4 @@
-// e2e_claim_churn_leaves_no_keys (issue 19): claim churn leaves nothing behind in etcd. 200 names
+// e2e_claim_churn_leaves_no_keys: claim churn leaves nothing behind in etcd. 200 names
 // join and leave in 10 waves of 20, each wave getting 100 messages with explicit acks (so every
 // sub-MPSC gets an attempt record, offsets, memberships and id counters); after the last name left,
 // the channel's keys and the etcd leases come back to the idle baseline taken after one name had

@@ -30,22 +30,22 @@
  *   flight together, each to its own sub-MPSC (a put reserves its sub-MPSC); fx_mpmc_put_hold
  *   keeps its sub-MPSC reserved until released (the next put goes elsewhere); ids are dense
  *   per sub-MPSC and every message is delivered once.
- * mpmc_reclaim_follows_consumers (issue 13): 3 consumers, 3 sub-MPSCs; the one whose consumer
+ * mpmc_reclaim_follows_consumers: 3 consumers, 3 sub-MPSCs; the one whose consumer
  *   consumed everything is reclaimed when it leaves (list and every key of it gone), the one
  *   left with a backlog is kept (fx_mpmc_reclaim keeps it too, and a ready one), a later
  *   consumer claims it and gets the backlog: every message put is received once.
- * mpmc_reclaim_racing_producer_loses_nothing (issue 13, 20): a producer puts without pause while
+ * mpmc_reclaim_racing_producer_loses_nothing: a producer puts without pause while
  *   consumers come and go (each close reclaims its sub-MPSC when it is not needed) and
  *   fx_mpmc_reclaim is called on every listed sub-MPSC in a loop; the producer's etcd calls go
  *   through a proxy that holds its first bind of each new sub-MPSC until that sub-MPSC's
  *   consumer has left and reclaimed it, so the race happens every round: reclaims > 0 and
  *   rerouted or refused puts > 0 are asserted; afterwards every message whose put succeeded is
  *   received, and the sub-MPSCs came back to what the consumers need.
- * mpmc_reclaim_vs_first_bind_no_loss (issue 19): 50 rounds of a producer's first bind of a
+ * mpmc_reclaim_vs_first_bind_no_loss: 50 rounds of a producer's first bind of a
  *   sub-MPSC held (proxy) while the owning consumer closes and reclaims it from another client;
  *   released, the put is refused or rerouted, never acknowledged into the unlisted sub-MPSC;
  *   every acknowledged message is delivered.
- * mpmc_reclaim_deletes_leftover_payloads (issue 19): split payload plane: a payload left behind
+ * mpmc_reclaim_deletes_leftover_payloads: split payload plane: a payload left behind
  *   by a failed delete and the attempt record go when the sub-MPSC is reclaimed.
  * mq_attach_registers_data_leases: ttl 2 s, retention 4 s: metadata, payload, id-allocator and
  *   sub-MPSC global-long leases are granted with the retention, the member lease with the TTL;
@@ -1356,7 +1356,7 @@ static void mpmc_reclaim_racing_producer_loses_nothing(void **state)
     fx_mq_client_free(c);
 }
 
-/* mpmc_reclaim_vs_first_bind_no_loss (issue 19): a producer's FIRST bind of a sub-MPSC (its
+/* mpmc_reclaim_vs_first_bind_no_loss: a producer's FIRST bind of a sub-MPSC (its
  * membership txn) is held by the proxy while the sub-MPSC's owning consumer closes and reclaims
  * it from another client; then the bind is let through. The put must either land in a listed
  * sub-MPSC and be delivered, or fail / be rerouted; never be acked into the reclaimed one.
@@ -1464,7 +1464,7 @@ static void mpmc_reclaim_vs_first_bind_no_loss(void **state)
     fx_mq_client_free(c);
 }
 
-/* mpmc_reclaim_deletes_leftover_payloads (issue 19): on a split payload plane (payloads in their
+/* mpmc_reclaim_deletes_leftover_payloads: on a split payload plane (payloads in their
  * own KV store, here a prefix of the same etcd) a payload whose delete failed after its offsets
  * were committed (a stray key below the consume offset) goes when its sub-MPSC is reclaimed,
  * and so does the sub-MPSC's attempt record. */
@@ -1509,7 +1509,7 @@ static void mpmc_reclaim_deletes_leftover_payloads(void **state)
     fx_mq_client_free(c);
 }
 
-/* mpmc_many_consumers_open (issue 13): FXT_MANY (default 96) consumers opened by 8 threads on one
+/* mpmc_many_consumers_open: FXT_MANY (default 96) consumers opened by 8 threads on one
  * MPMC, no producer: each creates its own sub-MPSC, all distinct, every one listed and ready; the
  * open rate is printed (claims/s; FXT_MANY=1000 measures the scale case). */
 typedef struct many_arg {

@@ -971,7 +971,7 @@ static void mpsc_member_lease_lost(void **state)
     fx_mpsc_producer_free(p);
 }
 
-/* Fencing (issue 13): acks of a consumer whose membership is gone on the server (its member
+/* Fencing: acks of a consumer whose membership is gone on the server (its member
  * lease expired there: a bridge cut off from etcd), before the client noticed, must not commit:
  * the commit is refused (WRN "commit refused ... fenced"), the consume offset does not move, the
  * payloads stay, and the consumer is over (FX_ELEASE_LOST once). */

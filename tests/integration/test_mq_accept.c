@@ -1,4 +1,4 @@
-/* test_mq_accept.c -- the named acceptance tests of issue 3 (Fluxon MQ core, bridge/) against a
+/* test_mq_accept.c -- the named acceptance tests of the Fluxon MQ core (bridge/) against a
  * real etcd, through the public API only (bridge/fluxon_mq.h). etcd state is inspected and
  * injected directly with lease/etcd.h; key names come from bridge/keys.h. Channel TTL is 3 s.
  *
@@ -885,7 +885,7 @@ static void mq_chan_id_monotonic(void **state)
     assert_int_equal(b2, b + 1);
 
     /* Sub-MPSC ids come from the same counter: a consumer creating one gets a larger id. A
-     * client takes them in blocks of 16 (issue 13: one counter CAS per 16 creations), so the
+     * client takes them in blocks of 16 (one counter CAS per 16 creations), so the
      * counter is past the id, by less than a block. */
     int64_t m = -1;
     CHECK(fx_mpmc_resolve(c2, "mono", &cfg, &m));

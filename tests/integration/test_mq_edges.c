@@ -1,4 +1,4 @@
-/* test_mq_edges.c -- lease lifecycle edges of bridge/ (issue 15) against a real etcd, through the
+/* test_mq_edges.c -- lease lifecycle edges of bridge/ against a real etcd, through the
  * public API (bridge/fluxon_mq.h); etcd state is inspected and injected with lease/etcd.h, key
  * names come from bridge/keys.h, faults come from a filtering proxy (tests/support/fxt_proxy.h).
  * Channel TTL 2 s, id-allocator (long) lease 3 s where a test waits for expiry.
@@ -23,17 +23,17 @@
  *   external_client_id.
  * mpsc_global_lease_lost_closes_consumer: revoking the MPSC global lease closes its consumer:
  *   next get FX_ELEASE_LOST, then FX_ECLOSED.
- * mpmc_unconfirmed_member_lease_fences_get (issue 20): the proxy drops only the keepalives of an
+ * mpmc_unconfirmed_member_lease_fences_get: the proxy drops only the keepalives of an
  *   MPMC consumer's member lease; within about its TTL the consumer is fenced (get FX_EUNAVAIL,
  *   fx_mpmc_consumer_fenced) while messages are stored; once etcd expired the lease and the
  *   keepalives pass, FX_ELEASE_LOST; a new consumer gets every message.
- * mq_attempts_write_fenced (issue 19): consumer A records 2 attempts of a message; A's member
+ * mq_attempts_write_fenced: consumer A records 2 attempts of a message; A's member
  *   lease is revoked (as after a SIGSTOP past ttl_seconds); a drain consumer on another client
  *   adopts the sub-MPSC, inherits 2 and records 3; A's stale writer then writes its own view: it
  *   is refused (FX_ELEASE_LOST) and the record still says 3 (no count rolled back); when the
  *   drain consumer leaves, the sub-MPSC is reclaimed with its record and the stale writer cannot
  *   re-create it.
- * mq_attempts_pruned (issue 19): 5,000 producer ids churn through one sub-MPSC over 20 consumer
+ * mq_attempts_pruned: 5,000 producer ids churn through one sub-MPSC over 20 consumer
  *   lifetimes (moves), 250 each, every id of them published once and committed (the consume
  *   offsets a commit leaves are written for them); then a message is delivered twice and the
  *   sub-MPSC moves: the next consumer inherits 2 attempts (max_deliver still holds), and the record
@@ -664,7 +664,7 @@ static void mq_rollback_verified(void **state)
     if (!strstr(detail, want)) fail_msg("error does not name %s: %s", want, detail);
     /* The keys left are bound to the sub-MPSC's own global-long lease (which nobody renews once
      * its creator let go), not to the channel's metadata lease that every member renews: they go
-     * with it (issue 19). */
+     * with it. */
     fx_kv mkv = {0};
     assert_true(raw_get(meta.s, &mkv));
     int64_t meta_lease = mkv.lease;
@@ -803,7 +803,7 @@ static void mpsc_global_lease_lost_closes_consumer(void **state)
 }
 
 /* ===================================================================================================
- * mpmc_unconfirmed_member_lease_fences_get (issue 20)
+ * mpmc_unconfirmed_member_lease_fences_get
  *
  * A consumer whose member lease etcd has not confirmed for its TTL hands out nothing. The proxy in
  * front of the consumer's client drops only the keepalives of that lease (every other call goes
@@ -934,7 +934,7 @@ static void mpmc_unconfirmed_member_lease_fences_get(void **state)
     fxt_proxy_stop(px);
 }
 
-/* ---- attempt records (issue 19) ---------------------------------------------------------------- */
+/* ---- attempt records --------------------------------------------------------------------------- */
 
 #ifdef FX_ATTEMPTS_FENCED
 #define ATT_OPEN(c, owner, out) \

@@ -547,8 +547,8 @@ static void test_err_names(void **state)
 }
 
 /* Control characters in names and subjects are refused; a \u0000 escape anywhere in a string is
- * refused before cJSON would end the C string there (it used to truncate "or\u0000ders" to
- * "or" silently). */
+ * refused before cJSON would end the C string there (a silent truncation of "or\u0000ders" to
+ * "or"). */
 static void test_control_characters_refused(void **state)
 {
     (void)state;

@@ -1,4 +1,4 @@
-// bench_cluster_two_bridges_vs_one (issue 13, BENCHMARKS.md): end-to-end throughput on the
+// bench_cluster_two_bridges_vs_one (BENCHMARKS.md): end-to-end throughput on the
 // cluster shape (three routed nats-servers, one etcd) with one bridge (beside A) and with two
 // (beside A and B). Subscriber and publisher on C; N acked publishes (concurrency 256, each
 // retried until acked); msgs/s from the first publish to the last delivery. Asserts nothing is
