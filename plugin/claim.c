@@ -109,7 +109,7 @@ typedef struct cst {
     bool fence_own;
     bool fence_adopt[FX_DM_ADOPT_MAX];
     bool lost; /* consumer closed under us */
-    fx_log_slot slot_get, slot_pub, slot_open, slot_ack, slot_att;
+    fx_log_slot slot_get, slot_pub, slot_open, slot_ack, slot_att, slot_nak_held;
 } cst;
 
 /* ---- in-flight table (owned by the engine) ----------------------------------------------------- */
@@ -911,7 +911,15 @@ static void handle_ev(cst *s, dm_ev *ev)
         ackreply_done(d, reply, false);
         return;
     }
-    switch (fx_dlv_event(&s->q, k, ev->claim_seq, ev->nonce, ev->delay_ns, reply)) {
+    uint64_t held = s->q.nak_delay_held;
+    fx_dlv_res res = fx_dlv_event(&s->q, k, ev->claim_seq, ev->nonce, ev->delay_ns, reply);
+    if (s->q.nak_delay_held != held) { /* bound of NAK-delayed messages reached (delivery.h) */
+        fx_metric_inc(s->ch->m.nak_delay_held, 1);
+        fx_log_ratelimited(&s->slot_nak_held, 10000, FX_LOG_WRN,
+                           "claim %s: max_ack_pending messages wait out NAK delays already: a "
+                           "NAKed message keeps its slot", s->cl->subject);
+    }
+    switch (res) {
     case FX_DLV_INVALID:
         dm_invalid_control(d, k == FX_DLV_NORESP ? "no-responders status" : "ack");
         break;
@@ -1280,6 +1288,7 @@ static bool claim_start(dm_claim *cl)
                       .max_ack_pending = cs->max_ack_pending,
                       .backoff_ms = cs->backoff_ms,
                       .n_backoff = cs->n_backoff,
+                      .nak_delay_ms = cs->nak_delay_ms,
                       .none_grace_ms = FX_DM_NONE_GRACE_MS};
     static const fx_dlv_ops ops = {.now_ms = op_now,
                                    .nonce = op_nonce,

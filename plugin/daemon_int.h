@@ -138,7 +138,7 @@ typedef struct dm_chan_metrics {
     fx_metric *captured, *stored, *delivered, *acked, *redelivered, *dead, *dropped,
         *invalid_acks, *backlog, *claims, *store_errors, *foreign_headers, *own_skipped,
         *full_dropped, *duplicates, *inflight, *inflight_peak, *reclaimed, *dedup_forgotten,
-        *dedup_ids;
+        *dedup_ids, *nak_delay_held;
 } dm_chan_metrics;
 
 /* ---- producer queue: pqueue.h (pq_item, dm_pq) ---------------------------------------------- */
