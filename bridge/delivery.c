@@ -31,6 +31,10 @@ static bool dlv_grow(void *arg, uint32_t nn)
     if (!nd) return false;
     if (nn > d->t.n_ents) memset(nd + d->t.n_ents, 0, nn - d->t.n_ents);
     d->delayed = nd;
+    char **ndt = realloc(d->detail, nn * sizeof *ndt);
+    if (!ndt) return false;
+    for (uint32_t i = d->t.n_ents; i < nn; i++) ndt[i] = NULL;
+    d->detail = ndt;
     return !d->ops.grow || d->ops.grow(d->ctx, nn);
 }
 
@@ -71,9 +75,19 @@ static void replies_done(fx_dlv *d, bool ok)
     d->n_replies = 0;
 }
 
+static void detail_clear(fx_dlv *d, uint32_t idx)
+{
+    if (d->detail && d->detail[idx]) {
+        free(d->detail[idx]);
+        d->detail[idx] = NULL;
+    }
+}
+
 void fx_dlv_free(fx_dlv *d)
 {
     replies_done(d, false);
+    for (uint32_t i = 0; d->detail && i < d->t.n_ents; i++) free(d->detail[i]);
+    free(d->detail);
     ctab_free(&d->t);
     free(d->sendq);
     free(d->acks);
@@ -135,6 +149,7 @@ static void finish(fx_dlv *d, uint32_t idx, fx_dlv_done how)
     undelay(d, idx);
     if (d->ops.done) d->ops.done(d->ctx, e, how);
     ack_add(d, &e->dv.id);
+    detail_clear(d, idx);
     ctab_release(&d->t, idx);
 }
 
@@ -295,11 +310,33 @@ static fx_dlv_res apply(fx_dlv *d, fx_dlv_kind kind, uint64_t cseq, uint64_t non
         return FX_DLV_APPLIED;
     case FX_DLV_TERM:
         if (e->state != E_WAIT_ACK && e->state != E_WAIT_SEND) return FX_DLV_IGNORED;
+        if (d->term_detail && *d->term_detail && !d->detail[idx]) {
+            size_t n = strnlen(d->term_detail, FX_DLV_DETAIL_MAX);
+            char *c = malloc(n + 1);
+            if (c) { /* out of memory: the dead letter goes without its detail */
+                memcpy(c, d->term_detail, n);
+                c[n] = '\0';
+                d->detail[idx] = c;
+            }
+        }
         dead_letter(d, idx, "term");
         return FX_DLV_APPLIED;
     default:
         return FX_DLV_INVALID;
     }
+}
+
+fx_dlv_res fx_dlv_term(fx_dlv *d, uint64_t claim_seq, uint64_t nonce, const char *detail, void *rep)
+{
+    d->term_detail = detail;
+    fx_dlv_res r = fx_dlv_event(d, FX_DLV_TERM, claim_seq, nonce, 0, rep);
+    d->term_detail = NULL;
+    return r;
+}
+
+const char *fx_dlv_detail(const fx_dlv *d, uint32_t idx)
+{
+    return d->detail && idx < d->t.n_ents ? d->detail[idx] : NULL;
 }
 
 fx_dlv_res fx_dlv_event(fx_dlv *d, fx_dlv_kind kind, uint64_t claim_seq, uint64_t nonce,
@@ -453,6 +490,7 @@ size_t fx_dlv_count(const fx_dlv *d, uint8_t st)
 void fx_dlv_release_all(fx_dlv *d)
 {
     ctab_release_all(&d->t);
+    for (uint32_t i = 0; d->detail && i < d->t.n_ents; i++) detail_clear(d, i);
     if (d->delayed) memset(d->delayed, 0, d->t.n_ents);
     d->n_delayed = 0;
     d->n_wait = 0;
@@ -467,6 +505,7 @@ void fx_dlv_release_chan(fx_dlv *d, int64_t chan)
         if (d->t.ents[k].state != E_FREE && d->t.ents[k].state != E_WAIT_DLQ &&
             d->t.ents[k].dv.id.chan == chan) {
             undelay(d, k);
+            detail_clear(d, k);
             ctab_release(&d->t, k);
         }
     uint32_t keep = 0; /* a released index may be reused: it must not stay in the send queue */

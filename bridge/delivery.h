@@ -61,6 +61,7 @@
 #define FX_DLV_HOLD_MS 200    /* an expired delivery with no subscriber to receive it waits */
 #define FX_DLV_SEND_RETRY_MS 200 /* a publish that failed is retried after */
 #define FX_DLV_IDLE_RETRY_MS 100 /* deliveries due while nobody could receive them wait */
+#define FX_DLV_DETAIL_MAX 256    /* bytes of a +TERM reason kept */
 
 typedef enum { FX_DLV_ACK = 0, FX_DLV_NAK, FX_DLV_WPI, FX_DLV_TERM, FX_DLV_NORESP } fx_dlv_kind;
 
@@ -143,6 +144,8 @@ typedef struct fx_dlv {
     uint32_t *waitq;
     uint32_t n_wait;
     uint64_t nak_delay_held; /* NAKs past max_delayed: the entry kept its slot (a counter) */
+    char **detail;           /* per entry: the reason a +TERM carried (malloc'd) or NULL */
+    const char *term_detail; /* fx_dlv_term's detail, during the call */
 } fx_dlv;
 
 /* false: out of memory (fx_dlv_free still required). */
@@ -164,6 +167,12 @@ void fx_dlv_drop(fx_dlv *d, fx_mq_delivery *dv);
  * handle (or NULL), always answered through ops.reply (now or at the next flush). */
 fx_dlv_res fx_dlv_event(fx_dlv *d, fx_dlv_kind kind, uint64_t claim_seq, uint64_t nonce,
                         int64_t delay_ns, void *reply);
+/* A +TERM carrying a reason (detail: text, up to FX_DLV_DETAIL_MAX bytes kept; NULL or "": none):
+ * as fx_dlv_event(FX_DLV_TERM, ...); the entry keeps the reason (fx_dlv_detail) until it leaves,
+ * so a dead letter handed again (RETRY) still has it. */
+fx_dlv_res fx_dlv_term(fx_dlv *d, uint64_t claim_seq, uint64_t nonce, const char *detail, void *reply);
+/* The TERM reason of entry idx, or NULL. Valid until the entry leaves the engine. */
+const char *fx_dlv_detail(const fx_dlv *d, uint32_t idx);
 /* The dead letter of entry idx (generation gen, from when it was handed over) was stored (ok)
  * or not. Completions of released entries are ignored. */
 void fx_dlv_dlq_done(fx_dlv *d, uint32_t idx, uint64_t gen, bool ok);

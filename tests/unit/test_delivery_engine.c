@@ -583,6 +583,36 @@ static void delivery_engine_nak_delayed_not_counted_in_max_ack_pending(void **st
     env_free(v);
 }
 
+/* +TERM with a reason: the dead letter is handed over with the reason readable (fx_dlv_detail),
+ * also when it is handed again after a RETRY; a reason longer than FX_DLV_DETAIL_MAX is cut. */
+static void delivery_engine_term_reason_kept(void **state)
+{
+    (void)state;
+    env *v = env_new(cfg_explicit());
+    assert_int_equal(give(v, 1, 0), FX_OK);
+    assert_int_equal(give(v, 2, 0), FX_OK);
+    fx_dlv_run(&v->d);
+    v->f.dlq_answer = FX_DLV_DLQ_RETRY;
+    const sent_rec *s1 = last_sent(v, 1);
+    assert_int_equal(fx_dlv_term(&v->d, s1->cseq, s1->nonce, "bad payload 7", NULL), FX_DLV_APPLIED);
+    assert_int_equal(v->f.n_dead, 1);
+    assert_string_equal(fx_dlv_detail(&v->d, v->f.dead[0].idx), "bad payload 7");
+    v->f.dlq_answer = FX_DLV_DLQ_QUEUED;
+    advance(v, FX_DLV_RETRY_MS);
+    assert_int_equal(v->f.n_dead, 2);
+    assert_string_equal(v->f.dead[1].reason, "term");
+    assert_string_equal(fx_dlv_detail(&v->d, v->f.dead[1].idx), "bad payload 7");
+    char longr[600];
+    memset(longr, 'x', sizeof longr - 1);
+    longr[sizeof longr - 1] = '\0';
+    const sent_rec *s2 = last_sent(v, 2);
+    assert_int_equal(fx_dlv_term(&v->d, s2->cseq, s2->nonce, longr, NULL), FX_DLV_APPLIED);
+    assert_int_equal(strlen(fx_dlv_detail(&v->d, v->f.dead[2].idx)), FX_DLV_DETAIL_MAX);
+    fx_dlv_dlq_done(&v->d, v->f.dead[1].idx, v->f.dead[1].gen, true);
+    assert_null(fx_dlv_detail(&v->d, v->f.dead[1].idx));
+    env_free(v); /* frees the reason still held */
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* run only the tests matching argv[1] */
@@ -598,6 +628,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(delivery_engine_nak_uses_backoff),
         cmocka_unit_test(delivery_engine_nak_delay_default),
         cmocka_unit_test(delivery_engine_nak_delayed_not_counted_in_max_ack_pending),
+        cmocka_unit_test(delivery_engine_term_reason_kept),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
