@@ -1060,12 +1060,11 @@ static int cmd_redrive(natsConnection *nc, const opts *o, const char *dlq)
                     }
                 } else if (kind == 'a' && sl->st == SL_ACK) {
                     int len = natsMsg_GetDataLength(a);
-                    if (len <= 0 && !natsMsg_IsNoResponders(a)) {
+                    if (len <= 0 && !natsMsg_IsNoResponders(a))
                         r.moved++;
-                        *seq_slot(&ss, sl->seq, true) = 2;
-                    } else {
+                    else
                         r.ack_unconfirmed++;
-                    }
+                    *seq_slot(&ss, sl->seq, true) = 2; /* stored in the target either way */
                     slot_free(sl);
                     busy--;
                 }
@@ -1078,10 +1077,11 @@ static int cmd_redrive(natsConnection *nc, const opts *o, const char *dlq)
             if (sl->st == SL_PUB) {
                 r.uncertain++; /* may be stored: the letter stays in the DLQ, a duplicate */
                 stopping = true;
+                *seq_slot(&ss, sl->seq, true) = 0; /* a copy again: published again, never lost */
             } else {
                 r.ack_unconfirmed++;
+                *seq_slot(&ss, sl->seq, true) = 2; /* stored: a copy again is only acked */
             }
-            *seq_slot(&ss, sl->seq, true) = 2;
             slot_free(sl);
             busy--;
         }
