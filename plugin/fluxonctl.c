@@ -665,6 +665,7 @@ static int cmd_sub(natsConnection *nc, const opts *o, const char *subject)
 #define CTL_REDRIVE_RATE_CAP 10000
 #define CTL_REDRIVE_DEADLINE_DEFAULT_MS (10 * 60 * 1000)
 #define CTL_REDRIVE_HELD_MS 5000 /* idle with letters in the DLQ: wait this much longer */
+#define CTL_REDRIVE_STALL_MS 250 /* a PubAck slower than this pauses taking letters */
 #define CTL_REDRIVE_WINDOW 64 /* letters between re-publish and confirmed DLQ ack, at most */
 #define CTL_DLQ_LS_MAX_DEFAULT 100
 #define CTL_DLQ_LS_MAX_CAP 10000
@@ -999,8 +1000,13 @@ static int cmd_redrive(natsConnection *nc, const opts *o, const char *dlq)
             }
         }
         if (now >= deadline + o->timeout_ms * 2) break; /* in-flight answers: bounded too */
-        /* take one letter when the rate, the window and --max allow */
-        if (!stopping && taken < max && (double)now >= next_at) {
+        /* take one letter when the rate, the window and --max allow, and no publish waits for
+         * its PubAck longer than CTL_REDRIVE_STALL_MS (a bridge that died: few letters are left
+         * uncertain) */
+        bool stalled = false;
+        for (size_t k = 0; k < window && !stalled; k++)
+            stalled = slots[k].st == SL_PUB && now - (slots[k].due - o->timeout_ms) > CTL_REDRIVE_STALL_MS;
+        if (!stopping && !stalled && taken < max && (double)now >= next_at) {
             size_t k = 0;
             while (k < window && slots[k].st != SL_FREE) k++;
             natsMsg *m = NULL;
