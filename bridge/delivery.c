@@ -6,6 +6,7 @@
 
 
 #define NIL CTAB_NIL
+enum { DLV_DELAYED = 1, DLV_DUE = 2 }; /* fx_dlv.delayed[] */
 
 static int64_t now_ms(fx_dlv *d) { return d->ops.now_ms(d->ctx); }
 
@@ -23,6 +24,17 @@ static bool dlv_grow(void *arg, uint32_t nn)
     void **nr = realloc(d->replies, nn * sizeof *nr);
     if (!nr) return false;
     d->replies = nr;
+    uint32_t *nw = realloc(d->waitq, nn * sizeof *nw);
+    if (!nw) return false;
+    d->waitq = nw;
+    uint8_t *nd = realloc(d->delayed, nn);
+    if (!nd) return false;
+    if (nn > d->t.n_ents) memset(nd + d->t.n_ents, 0, nn - d->t.n_ents);
+    d->delayed = nd;
+    char **ndt = realloc(d->detail, nn * sizeof *ndt);
+    if (!ndt) return false;
+    for (uint32_t i = d->t.n_ents; i < nn; i++) ndt[i] = NULL;
+    d->detail = ndt;
     return !d->ops.grow || d->ops.grow(d->ctx, nn);
 }
 
@@ -44,7 +56,12 @@ bool fx_dlv_init(fx_dlv *d, const fx_dlv_cfg *cfg, const fx_dlv_ops *ops, void *
         memcpy(d->backoff, cfg->backoff_ms, cfg->n_backoff * sizeof *d->backoff);
         d->cfg.backoff_ms = d->backoff;
     }
-    return ctab_init(&d->t, cfg->max_ack_pending, dlv_grow, d);
+    if (d->cfg.max_ack_pending < 1) d->cfg.max_ack_pending = 1;
+    if (d->cfg.nak_delay_ms < 0) d->cfg.nak_delay_ms = 0;
+    /* max_ack_pending out with subscribers + at most as many waiting out a NAK delay */
+    d->max_delayed = (uint32_t)(d->cfg.max_ack_pending < CTAB_MAX_ENTRIES / 2 ? d->cfg.max_ack_pending
+                                                                             : CTAB_MAX_ENTRIES / 2);
+    return ctab_init(&d->t, (int64_t)d->max_delayed * 2, dlv_grow, d);
 }
 
 static void reply(fx_dlv *d, void *r, bool ok)
@@ -58,20 +75,69 @@ static void replies_done(fx_dlv *d, bool ok)
     d->n_replies = 0;
 }
 
+static void detail_clear(fx_dlv *d, uint32_t idx)
+{
+    if (d->detail && d->detail[idx]) {
+        free(d->detail[idx]);
+        d->detail[idx] = NULL;
+    }
+}
+
 void fx_dlv_free(fx_dlv *d)
 {
     replies_done(d, false);
+    for (uint32_t i = 0; d->detail && i < d->t.n_ents; i++) free(d->detail[i]);
+    free(d->detail);
     ctab_free(&d->t);
     free(d->sendq);
     free(d->acks);
     free(d->replies);
+    free(d->waitq);
+    free(d->delayed);
     free(d->backoff);
     memset(d, 0, sizeof *d);
 }
 
+/* Entries that count toward max_ack_pending: all but those waiting out a NAK delay. */
+static uint32_t n_out(const fx_dlv *d) { return d->t.n_used - d->n_delayed; }
+
 size_t fx_dlv_room(const fx_dlv *d)
 {
-    return d->t.n_used < d->t.max_ents ? d->t.max_ents - d->t.n_used : 0;
+    /* NAK-delayed entries that are due wait for a slot before anything new is taken */
+    uint64_t busy = (uint64_t)n_out(d) + d->n_wait;
+    uint64_t map = (uint64_t)d->cfg.max_ack_pending;
+    if (busy >= map || d->t.n_used >= d->t.max_ents) return 0;
+    uint64_t room = map - busy, table = d->t.max_ents - d->t.n_used;
+    return (size_t)(room < table ? room : table);
+}
+
+/* ---- NAK-delayed entries ---------------------------------------------------------------------- */
+
+/* Entry idx (E_WAIT_SEND, scheduled after a NAK delay) stops counting toward max_ack_pending,
+ * unless max_delayed entries wait already: then it keeps its slot (counted). */
+static void mark_delayed(fx_dlv *d, uint32_t idx)
+{
+    if (d->delayed[idx]) return;
+    if (d->n_delayed >= d->max_delayed) {
+        d->nak_delay_held++;
+        return;
+    }
+    d->delayed[idx] = DLV_DELAYED;
+    d->n_delayed++;
+}
+
+/* Entry idx counts toward max_ack_pending again (it leaves, or its delay is over). */
+static void undelay(fx_dlv *d, uint32_t idx)
+{
+    if (!d->delayed || !d->delayed[idx]) return;
+    if (d->delayed[idx] == DLV_DUE) {
+        uint32_t keep = 0;
+        for (uint32_t i = 0; i < d->n_wait; i++)
+            if (d->waitq[i] != idx) d->waitq[keep++] = d->waitq[i];
+        d->n_wait = keep;
+    }
+    d->delayed[idx] = 0;
+    d->n_delayed--;
 }
 
 static void ack_add(fx_dlv *d, const fx_mq_msg_id *id) { d->acks[d->n_acks++] = *id; }
@@ -80,8 +146,10 @@ static void ack_add(fx_dlv *d, const fx_mq_msg_id *id) { d->acks[d->n_acks++] = 
 static void finish(fx_dlv *d, uint32_t idx, fx_dlv_done how)
 {
     ctab_ent *e = &d->t.ents[idx];
+    undelay(d, idx);
     if (d->ops.done) d->ops.done(d->ctx, e, how);
     ack_add(d, &e->dv.id);
+    detail_clear(d, idx);
     ctab_release(&d->t, idx);
 }
 
@@ -108,6 +176,7 @@ static void schedule_send(fx_dlv *d, uint32_t idx, int64_t delay_ms)
 
 static void dead_letter(fx_dlv *d, uint32_t idx, const char *reason)
 {
+    undelay(d, idx);
     ctab_ent *e = &d->t.ents[idx];
     e->dead_reason = reason;
     if (d->cfg.is_dlq) {
@@ -165,6 +234,7 @@ void fx_dlv_dlq_done(fx_dlv *d, uint32_t idx, uint64_t gen, bool ok)
 
 fx_err fx_dlv_accept(fx_dlv *d, fx_mq_delivery *dv, const fx_mq_msg *msg, uint64_t delivered)
 {
+    if (!fx_dlv_room(d)) return FX_EFULL;
     uint32_t idx = ctab_alloc(&d->t);
     if (idx == NIL) return FX_EFULL;
     ctab_ent *e = &d->t.ents[idx];
@@ -227,10 +297,11 @@ static fx_dlv_res apply(fx_dlv *d, fx_dlv_kind kind, uint64_t cseq, uint64_t non
                 if (i >= d->cfg.n_backoff) i = d->cfg.n_backoff - 1;
                 delay = d->cfg.backoff_ms[i];
             } else {
-                delay = 0;
+                delay = d->cfg.nak_delay_ms;
             }
         }
         redeliver_or_dlq(d, idx, delay);
+        if (delay > 0 && d->t.ents[idx].state == E_WAIT_SEND) mark_delayed(d, idx);
         return FX_DLV_APPLIED;
     }
     case FX_DLV_WPI:
@@ -239,11 +310,33 @@ static fx_dlv_res apply(fx_dlv *d, fx_dlv_kind kind, uint64_t cseq, uint64_t non
         return FX_DLV_APPLIED;
     case FX_DLV_TERM:
         if (e->state != E_WAIT_ACK && e->state != E_WAIT_SEND) return FX_DLV_IGNORED;
+        if (d->term_detail && *d->term_detail && !d->detail[idx]) {
+            size_t n = strnlen(d->term_detail, FX_DLV_DETAIL_MAX);
+            char *c = malloc(n + 1);
+            if (c) { /* out of memory: the dead letter goes without its detail */
+                memcpy(c, d->term_detail, n);
+                c[n] = '\0';
+                d->detail[idx] = c;
+            }
+        }
         dead_letter(d, idx, "term");
         return FX_DLV_APPLIED;
     default:
         return FX_DLV_INVALID;
     }
+}
+
+fx_dlv_res fx_dlv_term(fx_dlv *d, uint64_t claim_seq, uint64_t nonce, const char *detail, void *rep)
+{
+    d->term_detail = detail;
+    fx_dlv_res r = fx_dlv_event(d, FX_DLV_TERM, claim_seq, nonce, 0, rep);
+    d->term_detail = NULL;
+    return r;
+}
+
+const char *fx_dlv_detail(const fx_dlv *d, uint32_t idx)
+{
+    return d->detail && idx < d->t.n_ents ? d->detail[idx] : NULL;
 }
 
 fx_dlv_res fx_dlv_event(fx_dlv *d, fx_dlv_kind kind, uint64_t claim_seq, uint64_t nonce,
@@ -262,8 +355,25 @@ fx_dlv_res fx_dlv_event(fx_dlv *d, fx_dlv_kind kind, uint64_t claim_seq, uint64_
 
 /* ---- rounds ----------------------------------------------------------------------------------- */
 
+/* NAK-delayed entries whose delay is over go out, in order, while max_ack_pending allows. */
+static void promote_due(fx_dlv *d)
+{
+    uint32_t i = 0;
+    while (i < d->n_wait && n_out(d) < (uint64_t)d->cfg.max_ack_pending) {
+        uint32_t idx = d->waitq[i++];
+        d->delayed[idx] = 0;
+        d->n_delayed--;
+        sendq_push(d, idx);
+    }
+    if (i) {
+        memmove(d->waitq, d->waitq + i, (d->n_wait - i) * sizeof *d->waitq);
+        d->n_wait -= i;
+    }
+}
+
 static void run_due(fx_dlv *d)
 {
+    promote_due(d);
     int64_t now = now_ms(d);
     uint32_t idx;
     while ((idx = ctab_next(&d->t)) != NIL && d->t.ents[idx].due_ms <= now) {
@@ -279,6 +389,16 @@ static void run_due(fx_dlv *d)
                 redeliver_or_dlq(d, idx, 0);
             break;
         case E_WAIT_SEND:
+            if (d->delayed[idx] == DLV_DELAYED) {
+                if (d->n_wait == 0 && n_out(d) < (uint64_t)d->cfg.max_ack_pending) {
+                    undelay(d, idx);
+                    sendq_push(d, idx);
+                } else { /* max_ack_pending out: it waits for a slot, before anything new */
+                    d->delayed[idx] = DLV_DUE;
+                    d->waitq[d->n_wait++] = idx;
+                }
+                break;
+            }
             sendq_push(d, idx);
             break;
         case E_DLQ_RETRY:
@@ -370,6 +490,10 @@ size_t fx_dlv_count(const fx_dlv *d, uint8_t st)
 void fx_dlv_release_all(fx_dlv *d)
 {
     ctab_release_all(&d->t);
+    for (uint32_t i = 0; d->detail && i < d->t.n_ents; i++) detail_clear(d, i);
+    if (d->delayed) memset(d->delayed, 0, d->t.n_ents);
+    d->n_delayed = 0;
+    d->n_wait = 0;
     d->n_send = 0;
     d->n_acks = 0;
     replies_done(d, false);
@@ -379,8 +503,11 @@ void fx_dlv_release_chan(fx_dlv *d, int64_t chan)
 {
     for (uint32_t k = 0; k < d->t.n_ents; k++)
         if (d->t.ents[k].state != E_FREE && d->t.ents[k].state != E_WAIT_DLQ &&
-            d->t.ents[k].dv.id.chan == chan)
+            d->t.ents[k].dv.id.chan == chan) {
+            undelay(d, k);
+            detail_clear(d, k);
             ctab_release(&d->t, k);
+        }
     uint32_t keep = 0; /* a released index may be reused: it must not stay in the send queue */
     for (uint32_t i = 0; i < d->n_send; i++)
         if (d->t.ents[d->sendq[i]].state != E_FREE) d->sendq[keep++] = d->sendq[i];

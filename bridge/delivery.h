@@ -5,8 +5,13 @@
  * queue a dead letter, answer an AckSync) and a clock through fx_dlv_ops; the engine decides.
  *
  * Semantics (JetStream's, with the fluxon rules of deploy/README.md "Acks and redelivery"):
- *  - In flight: at most max_ack_pending entries (fx_dlv_accept refuses more: FX_EFULL, the
- *    delivery stays the caller's). Entry states (claim_table.h): WAIT_SEND (due for
+ *  - In flight: at most max_ack_pending entries out with a subscriber (fx_dlv_accept refuses more:
+ *    FX_EFULL, the delivery stays the caller's). An entry waiting out a NAK delay (explicit,
+ *    backoff or nak_delay) does not count (JetStream counts it, nats.go #968); at most
+ *    max_ack_pending such entries wait (max_delayed), so the table holds at most
+ *    2 x max_ack_pending; a NAK past that bound keeps its slot (counted) and nak_delay_held
+ *    counts it. A delayed entry whose delay is over waits (FIFO, in waitq) for a slot before
+ *    anything new is accepted (fx_dlv_room counts the waiting ones). Entry states (claim_table.h): WAIT_SEND (due for
  *    (re)publication), WAIT_ACK (published; due = ack deadline, or the no-responders grace with
  *    ack none), WAIT_DLQ (dead letter handed to ops.dead_letter, waiting for fx_dlv_dlq_done),
  *    DLQ_RETRY (dead letter to be handed again at due).
@@ -19,7 +24,8 @@
  *    publish gets a fresh (claim seq, nonce), so an ack of an earlier attempt is stale.
  *  - Acks (fx_dlv_event) match an entry by (claim seq, nonce). ACK: committed at the next
  *    fx_dlv_flush. NAK: redelivered after its delay, else after backoff[delivered - 1] (the last
- *    element repeats), else at once; a NAK of the max_deliver-th attempt dead-letters.
+ *    element repeats), else after nak_delay (0: at once); a NAK of the max_deliver-th attempt
+ *    dead-letters. ack_wait expiry redelivers at once (backoff does not replace ack_wait).
  *    WPI: the ack deadline restarts (ack_wait). TERM: dead letter (reason "term"). NORESP (a
  *    no-responders status for a delivery): the delivery reached nobody and is not an attempt
  *    (delivered is taken back; the entry waits for the front-end's release).
@@ -55,6 +61,7 @@
 #define FX_DLV_HOLD_MS 200    /* an expired delivery with no subscriber to receive it waits */
 #define FX_DLV_SEND_RETRY_MS 200 /* a publish that failed is retried after */
 #define FX_DLV_IDLE_RETRY_MS 100 /* deliveries due while nobody could receive them wait */
+#define FX_DLV_DETAIL_MAX 256    /* bytes of a +TERM reason kept */
 
 typedef enum { FX_DLV_ACK = 0, FX_DLV_NAK, FX_DLV_WPI, FX_DLV_TERM, FX_DLV_NORESP } fx_dlv_kind;
 
@@ -112,6 +119,7 @@ typedef struct fx_dlv_cfg {
     int64_t max_ack_pending; /* in-flight bound, >= 1 */
     const int64_t *backoff_ms; /* n_backoff delays (copied) */
     size_t n_backoff;
+    int64_t nak_delay_ms;    /* delay of a NAK without one when no backoff list is set (0: at once) */
     int64_t none_grace_ms;   /* ack none: wait this long for a no-responders status */
 } fx_dlv_cfg;
 
@@ -129,13 +137,23 @@ typedef struct fx_dlv {
     void **replies;    /* AckSync replies of the ACKs in acks */
     size_t n_replies;
     size_t dlq_pending; /* dead letters queued, completion not back */
+    /* NAK-delayed entries (see "max_ack_pending" above): per entry 0, waiting out the delay, or
+     * due and waiting in waitq (FIFO) for a slot. */
+    uint8_t *delayed;
+    uint32_t n_delayed, max_delayed;
+    uint32_t *waitq;
+    uint32_t n_wait;
+    uint64_t nak_delay_held; /* NAKs past max_delayed: the entry kept its slot (a counter) */
+    char **detail;           /* per entry: the reason a +TERM carried (malloc'd) or NULL */
+    const char *term_detail; /* fx_dlv_term's detail, during the call */
 } fx_dlv;
 
 /* false: out of memory (fx_dlv_free still required). */
 bool fx_dlv_init(fx_dlv *d, const fx_dlv_cfg *cfg, const fx_dlv_ops *ops, void *ctx);
 void fx_dlv_free(fx_dlv *d);
 
-/* Room for more deliveries (max_ack_pending minus those in flight). */
+/* Room for more deliveries: max_ack_pending minus those out (NAK-delayed ones not counted) and
+ * the NAK-delayed ones due and waiting for a slot. */
 size_t fx_dlv_room(const fx_dlv *d);
 /* Take a delivery fetched from the MQ (msg decoded from dv->value; delivered: attempts made
  * before, from the attempt record). FX_OK: the engine owns it (*dv zeroed): queued for
@@ -149,6 +167,12 @@ void fx_dlv_drop(fx_dlv *d, fx_mq_delivery *dv);
  * handle (or NULL), always answered through ops.reply (now or at the next flush). */
 fx_dlv_res fx_dlv_event(fx_dlv *d, fx_dlv_kind kind, uint64_t claim_seq, uint64_t nonce,
                         int64_t delay_ns, void *reply);
+/* A +TERM carrying a reason (detail: text, up to FX_DLV_DETAIL_MAX bytes kept; NULL or "": none):
+ * as fx_dlv_event(FX_DLV_TERM, ...); the entry keeps the reason (fx_dlv_detail) until it leaves,
+ * so a dead letter handed again (RETRY) still has it. */
+fx_dlv_res fx_dlv_term(fx_dlv *d, uint64_t claim_seq, uint64_t nonce, const char *detail, void *reply);
+/* The TERM reason of entry idx, or NULL. Valid until the entry leaves the engine. */
+const char *fx_dlv_detail(const fx_dlv *d, uint32_t idx);
 /* The dead letter of entry idx (generation gen, from when it was handed over) was stored (ok)
  * or not. Completions of released entries are ignored. */
 void fx_dlv_dlq_done(fx_dlv *d, uint32_t idx, uint64_t gen, bool ok);

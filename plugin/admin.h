@@ -5,7 +5,8 @@
  *        "capacity":100000,"ttl_seconds":90,
  *        "sub_mpscs":[{"chan_id":7,"ready":true,"owner_member":5,"backlog":4,
  *                      "producers":[{"pidx":2,"produce_offset":41,"consume_offset":38}]}],
- *        "members":{"producers":[2,9],"consumers":[5]}}
+ *        "members":{"producers":[2,9],"consumers":[5]},
+ *        "deliver_prefix":"q.orders","dlq":false}   (these two when the channel is configured)
  *   errors                            -> {"error":{"code":404,"description":"channel not found"}}
  * Backlog of a producer = produce_offset - consume_offset + 1 (produce offset = last written id,
  * -1 when absent; consume offset = next id to consume, 0 when absent).

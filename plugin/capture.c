@@ -946,6 +946,10 @@ dm_chan *dm_chan_new(fx_daemon *d, const fx_chan_config *cc)
                        FX_METRIC_COUNTER, l);
     m->redelivered = cmetric(d, "fluxon_redelivered_total", "Redeliveries (attempt > 1)",
                              FX_METRIC_COUNTER, l);
+    m->nak_delay_held = cmetric(d, "fluxon_nak_delay_held_total",
+                                "NAKs that kept their max_ack_pending slot while waiting out their "
+                                "delay (max_ack_pending messages were waiting out NAK delays already)",
+                                FX_METRIC_COUNTER, l);
     m->dead = cmetric(d, "fluxon_dead_lettered_total", "Messages moved to the dead-letter channel",
                       FX_METRIC_COUNTER, l);
     m->dropped = cmetric(d, "fluxon_dropped_total",
@@ -1037,6 +1041,7 @@ static bool settings_same(const fx_chan_settings *a, const fx_chan_settings *b)
     if (a->ttl_seconds != b->ttl_seconds || a->capacity != b->capacity || a->ack != b->ack ||
         a->ack_wait_ms != b->ack_wait_ms || a->max_deliver != b->max_deliver ||
         a->max_ack_pending != b->max_ack_pending || a->n_backoff != b->n_backoff ||
+        a->nak_delay_ms != b->nak_delay_ms ||
         a->release_after_ms != b->release_after_ms || a->interest_poll_ms != b->interest_poll_ms ||
         a->retention_ms != b->retention_ms || a->full_wait_ms != b->full_wait_ms ||
         a->duplicate_window_ms != b->duplicate_window_ms)

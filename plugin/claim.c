@@ -109,7 +109,7 @@ typedef struct cst {
     bool fence_own;
     bool fence_adopt[FX_DM_ADOPT_MAX];
     bool lost; /* consumer closed under us */
-    fx_log_slot slot_get, slot_pub, slot_open, slot_ack, slot_att;
+    fx_log_slot slot_get, slot_pub, slot_open, slot_ack, slot_att, slot_nak_held;
 } cst;
 
 /* ---- in-flight table (owned by the engine) ----------------------------------------------------- */
@@ -808,12 +808,13 @@ static fx_dlv_dlq op_dead_letter(void *ctx, uint32_t idx, const ent *e, const ch
     snprintf(att, sizeof att, "%" PRIu64, e->delivered);
     snprintf(fid, sizeof fid, "%" PRId64 ".%" PRId64 ".%" PRId64, e->dv.id.chan, e->dv.id.pidx,
              e->dv.id.msg);
+    const char *detail = fx_dlv_detail(&s->q, idx);
     const char *kv[] = {FX_DM_HDR_DEAD_REASON, reason, "Fluxon-Dead-Delivered", att,
-                        "Fluxon-Dead-Id", fid};
+                        "Fluxon-Dead-Id", fid, FX_DM_HDR_DEAD_DETAIL, detail};
     char *hdr = NULL;
     size_t hlen = 0;
     pq_item *it = NULL;
-    fx_err err = dm_hdr_append(e->msg.headers, kv, 3, &hdr, &hlen);
+    fx_err err = dm_hdr_append(e->msg.headers, kv, detail ? 4 : 3, &hdr, &hlen);
     if (!err) {
         fx_mq_msg rec = {.subject = e->msg.subject,
                          .headers = {hdr, hlen},
@@ -895,9 +896,12 @@ static void handle_ev(cst *s, dm_ev *ev)
     fx_daemon *d = s->d;
     void *reply = ev->reply;
     ev->reply = NULL;
+    char *detail = ev->detail;
+    ev->detail = NULL;
     if (ev->kind == EV_NORESP && s->use_leaf) { /* the leaf path never asks for one */
         dm_invalid_control(d, "no-responders status");
         ackreply_done(d, reply, false);
+        free(detail);
         return;
     }
     fx_dlv_kind k;
@@ -909,9 +913,20 @@ static void handle_ev(cst *s, dm_ev *ev)
     case EV_NORESP: k = FX_DLV_NORESP; break;
     default:
         ackreply_done(d, reply, false);
+        free(detail);
         return;
     }
-    switch (fx_dlv_event(&s->q, k, ev->claim_seq, ev->nonce, ev->delay_ns, reply)) {
+    uint64_t held = s->q.nak_delay_held;
+    fx_dlv_res res = k == FX_DLV_TERM ? fx_dlv_term(&s->q, ev->claim_seq, ev->nonce, detail, reply)
+                                      : fx_dlv_event(&s->q, k, ev->claim_seq, ev->nonce, ev->delay_ns, reply);
+    free(detail);
+    if (s->q.nak_delay_held != held) { /* bound of NAK-delayed messages reached (delivery.h) */
+        fx_metric_inc(s->ch->m.nak_delay_held, 1);
+        fx_log_ratelimited(&s->slot_nak_held, 10000, FX_LOG_WRN,
+                           "claim %s: max_ack_pending messages wait out NAK delays already: a "
+                           "NAKed message keeps its slot", s->cl->subject);
+    }
+    switch (res) {
     case FX_DLV_INVALID:
         dm_invalid_control(d, k == FX_DLV_NORESP ? "no-responders status" : "ack");
         break;
@@ -1280,6 +1295,7 @@ static bool claim_start(dm_claim *cl)
                       .max_ack_pending = cs->max_ack_pending,
                       .backoff_ms = cs->backoff_ms,
                       .n_backoff = cs->n_backoff,
+                      .nak_delay_ms = cs->nak_delay_ms,
                       .none_grace_ms = FX_DM_NONE_GRACE_MS};
     static const fx_dlv_ops ops = {.now_ms = op_now,
                                    .nonce = op_nonce,
@@ -1316,6 +1332,8 @@ static void claim_end(dm_claim *cl, bool ran)
         dm_ev *ev = &cl->evs[cl->ev_head];
         ackreply_done(s->d, ev->reply, false);
         ev->reply = NULL;
+        free(ev->detail);
+        ev->detail = NULL;
         cl->ev_head = (cl->ev_head + 1) % cl->ev_cap;
         cl->ev_n--;
     }
@@ -1523,8 +1541,10 @@ void dm_claim_unref(dm_claim *cl)
         free(it);
         it = nx;
     }
-    for (size_t i = 0; i < cl->ev_n; i++) /* acks that never reached the thread */
+    for (size_t i = 0; i < cl->ev_n; i++) { /* acks that never reached the thread */
         ackreply_done(NULL, cl->evs[(cl->ev_head + i) % cl->ev_cap].reply, false);
+        free(cl->evs[(cl->ev_head + i) % cl->ev_cap].detail);
+    }
     free(cl->evs);
     pthread_mutex_destroy(&cl->mu);
     pthread_cond_destroy(&cl->cv);
@@ -1548,14 +1568,18 @@ void dm_claim_dlq_complete(pq_item *it)
     sched_kick(cl);
 }
 
+/* ev->detail is borrowed: each queued event gets its own copy (out of memory: none). */
 static bool ev_push(dm_claim *cl, const dm_ev *ev)
 {
+    char *detail = ev->detail ? strdup(ev->detail) : NULL;
     pthread_mutex_lock(&cl->mu);
     if (cl->ev_n >= cl->ev_cap) {
         pthread_mutex_unlock(&cl->mu);
+        free(detail);
         return false;
     }
     cl->evs[(cl->ev_head + cl->ev_n) % cl->ev_cap] = *ev;
+    cl->evs[(cl->ev_head + cl->ev_n) % cl->ev_cap].detail = detail;
     cl->ev_n++;
     pthread_cond_signal(&cl->cv);
     pthread_mutex_unlock(&cl->mu);
@@ -1637,6 +1661,23 @@ static void route(fx_daemon *d, const char *chan, const char *claim, const dm_ev
     if (!routed) fx_metric_inc(d->g_stale_acks, 1);
 }
 
+/* The reason of "+TERM <reason>" (JetStream's form), trimmed, cut at FX_DLV_DETAIL_MAX bytes,
+ * control characters made spaces (it becomes a header value); NULL when there is none. */
+static char *term_reason(const char *data, int len, char *buf, size_t cap)
+{
+    if (!data || len <= 6 || cap < 2) return NULL;
+    const char *p = data + 6, *end = data + len;
+    while (p < end && (*p == ' ' || *p == '\t')) p++;
+    while (end > p && (unsigned char)end[-1] <= ' ') end--;
+    size_t n = 0;
+    for (; p < end && n + 1 < cap; p++) {
+        unsigned char c = (unsigned char)*p;
+        buf[n++] = c < 0x20 || c == 0x7f ? ' ' : (char)c;
+    }
+    buf[n] = '\0';
+    return n ? buf : NULL;
+}
+
 void dm_on_ack(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
 {
     (void)nc;
@@ -1662,6 +1703,7 @@ void dm_on_ack(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
         return;
     }
     dm_ev ev = {.claim_seq = meta.claim_seq, .nonce = meta.nonce};
+    char reason[FX_DLV_DETAIL_MAX + 1];
     bool invalid = false;
     if (natsMsg_IsNoResponders(m)) {
         ev.kind = EV_NORESP;
@@ -1674,7 +1716,10 @@ void dm_on_ack(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
         case FX_ACK_ACK: ev.kind = EV_ACK; break;
         case FX_ACK_NAK: ev.kind = EV_NAK; ev.delay_ns = delay; break;
         case FX_ACK_WPI: ev.kind = EV_WPI; break;
-        case FX_ACK_TERM: ev.kind = EV_TERM; break;
+        case FX_ACK_TERM:
+            ev.kind = EV_TERM;
+            ev.detail = term_reason(data, len, reason, sizeof reason);
+            break;
         default: invalid = true; break;
         }
         if (invalid) {

@@ -94,6 +94,7 @@ static const setting_key k_settings[] = {
     {"max_deliver",     SK_INT,      SOFF(max_deliver),      1,   1000000},
     {"max_ack_pending", SK_INT,      SOFF(max_ack_pending),  1,   1000000},
     {"backoff",         SK_BACKOFF,  SOFF(backoff_ms),       0,   MS_DAY},
+    {"nak_delay",       SK_DURATION, SOFF(nak_delay_ms),     0,   MS_DAY},
     {"release_after",   SK_DURATION, SOFF(release_after_ms), 0,   MS_DAY},
     {"interest_poll",   SK_DURATION, SOFF(interest_poll_ms), 50,  MS_HOUR},
     {"retention",       SK_DURATION, SOFF(retention_ms),     2000, 9000000000LL * 1000}, /* MaxLeaseTTL */

@@ -28,6 +28,9 @@ typedef struct fx_chan_settings {
     int64_t max_ack_pending; /* default 1000, >= 1 */
     int64_t backoff_ms[FX_CFG_MAX_BACKOFF]; /* redelivery delays; default {1 s, 5 s} */
     size_t n_backoff;
+    /* default 0 (at once, JetStream's NAK): delay of a NAK without one when backoff is empty;
+     * <= 24 h */
+    int64_t nak_delay_ms;
     int64_t release_after_ms; /* default 5 s */
     int64_t interest_poll_ms; /* default 1 s, >= 50 ms */
     /* default 7 d, >= 2 s and >= ttl_seconds, <= etcd's MaxLeaseTTL; whole seconds (rounded up):

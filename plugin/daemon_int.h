@@ -91,6 +91,7 @@
 #define FX_DM_HDR_DELIVERED "Fluxon-Delivered"
 #define FX_DM_HDR_ID "Fluxon-Id"
 #define FX_DM_HDR_DEAD_REASON "Fluxon-Dead-Reason"
+#define FX_DM_HDR_DEAD_DETAIL "Fluxon-Dead-Detail" /* the reason a +TERM carried */
 #define FX_DM_HDR_MSG_ID "Nats-Msg-Id"               /* dedup (channel duplicate_window) */
 #define FX_DM_HDR_EXPECTED "Nats-Expected-"          /* only ...-Stream is supported */
 #define FX_DM_HDR_EXPECTED_STREAM "Nats-Expected-Stream"
@@ -138,7 +139,7 @@ typedef struct dm_chan_metrics {
     fx_metric *captured, *stored, *delivered, *acked, *redelivered, *dead, *dropped,
         *invalid_acks, *backlog, *claims, *store_errors, *foreign_headers, *own_skipped,
         *full_dropped, *duplicates, *inflight, *inflight_peak, *reclaimed, *dedup_forgotten,
-        *dedup_ids;
+        *dedup_ids, *nak_delay_held;
 } dm_chan_metrics;
 
 /* ---- producer queue: pqueue.h (pq_item, dm_pq) ---------------------------------------------- */
@@ -212,6 +213,7 @@ typedef struct dm_ev {
     uint64_t nonce; /* from the reply subject; never 0 for a delivery the bridge made */
     int64_t delay_ns;
     dm_ackreply *reply; /* one reference, or NULL */
+    char *detail;       /* +TERM reason (malloc'd per queued event, freed by its consumer), or NULL */
 } dm_ev;
 
 struct dm_claim {

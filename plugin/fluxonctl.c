@@ -10,6 +10,8 @@
  *                                    --ack (reply +ACK) | --nak (reply -NAK); --count N (exit
  *                                    after N); --wait D (exit after D without a message);
  *                                    --queue G; --quiet (one line per message)
+ *     dlq ls <ch>-dlq                why each dead letter died (Fluxon-Dead-Reason/-Detail)
+ *     redrive <ch>-dlq               move dead letters back to their channel (see cmd_redrive)
  * Exit codes: 0 ok, 1 error (message on stderr), 2 usage. Every wait is bounded by --timeout
  * (default 2s) except `sub`, which runs until Ctrl-C, --count or --wait. Ctrl-C (SIGINT) or
  * SIGTERM stops any command cleanly (subscription drained, connection closed).
@@ -23,6 +25,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 #include <nats/nats.h>
@@ -35,6 +39,7 @@
 #define CTL_MAX_ARGS 8
 #define CTL_POLL_MS 100
 #define CTL_MAX_REPLY_PRINT (1 << 20)
+#define CTL_REDRIVE_DEADLINE_CAP_MS (24LL * 3600 * 1000)
 
 static volatile sig_atomic_t g_stop;
 
@@ -52,6 +57,9 @@ typedef struct opts {
     int64_t count; /* 0: unlimited (sub) / 1 (pub) */
     int64_t wait_ms; /* sub: exit after this long without a message; 0: never */
     const char *queue;
+    const char *to;      /* redrive --to */
+    int64_t max, rate;   /* redrive / dlq ls --max; redrive --rate (letters/s) */
+    int64_t deadline_ms; /* redrive / dlq ls: stop after */
     const char *headers[CTL_MAX_HEADERS];
     int n_headers;
     const char *args[CTL_MAX_ARGS];
@@ -70,6 +78,13 @@ static void usage(FILE *f)
             "  pub <subject> <data>          publish (--ack: wait for the PubAck; -H K:V; --count N)\n"
             "  sub <subject>                 print messages (--ack | --nak; --count N; --wait D;\n"
             "                                --queue G; --quiet)\n"
+            "  dlq ls <ch>-dlq               why each dead letter died (--max N, default 100, at most\n"
+            "                                10000; --wait D idle end, default 1s; --json); letters are\n"
+            "                                NAKed back and stay in the DLQ\n"
+            "  redrive <ch>-dlq              move dead letters back, at least once (--to CH, default\n"
+            "                                <ch>; --max N, default 1000, at most 100000; --rate R/s,\n"
+            "                                default 100, at most 10000; --deadline D, default 10m,\n"
+            "                                at most 24h; --wait D idle end, default 2s; --json)\n"
             "\n"
             "options:\n"
             "  -s, --server URL   NATS server (default $NATS_URL or " CTL_DEFAULT_SERVER ")\n"
@@ -170,6 +185,23 @@ static int parse_args(int argc, char **argv, opts *o)
                 NEED_VALUE();
                 if (parse_duration(argv[++i], &o->wait_ms) != 0)
                     return bad_usage("invalid --wait '%s'", argv[i]);
+            } else if (strcmp(a, "--to") == 0) {
+                NEED_VALUE();
+                o->to = argv[++i];
+            } else if (strcmp(a, "--max") == 0) {
+                NEED_VALUE();
+                if (parse_count(argv[++i], &o->max) != 0) return bad_usage("invalid --max '%s'", argv[i]);
+            } else if (strcmp(a, "--rate") == 0) {
+                NEED_VALUE();
+                char rb[32];
+                snprintf(rb, sizeof rb, "%s", argv[++i]);
+                size_t rl = strlen(rb);
+                if (rl > 2 && strcmp(rb + rl - 2, "/s") == 0) rb[rl - 2] = '\0';
+                if (parse_count(rb, &o->rate) != 0) return bad_usage("invalid --rate '%s' (N or N/s)", argv[i]);
+            } else if (strcmp(a, "--deadline") == 0) {
+                NEED_VALUE();
+                if (parse_duration(argv[++i], &o->deadline_ms) != 0 || o->deadline_ms > CTL_REDRIVE_DEADLINE_CAP_MS)
+                    return bad_usage("invalid --deadline '%s' (at most 24h)", argv[i]);
             } else if (strcmp(a, "--queue") == 0) {
                 NEED_VALUE();
                 o->queue = argv[++i];
@@ -625,6 +657,468 @@ static int cmd_sub(natsConnection *nc, const opts *o, const char *subject)
     return rc;
 }
 
+/* ---- dead letters: dlq ls, redrive ------------------------------------------------------------ */
+
+#define CTL_REDRIVE_MAX_DEFAULT 1000
+#define CTL_REDRIVE_MAX_CAP 100000
+#define CTL_REDRIVE_RATE_DEFAULT 100
+#define CTL_REDRIVE_RATE_CAP 10000
+#define CTL_REDRIVE_DEADLINE_DEFAULT_MS (10 * 60 * 1000)
+#define CTL_REDRIVE_HELD_MS 5000 /* idle with letters in the DLQ: wait this much longer */
+#define CTL_REDRIVE_STALL_MS 250 /* a PubAck slower than this pauses taking letters */
+#define CTL_REDRIVE_WINDOW 64 /* letters between re-publish and confirmed DLQ ack, at most */
+#define CTL_DLQ_LS_MAX_DEFAULT 100
+#define CTL_DLQ_LS_MAX_CAP 10000
+#define CTL_DLQ_IDLE_DEFAULT_MS 1000
+#define CTL_HDR_REDRIVEN "Fluxon-Redriven"
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The DLQ's delivery prefix from $FLUXON.API.CHANNEL.INFO.<dlq> (it must be a dead-letter
+ * channel this bridge serves). */
+static int dlq_prefix(natsConnection *nc, const opts *o, const char *dlq, char *out, size_t cap)
+{
+    size_t n = strlen(dlq);
+    if (!valid_token(dlq) || n <= 4 || strcmp(dlq + n - 4, "-dlq") != 0)
+        return bad_usage("'%s' is not a dead-letter channel (<channel>-dlq)", dlq);
+    char subject[300];
+    snprintf(subject, sizeof subject, "$FLUXON.API.CHANNEL.INFO.%s", dlq);
+    cJSON *root = NULL;
+    int rc = api_request(nc, o, subject, &root);
+    if (rc) return rc;
+    const cJSON *dp = cJSON_GetObjectItemCaseSensitive(root, "deliver_prefix");
+    const cJSON *isd = cJSON_GetObjectItemCaseSensitive(root, "dlq");
+    if (!cJSON_IsString(dp) || !cJSON_IsTrue(isd) || strlen(dp->valuestring) >= cap) {
+        fprintf(stderr, "fluxonctl: %s is not a dead-letter channel of the answering bridge\n", dlq);
+        cJSON_Delete(root);
+        return 1;
+    }
+    snprintf(out, cap, "%s", dp->valuestring);
+    cJSON_Delete(root);
+    return 0;
+}
+
+static const char *hdr_or(natsMsg *m, const char *k, const char *dflt)
+{
+    const char *v = NULL;
+    return natsMsgHeader_Get(m, k, &v) == NATS_OK && v ? v : dflt;
+}
+
+static uint64_t hdr_u64(natsMsg *m, const char *k)
+{
+    const char *v = hdr_or(m, k, NULL);
+    if (!v) return 0;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    return errno || end == v || *end || *v == '-' ? 0 : (uint64_t)x;
+}
+
+static void nak_rest(natsConnection *nc, natsSubscription *sub)
+{
+    natsMsg *m = NULL;
+    while (natsSubscription_NextMsg(&m, sub, 1) == NATS_OK) { /* back to the DLQ at once */
+        const char *r = natsMsg_GetReply(m);
+        if (r && *r) natsConnection_PublishString(nc, r, "-NAK");
+        natsMsg_Destroy(m);
+    }
+}
+
+/* fluxonctl dlq ls <dlq>: receive up to --max letters through the claim "fluxonctl-dlq" and print
+ * why each died; every letter is NAKed back (it stays in the DLQ; its DLQ delivery count grows). */
+static int cmd_dlq_ls(natsConnection *nc, const opts *o, const char *dlq)
+{
+    char prefix[256], subject[320];
+    int rc = dlq_prefix(nc, o, dlq, prefix, sizeof prefix);
+    if (rc) return rc;
+    snprintf(subject, sizeof subject, "%s.fluxonctl-dlq", prefix);
+    int64_t max = o->max ? o->max : CTL_DLQ_LS_MAX_DEFAULT;
+    if (max > CTL_DLQ_LS_MAX_CAP) return bad_usage("--max above %s for dlq ls", "10000");
+    int64_t idle = o->wait_ms ? o->wait_ms : CTL_DLQ_IDLE_DEFAULT_MS;
+    natsSubscription *sub = NULL;
+    natsStatus s = natsConnection_SubscribeSync(&sub, nc, subject);
+    if (s == NATS_OK) s = natsSubscription_SetPendingLimits(sub, (int)CTL_DLQ_LS_MAX_CAP * 2, 256 << 20);
+    if (s == NATS_OK) s = natsConnection_FlushTimeout(nc, o->timeout_ms);
+    if (s != NATS_OK) {
+        natsSubscription_Destroy(sub);
+        return nats_fail("subscribe", s);
+    }
+    natsMsg **held = calloc((size_t)max, sizeof *held);
+    if (!held) {
+        natsSubscription_Destroy(sub);
+        fprintf(stderr, "fluxonctl: out of memory\n");
+        return 1;
+    }
+    int64_t n = 0, last = mono_ms();
+    int64_t deadline = last + (o->deadline_ms ? o->deadline_ms : 30000);
+    if (!o->json) printf("%-14s %-12s %-9s %-24s %s\n", "SEQ", "REASON", "ATTEMPTS", "SUBJECT", "DETAIL");
+    while (!g_stop && n < max && mono_ms() < deadline) {
+        natsMsg *m = NULL;
+        s = natsSubscription_NextMsg(&m, sub, CTL_POLL_MS);
+        if (s == NATS_TIMEOUT) {
+            if (mono_ms() - last >= idle) break;
+            continue;
+        }
+        if (s != NATS_OK) {
+            if (s == NATS_SLOW_CONSUMER) continue;
+            rc = nats_fail("next message", s);
+            break;
+        }
+        last = mono_ms();
+        const char *seq = hdr_or(m, "Fluxon-Seq", "?"), *reason = hdr_or(m, "Fluxon-Dead-Reason", "?");
+        const char *att = hdr_or(m, "Fluxon-Dead-Delivered", "?"), *subj = hdr_or(m, "Fluxon-Subject", "?");
+        const char *detail = hdr_or(m, "Fluxon-Dead-Detail", "");
+        if (o->json) {
+            cJSON *j = cJSON_CreateObject();
+            if (j) {
+                cJSON_AddStringToObject(j, "seq", seq);
+                cJSON_AddStringToObject(j, "reason", reason);
+                cJSON_AddStringToObject(j, "detail", detail);
+                cJSON_AddStringToObject(j, "attempts", att);
+                cJSON_AddStringToObject(j, "subject", subj);
+                cJSON_AddStringToObject(j, "redriven", hdr_or(m, CTL_HDR_REDRIVEN, "0"));
+                char *txt = cJSON_PrintUnformatted(j);
+                if (txt) printf("%s\n", txt);
+                free(txt);
+                cJSON_Delete(j);
+            }
+        } else {
+            printf("%-14s %-12s %-9s %-24s %s\n", seq, reason, att, subj, *detail ? detail : "-");
+        }
+        held[n++] = m;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const char *r = natsMsg_GetReply(held[i]);
+        if (r && *r) natsConnection_PublishString(nc, r, "-NAK");
+        natsMsg_Destroy(held[i]);
+    }
+    free(held);
+    nak_rest(nc, sub);
+    natsSubscription_Unsubscribe(sub);
+    natsSubscription_Destroy(sub);
+    natsConnection_FlushTimeout(nc, o->timeout_ms);
+    fprintf(stderr, "fluxonctl: %" PRId64 " dead letter%s listed from %s\n", n, n == 1 ? "" : "s", dlq);
+    return rc;
+}
+
+/* Backlog of a channel (admin API), or -1. */
+static int64_t dlq_backlog(natsConnection *nc, const opts *o, const char *dlq)
+{
+    char subject[300];
+    snprintf(subject, sizeof subject, "$FLUXON.API.CHANNEL.INFO.%s", dlq);
+    cJSON *root = NULL;
+    if (api_request(nc, o, subject, &root)) return -1;
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(root, "backlog");
+    int64_t v = cJSON_IsNumber(b) ? (int64_t)b->valuedouble : -1;
+    cJSON_Delete(root);
+    return v;
+}
+
+/* seqs of the DLQ seen in this redrive: open addressing, 0 = empty */
+typedef struct seqset {
+    uint64_t *k;
+    uint8_t *v; /* 1 in flight, 2 moved */
+    size_t cap;
+} seqset;
+
+static uint8_t *seq_slot(seqset *ss, uint64_t seq, bool add)
+{
+    size_t i = (size_t)(seq * 0x9E3779B97F4A7C15ULL) & (ss->cap - 1);
+    for (size_t probe = 0; probe < ss->cap; probe++, i = (i + 1) & (ss->cap - 1)) {
+        if (ss->k[i] == seq) return &ss->v[i];
+        if (ss->k[i] == 0) {
+            if (!add) return NULL;
+            ss->k[i] = seq;
+            return &ss->v[i];
+        }
+    }
+    return NULL;
+}
+
+typedef enum { SL_FREE = 0, SL_PUB, SL_ACK } slot_state;
+typedef struct rslot {
+    slot_state st;
+    uint32_t gen;
+    natsMsg *letter;
+    uint64_t seq;
+    int64_t due;
+} rslot;
+
+typedef struct rstats {
+    int64_t moved, failed, uncertain, ack_unconfirmed, skipped, again;
+} rstats;
+
+static bool copy_header(const char *k)
+{
+    return strncasecmp(k, "Fluxon-", 7) != 0 && strcasecmp(k, "Nats-Msg-Id") != 0 &&
+           strncasecmp(k, "Nats-Expected-", 14) != 0;
+}
+
+/* The letter again as a publish to its original subject, reply inbox.p.<slot>.<gen>. */
+static natsStatus redrive_publish(natsConnection *nc, natsMsg *letter, const char *to, const char *inbox,
+                                  size_t slot, uint32_t gen)
+{
+    const char *subj = hdr_or(letter, "Fluxon-Subject", NULL);
+    char reply[256], cnt[32];
+    snprintf(reply, sizeof reply, "%s.p.%zu.%" PRIu32, inbox, slot, gen);
+    natsMsg *nm = NULL;
+    int len = natsMsg_GetDataLength(letter);
+    natsStatus s = natsMsg_Create(&nm, subj, reply, natsMsg_GetData(letter), len > 0 ? len : 0);
+    const char **keys = NULL;
+    int nk = 0;
+    if (s == NATS_OK && natsMsgHeader_Keys(letter, &keys, &nk) == NATS_OK) {
+        for (int i = 0; s == NATS_OK && i < nk; i++) {
+            if (!copy_header(keys[i])) continue;
+            const char **vals = NULL;
+            int nv = 0;
+            if (natsMsgHeader_Values(letter, keys[i], &vals, &nv) != NATS_OK) continue;
+            for (int j = 0; s == NATS_OK && j < nv; j++) s = natsMsgHeader_Add(nm, keys[i], vals[j]);
+            free((void *)vals);
+        }
+        free((void *)keys);
+    }
+    uint64_t times = hdr_u64(letter, CTL_HDR_REDRIVEN);
+    snprintf(cnt, sizeof cnt, "%" PRIu64, (times < 1000000000u ? times : (uint64_t)1000000000u) + 1);
+    if (s == NATS_OK) s = natsMsgHeader_Set(nm, CTL_HDR_REDRIVEN, cnt);
+    if (s == NATS_OK) s = natsMsgHeader_Set(nm, "Nats-Expected-Stream", to);
+    if (s == NATS_OK) s = natsConnection_PublishMsg(nc, nm);
+    natsMsg_Destroy(nm);
+    return s;
+}
+
+/* A PubAck for `to`? Prints why not. */
+static bool puback_ok(natsMsg *r, const char *to)
+{
+    if (natsMsg_IsNoResponders(r)) {
+        fprintf(stderr, "fluxonctl: redrive: no bridge captures the letter's subject\n");
+        return false;
+    }
+    int len = natsMsg_GetDataLength(r);
+    cJSON *j = cJSON_ParseWithLength(natsMsg_GetData(r) ? natsMsg_GetData(r) : "", (size_t)(len > 0 ? len : 0));
+    const cJSON *st = j ? cJSON_GetObjectItemCaseSensitive(j, "stream") : NULL;
+    bool ok = j && !cJSON_GetObjectItemCaseSensitive(j, "error") && cJSON_IsString(st) &&
+              strcmp(st->valuestring, to) == 0;
+    if (!ok)
+        fprintf(stderr, "fluxonctl: redrive: publish refused: %.*s\n", len > 300 ? 300 : len,
+                natsMsg_GetData(r) ? natsMsg_GetData(r) : "");
+    cJSON_Delete(j);
+    return ok;
+}
+
+static void ack_letter(natsConnection *nc, rslot *sl, const char *inbox, size_t k, int64_t now, int64_t tmo)
+{
+    char reply[256];
+    snprintf(reply, sizeof reply, "%s.a.%zu.%" PRIu32, inbox, k, sl->gen);
+    natsConnection_PublishRequestString(nc, natsMsg_GetReply(sl->letter), reply, "+ACK");
+    sl->st = SL_ACK;
+    sl->due = now + tmo;
+}
+
+static void slot_free(rslot *sl)
+{
+    natsMsg_Destroy(sl->letter);
+    sl->letter = NULL;
+    sl->st = SL_FREE;
+    sl->gen++;
+}
+
+/* fluxonctl redrive <dlq> [--to CH] [--max N] [--rate R] [--deadline D] [--wait D] */
+static int cmd_redrive(natsConnection *nc, const opts *o, const char *dlq)
+{
+    char prefix[256], subject[320], to[200], inbox[128];
+    int rc = dlq_prefix(nc, o, dlq, prefix, sizeof prefix);
+    if (rc) return rc;
+    if (o->to) {
+        if (!valid_token(o->to) || strlen(o->to) >= sizeof to) return bad_usage("invalid --to '%s'", o->to);
+        snprintf(to, sizeof to, "%s", o->to);
+    } else {
+        snprintf(to, sizeof to, "%.*s", (int)(strlen(dlq) - 4), dlq);
+    }
+    int64_t max = o->max ? o->max : CTL_REDRIVE_MAX_DEFAULT;
+    if (max > CTL_REDRIVE_MAX_CAP) return bad_usage("--max above %s", "100000");
+    int64_t rate = o->rate ? o->rate : CTL_REDRIVE_RATE_DEFAULT;
+    if (rate > CTL_REDRIVE_RATE_CAP) return bad_usage("--rate above %s/s", "10000");
+    int64_t idle = o->wait_ms ? o->wait_ms : 2000;
+    int64_t t0 = mono_ms(), deadline = t0 + (o->deadline_ms ? o->deadline_ms : CTL_REDRIVE_DEADLINE_DEFAULT_MS);
+    snprintf(subject, sizeof subject, "%s.fluxonctl-redrive", prefix);
+    natsInbox *ib = NULL;
+    if (natsInbox_Create(&ib) != NATS_OK) return nats_fail("inbox", NATS_NO_MEMORY);
+    snprintf(inbox, sizeof inbox, "%s", (const char *)ib);
+    natsInbox_Destroy(ib);
+    char inbox_all[140];
+    snprintf(inbox_all, sizeof inbox_all, "%s.>", inbox);
+    seqset ss = {0};
+    ss.cap = 1;
+    while (ss.cap < (size_t)max * 2 + 2 * CTL_REDRIVE_WINDOW) ss.cap <<= 1;
+    ss.k = calloc(ss.cap, sizeof *ss.k);
+    ss.v = calloc(ss.cap, 1);
+    natsSubscription *letters = NULL, *replies = NULL;
+    natsStatus s = ss.k && ss.v ? NATS_OK : NATS_NO_MEMORY;
+    if (s == NATS_OK) s = natsConnection_SubscribeSync(&replies, nc, inbox_all);
+    if (s == NATS_OK) s = natsConnection_SubscribeSync(&letters, nc, subject);
+    if (s == NATS_OK) s = natsSubscription_SetPendingLimits(letters, 1 << 20, 512 << 20);
+    if (s == NATS_OK) s = natsConnection_FlushTimeout(nc, o->timeout_ms);
+    if (s != NATS_OK) {
+        natsSubscription_Destroy(letters);
+        natsSubscription_Destroy(replies);
+        free(ss.k);
+        free(ss.v);
+        return nats_fail("subscribe", s);
+    }
+    fprintf(stderr, "fluxonctl: redriving %s -> %s (at most %" PRId64 " letters, %" PRId64 "/s)\n", dlq, to, max, rate);
+    rslot slots[CTL_REDRIVE_WINDOW];
+    memset(slots, 0, sizeof slots);
+    size_t window = rate < CTL_REDRIVE_WINDOW ? (size_t)rate : CTL_REDRIVE_WINDOW;
+    rstats r = {0};
+    int64_t taken = 0, last_letter = t0, busy = 0, last_backlog_check = 0;
+    double next_at = (double)t0, gap = 1000.0 / (double)rate;
+    bool stopping = false, timed_out = false;
+    for (;;) {
+        int64_t now = mono_ms();
+        if (g_stop) stopping = true;
+        if (now >= deadline && !stopping) {
+            stopping = timed_out = true;
+            fprintf(stderr, "fluxonctl: redrive: deadline reached\n");
+        }
+        if (busy == 0 && (stopping || taken >= max)) break;
+        if (busy == 0 && now - last_letter >= idle) {
+            /* Idle: done when the DLQ is empty; letters held elsewhere (a claim releasing them,
+             * another consumer of the DLQ) are waited for up to CTL_REDRIVE_HELD_MS more. */
+            if (now - last_letter >= idle + CTL_REDRIVE_HELD_MS || now >= last_backlog_check + 500) {
+                int64_t bl = dlq_backlog(nc, o, dlq);
+                last_backlog_check = mono_ms();
+                if (bl == 0 || now - last_letter >= idle + CTL_REDRIVE_HELD_MS) {
+                    if (bl > 0)
+                        fprintf(stderr, "fluxonctl: redrive: %" PRId64 " letter(s) still in %s did not come (another consumer holds them?)\n", bl, dlq);
+                    break;
+                }
+            }
+        }
+        if (now >= deadline + o->timeout_ms * 2) break; /* in-flight answers: bounded too */
+        /* take one letter when the rate, the window and --max allow, and no publish waits for
+         * its PubAck longer than CTL_REDRIVE_STALL_MS (a bridge that died: few letters are left
+         * uncertain) */
+        bool stalled = false;
+        for (size_t k = 0; k < window && !stalled; k++)
+            stalled = slots[k].st == SL_PUB && now - (slots[k].due - o->timeout_ms) > CTL_REDRIVE_STALL_MS;
+        if (!stopping && !stalled && taken < max && (double)now >= next_at) {
+            size_t k = 0;
+            while (k < window && slots[k].st != SL_FREE) k++;
+            natsMsg *m = NULL;
+            if (k < window && natsSubscription_NextMsg(&m, letters, 1) == NATS_OK) {
+                last_letter = now;
+                const char *rep = natsMsg_GetReply(m);
+                uint64_t seq = hdr_u64(m, "Fluxon-Seq");
+                uint8_t *st = seq ? seq_slot(&ss, seq, true) : NULL;
+                if (!rep || !*rep || !hdr_or(m, "Fluxon-Subject", NULL) || !st) {
+                    r.skipped++; /* not a dead letter of the bridge: left alone */
+                    natsMsg_Destroy(m);
+                } else if (*st) { /* the same letter again (its DLQ ack_wait expired) */
+                    r.again++;
+                    if (*st == 2) natsConnection_PublishString(nc, rep, "+ACK");
+                    natsMsg_Destroy(m);
+                } else {
+                    rslot *sl = &slots[k];
+                    sl->letter = m;
+                    sl->seq = seq;
+                    if (redrive_publish(nc, m, to, inbox, k, sl->gen) != NATS_OK) {
+                        fprintf(stderr, "fluxonctl: redrive: publish failed\n");
+                        r.failed++;
+                        slot_free(sl);
+                        stopping = true;
+                    } else {
+                        *st = 1;
+                        sl->st = SL_PUB;
+                        sl->due = now + o->timeout_ms;
+                        busy++;
+                        taken++;
+                        next_at = next_at + gap < (double)now - gap ? (double)now : next_at + gap;
+                    }
+                }
+                continue;
+            }
+        }
+        /* answers: PubAcks and DLQ acks */
+        natsMsg *a = NULL;
+        s = natsSubscription_NextMsg(&a, replies, 5);
+        now = mono_ms();
+        if (s == NATS_OK) {
+            const char *sj = natsMsg_GetSubject(a) + strlen(inbox);
+            char kind = 0;
+            size_t k = 0;
+            uint32_t gen = 0;
+            if (sscanf(sj, ".%c.%zu.%" SCNu32, &kind, &k, &gen) == 3 && k < window && slots[k].gen == gen) {
+                rslot *sl = &slots[k];
+                if (kind == 'p' && sl->st == SL_PUB) {
+                    if (puback_ok(a, to)) {
+                        ack_letter(nc, sl, inbox, k, now, o->timeout_ms);
+                    } else {
+                        r.failed++; /* not stored: the letter stays in the DLQ */
+                        *seq_slot(&ss, sl->seq, true) = 0;
+                        slot_free(sl);
+                        busy--;
+                        stopping = true;
+                    }
+                } else if (kind == 'a' && sl->st == SL_ACK) {
+                    int len = natsMsg_GetDataLength(a);
+                    if (len <= 0 && !natsMsg_IsNoResponders(a))
+                        r.moved++;
+                    else
+                        r.ack_unconfirmed++;
+                    *seq_slot(&ss, sl->seq, true) = 2; /* stored in the target either way */
+                    slot_free(sl);
+                    busy--;
+                }
+            }
+            natsMsg_Destroy(a);
+        }
+        for (size_t k = 0; k < window; k++) { /* answers that did not come */
+            rslot *sl = &slots[k];
+            if (sl->st == SL_FREE || now < sl->due) continue;
+            if (sl->st == SL_PUB) {
+                r.uncertain++; /* may be stored: the letter stays in the DLQ, a duplicate */
+                stopping = true;
+                *seq_slot(&ss, sl->seq, true) = 0; /* a copy again: published again, never lost */
+            } else {
+                r.ack_unconfirmed++;
+                *seq_slot(&ss, sl->seq, true) = 2; /* stored: a copy again is only acked */
+            }
+            slot_free(sl);
+            busy--;
+        }
+    }
+    for (size_t k = 0; k < window; k++)
+        if (slots[k].st != SL_FREE) {
+            r.uncertain++;
+            slot_free(&slots[k]);
+        }
+    nak_rest(nc, letters);
+    natsSubscription_Unsubscribe(letters);
+    natsSubscription_Destroy(letters);
+    natsSubscription_Unsubscribe(replies);
+    natsSubscription_Destroy(replies);
+    natsConnection_FlushTimeout(nc, o->timeout_ms);
+    free(ss.k);
+    free(ss.v);
+    int64_t ms = mono_ms() - t0;
+    if (o->json)
+        printf("{\"dlq\":\"%s\",\"to\":\"%s\",\"moved\":%" PRId64 ",\"failed\":%" PRId64
+               ",\"uncertain\":%" PRId64 ",\"ack_unconfirmed\":%" PRId64 ",\"skipped\":%" PRId64
+               ",\"seen_again\":%" PRId64 ",\"ms\":%" PRId64 "}\n",
+               dlq, to, r.moved, r.failed, r.uncertain, r.ack_unconfirmed, r.skipped, r.again, ms);
+    else
+        printf("redrive %s -> %s: moved %" PRId64 ", failed %" PRId64 " (left in the DLQ), uncertain %" PRId64
+               " (publish unanswered: may be in %s and still in the DLQ), ack unconfirmed %" PRId64
+               " (in %s, may still be in the DLQ), skipped %" PRId64 ", in %" PRId64 " ms\n",
+               dlq, to, r.moved, r.failed, r.uncertain, to, r.ack_unconfirmed, to, r.skipped, ms);
+    return r.failed || r.uncertain || r.ack_unconfirmed || timed_out || g_stop ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     opts o;
@@ -639,7 +1133,12 @@ int main(int argc, char **argv)
         want = 1;
     else if (strcmp(cmd, "pub") == 0)
         want = 2;
-    else if (strcmp(cmd, "help") == 0) {
+    else if (strcmp(cmd, "redrive") == 0)
+        want = 1;
+    else if (strcmp(cmd, "dlq") == 0) {
+        if (o.n_args < 2 || strcmp(o.args[1], "ls") != 0) return bad_usage("dlq: want 'dlq ls <channel>-dlq'%s", NULL);
+        want = 2;
+    } else if (strcmp(cmd, "help") == 0) {
         usage(stdout);
         return 0;
     } else
@@ -670,6 +1169,10 @@ int main(int argc, char **argv)
             rc = cmd_info(nc, &o, o.args[1]);
         else if (strcmp(cmd, "pub") == 0)
             rc = cmd_pub(nc, &o, o.args[1], o.args[2]);
+        else if (strcmp(cmd, "redrive") == 0)
+            rc = cmd_redrive(nc, &o, o.args[1]);
+        else if (strcmp(cmd, "dlq") == 0)
+            rc = cmd_dlq_ls(nc, &o, o.args[2]);
         else
             rc = cmd_sub(nc, &o, o.args[1]);
         natsConnection_Close(nc);

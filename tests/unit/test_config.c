@@ -46,6 +46,7 @@ static void assert_default_settings(const fx_chan_settings *s)
     assert_int_equal(s->release_after_ms, 5000);
     assert_int_equal(s->interest_poll_ms, 1000);
     assert_int_equal(s->full_wait_ms, 0);
+    assert_int_equal(s->nak_delay_ms, 0);
     assert_int_equal(s->duplicate_window_ms, 120000);
 }
 
@@ -250,10 +251,11 @@ static void test_duration_json_forms(void **state)
     (void)state;
     fx_config c;
     parse_ok("{\"defaults\":{\"ack_wait\":30,\"release_after\":0.25,\"interest_poll\":\"1.5\","
-             "\"backoff\":[0, 0.1, \"1h\"],\"full_wait\":\"250ms\",\"duplicate_window\":\"0s\"},"
-             CHANNELS "}",
+             "\"backoff\":[0, 0.1, \"1h\"],\"full_wait\":\"250ms\",\"duplicate_window\":\"0s\","
+             "\"nak_delay\":\"2s\"}," CHANNELS "}",
              &c);
     assert_int_equal(c.defaults.full_wait_ms, 250);
+    assert_int_equal(c.defaults.nak_delay_ms, 2000);
     assert_int_equal(c.defaults.duplicate_window_ms, 0);
     assert_int_equal(c.defaults.ack_wait_ms, 30000);
     assert_int_equal(c.defaults.release_after_ms, 250);
@@ -436,6 +438,9 @@ static void test_err_ranges_and_durations(void **state)
          "defaults.interest_poll: 10ms out of range [50ms, 1h]"},
         {"{\"defaults\":{\"full_wait\":\"2m\"}," CHANNELS "}",
          "defaults.full_wait: 2m out of range [0ms, 1m]"},
+        {"{\"defaults\":{\"nak_delay\":\"2d\"}," CHANNELS "}",
+         "defaults.nak_delay: 48h out of range [0ms, 24h]"},
+        {"{\"defaults\":{\"nak_delay\":-1}," CHANNELS "}", "defaults.nak_delay: must not be negative"},
         {"{\"defaults\":{\"release_after\":\"2w\"}," CHANNELS "}",
          "defaults.release_after: \"2w\" is not a duration"},
         {"{\"defaults\":{\"retention\":\"1s\"}," CHANNELS "}",

@@ -442,6 +442,177 @@ static void delivery_engine_lost_consumer_releases_unacked(void **state)
     env_free(v);
 }
 
+/* A plain NAK (no delay) takes backoff[delivered - 1] (the last element repeating), like the
+ * ack deadline JetStream derives from BackOff, even when nak_delay is set (the list wins); an
+ * explicit delay keeps its value; while it waits out that delay the message holds no
+ * max_ack_pending slot (fx_dlv_room counts only deliveries out with a subscriber). */
+static void delivery_engine_nak_uses_backoff(void **state)
+{
+    (void)state;
+    static const int64_t bo[] = {1000, 3000};
+    fx_dlv_cfg c = cfg_explicit();
+    c.backoff_ms = bo;
+    c.n_backoff = 2;
+    c.max_deliver = 10;
+    c.max_ack_pending = 2;
+    c.nak_delay_ms = 500;
+    env *v = env_new(c);
+    assert_int_equal(give(v, 1, 0), FX_OK);
+    fx_dlv_run(&v->d);
+    assert_int_equal(fx_dlv_room(&v->d), 1);
+    static const int64_t want[] = {1000, 3000, 3000};
+    for (size_t k = 0; k < 3; k++) {
+        assert_int_equal(ev(v, FX_DLV_NAK, 1, 0, NULL), FX_DLV_APPLIED);
+        assert_int_equal(fx_dlv_room(&v->d), 2); /* waiting out the backoff: no slot held */
+        advance(v, want[k] - 1);
+        assert_int_equal(sends_of(v, 1), k + 1); /* never early */
+        advance(v, 1);
+        assert_int_equal(sends_of(v, 1), k + 2);
+        assert_int_equal(last_sent(v, 1)->attempt, k + 2);
+        assert_int_equal(fx_dlv_room(&v->d), 1);
+    }
+    /* attempts made under an earlier consumer index the list too */
+    assert_int_equal(give(v, 2, 1), FX_OK);
+    fx_dlv_run(&v->d);
+    assert_int_equal(last_sent(v, 2)->attempt, 2);
+    assert_int_equal(ev(v, FX_DLV_NAK, 2, 0, NULL), FX_DLV_APPLIED);
+    advance(v, 2999);
+    assert_int_equal(sends_of(v, 2), 1);
+    advance(v, 1);
+    assert_int_equal(sends_of(v, 2), 2);
+    /* an explicit delay keeps its value */
+    assert_int_equal(ev(v, FX_DLV_NAK, 2, 200 * 1000000LL, NULL), FX_DLV_APPLIED);
+    advance(v, 199);
+    assert_int_equal(sends_of(v, 2), 2);
+    advance(v, 1);
+    assert_int_equal(sends_of(v, 2), 3);
+    env_free(v);
+}
+
+/* Without a backoff list a plain NAK waits nak_delay; nak_delay 0 (the default) redelivers at
+ * once, as JetStream does; an explicit delay keeps its value. */
+static void delivery_engine_nak_delay_default(void **state)
+{
+    (void)state;
+    fx_dlv_cfg c = cfg_explicit();
+    c.nak_delay_ms = 2000;
+    env *v = env_new(c);
+    assert_int_equal(give(v, 1, 0), FX_OK);
+    assert_int_equal(give(v, 2, 0), FX_OK);
+    fx_dlv_run(&v->d);
+    assert_int_equal(ev(v, FX_DLV_NAK, 1, 0, NULL), FX_DLV_APPLIED);
+    assert_int_equal(ev(v, FX_DLV_NAK, 2, 700 * 1000000LL, NULL), FX_DLV_APPLIED);
+    fx_dlv_run(&v->d);
+    assert_int_equal(sends_of(v, 1), 1); /* not at once */
+    advance(v, 699);
+    assert_int_equal(sends_of(v, 2), 1);
+    advance(v, 1);
+    assert_int_equal(sends_of(v, 2), 2);
+    advance(v, 1299);
+    assert_int_equal(sends_of(v, 1), 1);
+    advance(v, 1);
+    assert_int_equal(sends_of(v, 1), 2);
+    assert_int_equal(last_sent(v, 1)->attempt, 2);
+    env_free(v);
+    /* the default: at once */
+    v = env_new(cfg_explicit());
+    assert_int_equal(give(v, 1, 0), FX_OK);
+    fx_dlv_run(&v->d);
+    assert_int_equal(ev(v, FX_DLV_NAK, 1, 0, NULL), FX_DLV_APPLIED);
+    fx_dlv_run(&v->d);
+    assert_int_equal(sends_of(v, 1), 2);
+    env_free(v);
+}
+
+/* max_ack_pending 1: a NAKed message waiting out its delay does not hold the slot, so the next
+ * message is accepted and published; when the delay is over it waits for the slot (no more
+ * than max_ack_pending out) and goes before any newer message (fx_dlv_room says 0 meanwhile).
+ * The delayed ones are bounded too: at most max_ack_pending of them; past that a NAKed message
+ * keeps its slot (counted in nak_delay_held). */
+static void delivery_engine_nak_delayed_not_counted_in_max_ack_pending(void **state)
+{
+    (void)state;
+    fx_dlv_cfg c = cfg_explicit();
+    c.max_ack_pending = 1;
+    env *v = env_new(c);
+    assert_int_equal(give(v, 1, 0), FX_OK);
+    fx_dlv_run(&v->d);
+    assert_int_equal(fx_dlv_room(&v->d), 0);
+    assert_int_equal(ev(v, FX_DLV_NAK, 1, 5000 * 1000000LL, NULL), FX_DLV_APPLIED);
+    assert_int_equal(fx_dlv_room(&v->d), 1);
+    assert_int_equal(give(v, 2, 0), FX_OK);
+    fx_dlv_run(&v->d);
+    assert_int_equal(sends_of(v, 2), 1);
+    assert_int_equal(fx_dlv_room(&v->d), 0);
+    /* a second NAK-delayed message: past the bound of delayed ones, it keeps its slot */
+    assert_int_equal(ev(v, FX_DLV_NAK, 2, 10000 * 1000000LL, NULL), FX_DLV_APPLIED);
+    assert_int_equal(fx_dlv_room(&v->d), 0);
+    assert_int_equal(v->d.nak_delay_held, 1);
+    assert_int_equal(give(v, 3, 0), FX_EFULL);
+    /* 1 is due: 2 holds the only slot, so 1 waits (nothing new is accepted before it) */
+    advance(v, 5000);
+    assert_int_equal(sends_of(v, 1), 1);
+    assert_int_equal(fx_dlv_room(&v->d), 0);
+    advance(v, 5000); /* 2 is due (it held its slot): redelivered */
+    assert_int_equal(sends_of(v, 2), 2);
+    assert_int_equal(sends_of(v, 1), 1);
+    assert_int_equal(ev(v, FX_DLV_ACK, 2, 0, NULL), FX_DLV_APPLIED);
+    fx_dlv_flush(&v->d);
+    assert_int_equal(fx_dlv_room(&v->d), 0); /* the slot is 1's */
+    fx_dlv_run(&v->d);
+    assert_int_equal(sends_of(v, 1), 2);
+    assert_int_equal(last_sent(v, 1)->attempt, 2);
+    assert_int_equal(fx_dlv_room(&v->d), 0);
+    assert_int_equal(ev(v, FX_DLV_ACK, 1, 0, NULL), FX_DLV_APPLIED);
+    fx_dlv_flush(&v->d);
+    assert_int_equal(fx_dlv_room(&v->d), 1);
+    assert_int_equal(v->d.t.n_used, 0);
+    /* an ACK of a delivery that waits out its NAK delay still finishes it (and frees it) */
+    assert_int_equal(give(v, 4, 0), FX_OK);
+    fx_dlv_run(&v->d);
+    sent_rec s4 = *last_sent(v, 4);
+    assert_int_equal(ev(v, FX_DLV_NAK, 4, 5000 * 1000000LL, NULL), FX_DLV_APPLIED);
+    assert_int_equal(give(v, 5, 0), FX_OK);
+    assert_int_equal(fx_dlv_event(&v->d, FX_DLV_TERM, s4.cseq, s4.nonce, 0, NULL), FX_DLV_APPLIED);
+    assert_int_equal(v->f.n_dead, 1);
+    fx_dlv_dlq_done(&v->d, v->f.dead[0].idx, v->f.dead[0].gen, true);
+    fx_dlv_flush(&v->d);
+    fx_dlv_run(&v->d);
+    assert_int_equal(sends_of(v, 5), 1);
+    assert_int_equal(fx_dlv_room(&v->d), 0);
+    env_free(v);
+}
+
+/* +TERM with a reason: the dead letter is handed over with the reason readable (fx_dlv_detail),
+ * also when it is handed again after a RETRY; a reason longer than FX_DLV_DETAIL_MAX is cut. */
+static void delivery_engine_term_reason_kept(void **state)
+{
+    (void)state;
+    env *v = env_new(cfg_explicit());
+    assert_int_equal(give(v, 1, 0), FX_OK);
+    assert_int_equal(give(v, 2, 0), FX_OK);
+    fx_dlv_run(&v->d);
+    v->f.dlq_answer = FX_DLV_DLQ_RETRY;
+    const sent_rec *s1 = last_sent(v, 1);
+    assert_int_equal(fx_dlv_term(&v->d, s1->cseq, s1->nonce, "bad payload 7", NULL), FX_DLV_APPLIED);
+    assert_int_equal(v->f.n_dead, 1);
+    assert_string_equal(fx_dlv_detail(&v->d, v->f.dead[0].idx), "bad payload 7");
+    v->f.dlq_answer = FX_DLV_DLQ_QUEUED;
+    advance(v, FX_DLV_RETRY_MS);
+    assert_int_equal(v->f.n_dead, 2);
+    assert_string_equal(v->f.dead[1].reason, "term");
+    assert_string_equal(fx_dlv_detail(&v->d, v->f.dead[1].idx), "bad payload 7");
+    char longr[600];
+    memset(longr, 'x', sizeof longr - 1);
+    longr[sizeof longr - 1] = '\0';
+    const sent_rec *s2 = last_sent(v, 2);
+    assert_int_equal(fx_dlv_term(&v->d, s2->cseq, s2->nonce, longr, NULL), FX_DLV_APPLIED);
+    assert_int_equal(strlen(fx_dlv_detail(&v->d, v->f.dead[2].idx)), FX_DLV_DETAIL_MAX);
+    fx_dlv_dlq_done(&v->d, v->f.dead[1].idx, v->f.dead[1].gen, true);
+    assert_null(fx_dlv_detail(&v->d, v->f.dead[1].idx));
+    env_free(v); /* frees the reason still held */
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* run only the tests matching argv[1] */
@@ -454,6 +625,10 @@ int main(int argc, char **argv)
         cmocka_unit_test(delivery_engine_acksync_replies_ok_and_409),
         cmocka_unit_test(delivery_engine_bounded_inflight_refuses_past_max_ack_pending),
         cmocka_unit_test(delivery_engine_lost_consumer_releases_unacked),
+        cmocka_unit_test(delivery_engine_nak_uses_backoff),
+        cmocka_unit_test(delivery_engine_nak_delay_default),
+        cmocka_unit_test(delivery_engine_nak_delayed_not_counted_in_max_ack_pending),
+        cmocka_unit_test(delivery_engine_term_reason_kept),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
