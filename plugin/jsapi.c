@@ -1087,8 +1087,13 @@ static void on_request(natsConnection *nc, natsSubscription *sub, natsMsg *m, vo
         natsMsg_Destroy(m);
         return;
     }
+    /* a pull request is answered with status messages: a JSON body would be taken for a message */
+    bool pull = strstr(subj, ".CONSUMER.MSG.NEXT.") != NULL;
     if ((size_t)len > FX_JSAPI_MAX_REQ) {
-        reply_error(j, rep, T_SYSTEM, 400, 10025, "invalid JSON: request larger than 64 KiB");
+        if (pull)
+            dm_pull_status(j->d, rep, 400, "Bad Request", -1, 0);
+        else
+            reply_error(j, rep, T_SYSTEM, 400, 10025, "invalid JSON: request larger than 64 KiB");
         natsMsg_Destroy(m);
         return;
     }
@@ -1123,7 +1128,10 @@ static void on_request(natsConnection *nc, natsSubscription *sub, natsMsg *m, vo
         fx_log_ratelimited(&slot, 10000, FX_LOG_WRN,
                            "jsapi: %d requests waiting (or out of memory): answering 503",
                            FX_JSAPI_QUEUE);
-        reply_error(j, rep, T_SYSTEM, 503, 10167, "too many requests: fluxon-bridge JetStream API busy");
+        if (pull)
+            dm_pull_status(j->d, rep, 503, "Service Unavailable", -1, 0);
+        else
+            reply_error(j, rep, T_SYSTEM, 503, 10167, "too many requests: fluxon-bridge JetStream API busy");
         req_free(r);
     }
     natsMsg_Destroy(m);

@@ -2,7 +2,8 @@
 // JetStream's status messages from the bridge: no_wait on an empty consumer -> 404 No Messages;
 // a request that expires -> 408 Request Timeout with Nats-Pending-Messages / Nats-Pending-Bytes
 // (what it still wanted, also after a partial batch); idle_heartbeat -> 100 Idle Heartbeat while
-// it waits; a batch over the consumer's max_batch -> 409 Exceeded MaxRequestBatch; past
+// it waits; a body that is not a request -> 400 Bad Request; a batch over the consumer's
+// max_batch -> 409 Exceeded MaxRequestBatch; past
 // max_waiting -> 409 Exceeded MaxWaiting; a deleted consumer -> 409 Consumer Deleted to the
 // requests still waiting. The messages of a partial batch carry "$JS.ACK." replies and their acks
 // empty the backlog.
@@ -92,6 +93,10 @@ test("e2e_pull_status_messages", async (ctx) => {
     return x.num_ack_pending === 0 ? x : null;
   }, { timeout: 5000, what: "num_ack_pending 0" });
   assert.equal(ci.ack_floor.consumer_seq, 2, "ack floor after both acks");
+
+  // not a pull request: 400, as a status (a JSON error body would be taken for a message)
+  g = await pull("{not json").done;
+  assert.deepEqual(statuses(g), ["400 Bad Request"]);
 
   // over the consumer's max_batch
   g = await pull({ batch: 21, expires: 1e9 }).done;
