@@ -627,41 +627,60 @@ static void flush(cst *s)
 /* Engine op: publish entry e (its claim seq and nonce set by the engine) as attempt
  * delivered + 1. true: it went out. On the leaf path the subscriber may have left during the
  * round: no publish then (the engine retries it, uncounted). */
+static bool send_to(cst *s, const ent *e, const char *to);
+
 static bool op_send(void *ctx, uint32_t idx, const ent *e)
 {
     (void)idx;
     cst *s = ctx;
+    dm_pull *p = s->cl->pull;
+    if (!p) {
+        if (s->use_leaf && !fx_leaf_has_interest(s->d->leaf, s->cl->subject)) return false;
+        return send_to(s, e, s->cl->subject);
+    }
+    /* Pull: the head waiting request gets it. It is reserved (marked sending: the timer thread
+     * does not expire it meanwhile, and only this step moves the head), then served (it leaves
+     * when done, else goes to the back: JetStream's wait queue order) or given back. */
+    char to[FX_PULL_REPLY_MAX + 1];
+    size_t sz = e->msg.data.len + e->msg.headers.len;
+    pthread_mutex_lock(&s->cl->mu);
+    while (p->n > 0) {
+        dm_pull_req *r = dm_pull_at(p, 0);
+        if (r->max_bytes > 0 && (int64_t)sz > r->bytes) {
+            dm_pull_status(s->d, r->reply, 409, "Message Size Exceeds MaxBytes", -1, 0);
+            dm_pull_remove(p, 0);
+            continue;
+        }
+        r->sending = true;
+        memcpy(to, r->reply, sizeof to);
+        break;
+    }
+    bool have = p->n > 0;
+    pthread_mutex_unlock(&s->cl->mu);
+    if (!have) return false;
+    bool ok = send_to(s, e, to);
+    pthread_mutex_lock(&s->cl->mu);
+    dm_pull_req *r = dm_pull_at(p, 0);
+    r->sending = false;
+    if (ok) {
+        r->batch--;
+        if (r->max_bytes > 0) r->bytes -= (int64_t)sz;
+        r->delivered++;
+        if (r->hb_ms) r->next_hb_ms = fx_now_ms() + r->hb_ms;
+        if (r->batch <= 0)
+            dm_pull_remove(p, 0);
+        else
+            dm_pull_rotate(p);
+    }
+    pthread_mutex_unlock(&s->cl->mu);
+    return ok;
+}
+
+/* Publish entry e to subject `to` (the claim's subject, or a pull request's inbox). */
+static bool send_to(cst *s, const ent *e, const char *to)
+{
     fx_daemon *d = s->d;
     dm_chan *ch = s->ch;
-    dm_pull *p = s->cl->pull;
-    const char *to = s->cl->subject;
-    char pto[FX_PULL_REPLY_MAX + 1];
-    dm_pull_req saved;
-    if (p) { /* the head waiting request gets it (reserved now, given back if the publish fails) */
-        size_t sz = e->msg.data.len + e->msg.headers.len;
-        pthread_mutex_lock(&s->cl->mu);
-        while (p->n > 0) {
-            dm_pull_req *r = dm_pull_at(p, 0);
-            if (r->max_bytes > 0 && (int64_t)sz > r->bytes) {
-                dm_pull_status(d, r->reply, 409, "Message Size Exceeds MaxBytes", -1, 0);
-                dm_pull_remove(p, 0);
-                continue;
-            }
-            saved = *r;
-            r->batch--;
-            if (r->max_bytes > 0) r->bytes -= (int64_t)sz;
-            r->delivered++;
-            if (r->hb_ms) r->next_hb_ms = fx_now_ms() + r->hb_ms;
-            memcpy(pto, r->reply, sizeof pto);
-            break;
-        }
-        bool have = p->n > 0;
-        pthread_mutex_unlock(&s->cl->mu);
-        if (!have) return false;
-        to = pto;
-    } else if (s->use_leaf && !fx_leaf_has_interest(d->leaf, s->cl->subject)) {
-        return false;
-    }
     uint64_t attempt = e->delivered + 1;
 
     char reply[FX_JSACK_SUBJECT_MAX + 64];
@@ -723,22 +742,7 @@ static bool op_send(void *ctx, uint32_t idx, const ent *e)
             fx_log_ratelimited(&s->slot_pub, 5000, FX_LOG_WRN,
                                "claim %s: delivery publish (leaf) failed: %s (%s)", s->cl->subject,
                                fx_strerror(fe), fx_err_detail());
-            if (p) { /* give the reservation back: only this step moves the head */
-                pthread_mutex_lock(&s->cl->mu);
-                if (p->n > 0) *dm_pull_at(p, 0) = saved;
-                pthread_mutex_unlock(&s->cl->mu);
-            }
             return false;
-        }
-        if (p) { /* served: a done request leaves, else it goes to the back (JetStream's order) */
-            pthread_mutex_lock(&s->cl->mu);
-            if (p->n > 0) {
-                if (dm_pull_at(p, 0)->batch <= 0)
-                    dm_pull_remove(p, 0);
-                else
-                    dm_pull_rotate(p);
-            }
-            pthread_mutex_unlock(&s->cl->mu);
         }
     } else {
         const char *data = e->msg.data.len ? (const char *)e->msg.data.data : "";
@@ -1820,18 +1824,19 @@ int dm_pull_submit(fx_daemon *d, const char *chan, const char *name, const char 
         bool ok = dm_pull_parse(body, len, reply, &cl->pull->cfg, fx_now_ms(), &r, &code, desc,
                                 sizeof desc);
         bool full = ok && !dm_pull_push(cl->pull, &r);
+        int64_t max_waiting = cl->pull->cfg.max_waiting;
         pthread_mutex_unlock(&cl->mu);
-        pthread_rwlock_unlock(&d->reg);
         if (ok && !full) {
-            sched_kick(cl);
+            sched_kick(cl); /* under reg: the registry's reference keeps cl */
+            pthread_rwlock_unlock(&d->reg);
             return DM_PULL_QUEUED;
         }
+        pthread_rwlock_unlock(&d->reg);
         if (full) {
             static fx_log_slot slot;
             fx_log_ratelimited(&slot, 10000, FX_LOG_WRN,
                                "pull consumer %s of %s: max_waiting (%" PRId64
-                               ") requests wait: 409 Exceeded MaxWaiting", name, chan,
-                               cl->pull->cfg.max_waiting);
+                               ") requests wait: 409 Exceeded MaxWaiting", name, chan, max_waiting);
             dm_pull_status(d, reply, 409, "Exceeded MaxWaiting", -1, 0);
         } else {
             dm_pull_status(d, reply, code, desc, -1, 0);
@@ -1867,7 +1872,7 @@ static void pull_timers_locked(fx_daemon *d, dm_pull *p, int64_t now, int64_t *n
 {
     for (size_t i = 0; i < p->n;) {
         dm_pull_req *r = dm_pull_at(p, i);
-        if (r->expires_ms && now >= r->expires_ms) {
+        if (r->expires_ms && now >= r->expires_ms && !r->sending) {
             dm_pull_status(d, r->reply, 408, "Request Timeout", r->batch,
                            r->max_bytes > 0 ? r->bytes : 0);
             dm_pull_remove(p, i);

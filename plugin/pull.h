@@ -70,6 +70,7 @@ typedef struct dm_pull_req {
     int64_t next_hb_ms;
     int64_t delivered;  /* messages sent to it */
     bool no_wait;
+    bool sending;       /* a delivery to it is being published (the claim's step; not expired) */
 } dm_pull_req;
 
 /* The waiting requests of one pull claim (dm_claim.pull), under the claim's mutex. */
