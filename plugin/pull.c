@@ -54,6 +54,27 @@ void dm_pull_cfg_from_json(const cJSON *c, const fx_chan_settings *cs, dm_pull_c
     }
 }
 
+/* A duration as Go's %v prints it (JetStream's "Exceeded MaxRequestExpires of 1m0s"). */
+static void go_dur(int64_t ms, char *out, size_t cap)
+{
+    if (ms < 1000) {
+        snprintf(out, cap, "%" PRId64 "ms", ms);
+        return;
+    }
+    int64_t h = ms / 3600000, m = ms / 60000 % 60, sec = ms / 1000 % 60, frac = ms % 1000;
+    char fs[8] = "";
+    if (frac) {
+        snprintf(fs, sizeof fs, ".%03" PRId64, frac);
+        for (size_t k = strlen(fs); k > 1 && fs[k - 1] == '0'; k--) fs[k - 1] = '\0';
+    }
+    if (h)
+        snprintf(out, cap, "%" PRId64 "h%" PRId64 "m%" PRId64 "%ss", h, m, sec, fs);
+    else if (m)
+        snprintf(out, cap, "%" PRId64 "m%" PRId64 "%ss", m, sec, fs);
+    else
+        snprintf(out, cap, "%" PRId64 "%ss", sec, fs);
+}
+
 #define FAIL(c, ...)                                                                               \
     do {                                                                                           \
         *code = (c);                                                                               \
@@ -105,8 +126,11 @@ bool dm_pull_parse(const char *body, size_t len, const char *reply, const dm_pul
         FAIL(409, "Exceeded MaxRequestMaxBytes of %" PRId64, cfg->max_bytes);
     int64_t exp_ms = expires / NS_PER_MS, hb_ms = hb / NS_PER_MS;
     if (expires > 0 && exp_ms == 0) exp_ms = 1;
-    if (cfg->max_expires_ms > 0 && exp_ms > cfg->max_expires_ms)
-        FAIL(409, "Exceeded MaxRequestExpires of %" PRId64 "ms", cfg->max_expires_ms);
+    if (cfg->max_expires_ms > 0 && exp_ms > cfg->max_expires_ms) {
+        char ds[48];
+        go_dur(cfg->max_expires_ms, ds, sizeof ds);
+        FAIL(409, "Exceeded MaxRequestExpires of %s", ds);
+    }
     if (exp_ms > FX_PULL_MAX_DUR_MS) FAIL(409, "Exceeded MaxRequestExpires of 24h");
     if (hb > 0 && (hb_ms < FX_PULL_MIN_HB_MS || hb_ms > FX_PULL_MAX_DUR_MS))
         FAIL(400, "Bad Request - heartbeat value out of range");

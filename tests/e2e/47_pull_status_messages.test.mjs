@@ -3,7 +3,9 @@
 // a request that expires -> 408 Request Timeout with Nats-Pending-Messages / Nats-Pending-Bytes
 // (what it still wanted, also after a partial batch); idle_heartbeat -> 100 Idle Heartbeat while
 // it waits; a body that is not a request -> 400 Bad Request; a batch over the consumer's
-// max_batch -> 409 Exceeded MaxRequestBatch; past
+// max_batch / max_bytes / max_expires -> 409 Exceeded MaxRequestBatch / MaxRequestMaxBytes /
+// MaxRequestExpires; a message larger than a request's bytes left -> 409 Message Size Exceeds
+// MaxBytes (the message goes to the next request); past
 // max_waiting -> 409 Exceeded MaxWaiting; a deleted consumer -> 409 Consumer Deleted to the
 // requests still waiting. The messages of a partial batch carry "$JS.ACK." replies and their acks
 // empty the backlog.
@@ -19,10 +21,11 @@ test("e2e_pull_status_messages", async (ctx) => {
   const b = await st.bridge({ name: "s1" }).start();
   const nc = await natsConnect(ctx, st.nats.url);
   const jsm = await nc.jetstreamManager();
-  await jsm.consumers.add("orders", { durable_name: "st", ack_policy: "explicit", ack_wait: 10e9, max_waiting: 3, max_batch: 20 });
+  await jsm.consumers.add("orders", { durable_name: "st", ack_policy: "explicit", ack_wait: 10e9, max_waiting: 3, max_batch: 20,
+    max_bytes: 200000, max_expires: 60e9 });
 
   // A pull request on its own inbox; resolves with everything received once a terminal status
-  // (anything but 100) came, or after `wait` ms.
+  // (anything but 100) came or the batch is complete, or after `wait` ms.
   const pull = (body, wait = 15_000) => {
     const inbox = nc.options.inboxPrefix ? `${nc.options.inboxPrefix}.${Math.random()}` : `_INBOX.st${Date.now()}${Math.floor(Math.random() * 1e9)}`;
     const got = [];
@@ -33,6 +36,7 @@ test("e2e_pull_status_messages", async (ctx) => {
         const code = m.headers?.code || 0;
         got.push({ code, desc: m.headers?.description, pm: m.headers?.get("Nats-Pending-Messages"), pb: m.headers?.get("Nats-Pending-Bytes"), reply: m.reply, data: m.data, at: Date.now(), msg: m });
         if (code && code !== 100) break;
+        if (!code && got.filter((x) => !x.code).length === (body.batch || 1)) break; // batch complete: no status follows
       }
       clearTimeout(timer);
       sub.unsubscribe();
@@ -67,7 +71,7 @@ test("e2e_pull_status_messages", async (ctx) => {
   assert.equal(g.at(-1).pb, "100000", "bytes still wanted");
 
   // a partial batch: 2 messages, then 408 pending 3; acks on the $JS.ACK replies commit them
-  const res = await publishAll(nc, [0, 1].map((i) => makeMsg("st", i, "orders.st")));
+  let res = await publishAll(nc, [0, 1].map((i) => makeMsg("st", i, "orders.st")));
   assert.equal(res.acked.size, 2);
   await waitBacklog(nc, "orders", 2);
   g = await pull({ batch: 5, expires: 2e9 }).done;
@@ -101,6 +105,21 @@ test("e2e_pull_status_messages", async (ctx) => {
   // over the consumer's max_batch
   g = await pull({ batch: 21, expires: 1e9 }).done;
   assert.deepEqual(statuses(g), ["409 Exceeded MaxRequestBatch of 20"]);
+
+  // over the consumer's max_bytes / max_expires
+  g = await pull({ batch: 1, max_bytes: 300000, expires: 1e9 }).done;
+  assert.deepEqual(statuses(g), ["409 Exceeded MaxRequestMaxBytes of 200000"]);
+  g = await pull({ batch: 1, expires: 90e9 }).done;
+  assert.deepEqual(statuses(g), ["409 Exceeded MaxRequestExpires of 1m0s"]);
+  // a message larger than the bytes the request has left: 409, the message stays for another
+  res = await publishAll(nc, [makeMsg("st", 9, "orders.st")]);
+  assert.equal(res.acked.size, 1);
+  g = await pull({ batch: 1, max_bytes: 10, expires: 2e9 }).done;
+  assert.deepEqual(statuses(g), ["409 Message Size Exceeds MaxBytes"]);
+  g = await pull({ batch: 1, expires: 5e9 }).done;
+  assert.equal(g.filter((x) => !x.code).map((x) => parseBody(x.data).id).join(), "st-9", "then served to the next request");
+  g.filter((x) => !x.code)[0].msg.respond(new Uint8Array(0));
+  await waitBacklog(nc, "orders", 0);
 
   // max_waiting 3: a 4th waiting request is refused; deleting the consumer answers the 3
   const waiting = [0, 1, 2].map(() => pull({ batch: 1, expires: 30e9 }, 40_000));
