@@ -105,6 +105,7 @@ typedef struct cst {
     uint64_t view_gen; /* last sub-MPSC view acted on (adopt_stranded) */
     int64_t backlog;   /* stored messages of our sub-MPSC at the last view (-1: unknown) */
     bool lost; /* consumer closed under us */
+    int64_t last_ev_ms; /* last ack event handled (a pull claim's activity) */
     fx_log_slot slot_get, slot_pub, slot_open, slot_ack, slot_att;
 } cst;
 
@@ -932,6 +933,7 @@ static void op_reply(void *ctx, void *r, bool ok) { ackreply_done(((cst *)ctx)->
 static void handle_ev(cst *s, dm_ev *ev)
 {
     fx_daemon *d = s->d;
+    s->last_ev_ms = fx_now_ms();
     void *reply = ev->reply;
     ev->reply = NULL;
     if (ev->kind == EV_NORESP && s->use_leaf) { /* the leaf path never asks for one */
@@ -1222,16 +1224,21 @@ static int64_t pull_tick(cst *s)
     p->ack_floor_seq = floor;
     bool waiting = p->n > 0;
     atomic_store(&cl->present, waiting);
-    if (waiting || fx_dlv_count(&s->q, E_WAIT_ACK) > 0 || s->q.dlq_pending > 0) {
-        p->idle_since_ms = 0;
-    } else {
-        if (!p->idle_since_ms) p->idle_since_ms = now;
+    /* Idle since the last waiting request or ack. Messages awaiting their ack keep the claim
+     * (the worker may still ack them) until ack_wait after that: past it their deadline is
+     * over (a +WPI is an ack event), and a claim held only by them would keep its backlog from
+     * the other bridges. */
+    if (waiting || !p->idle_since_ms) p->idle_since_ms = now;
+    if (s->last_ev_ms > p->idle_since_ms) p->idle_since_ms = s->last_ev_ms;
+    if (!waiting) {
         int64_t due = p->idle_since_ms + s->ch->s.release_after_ms;
-        if (now >= due || atomic_load(&d->stopping)) {
+        if (ackp > 0 || s->q.dlq_pending > 0) due += p->cfg.ack_wait_ms;
+        if (s->q.dlq_pending > 0 && due <= now) due = now + 100; /* dead letters finish first */
+        if (now >= due || (atomic_load(&d->stopping) && ackp == 0)) {
             p->closed = true;
             pthread_mutex_unlock(&cl->mu);
-            FX_INF("claim %s: no pull request for %" PRId64 " ms: releasing", cl->subject,
-                   now - p->idle_since_ms);
+            FX_INF("claim %s: no pull request for %" PRId64 " ms: releasing (%" PRId64
+                   " unacked)", cl->subject, now - p->idle_since_ms, ackp);
             atomic_store(&cl->stop, STOP_RELEASE);
             return -1;
         }

@@ -3,7 +3,8 @@
  * JetStream API (jsapi.h). A pull consumer is a claim (claim.c) named after the consumer, run with
  * the consumer's stored settings (ack_wait, max_deliver, max_ack_pending, backoff); its waiting
  * pull requests are its interest: the claim is made ready while requests wait on this bridge and
- * released after the channel's release_after with no request waiting and nothing awaiting an ack.
+ * released after the channel's release_after with no request waiting and no ack (plus the
+ * consumer's ack_wait while delivered messages await their ack).
  *
  * Requests (nats-server consumer.go processNextMsgRequest): a JSON body {"batch","expires",
  * "no_wait","max_bytes","idle_heartbeat"} (durations in ns), a bare number (the batch) or an empty
@@ -80,7 +81,7 @@ typedef struct dm_pull {
     size_t head, n;
     bool closed;     /* the claim is ending: new requests go to a new claim */
     bool deleted;    /* the consumer was deleted: answer 409 Consumer Deleted */
-    int64_t idle_since_ms; /* steps only: no request waiting since (0: some wait) */
+    int64_t idle_since_ms; /* steps only: last time a request waited or an ack came */
     /* ConsumerInfo numbers of the claim's engine, refreshed by its steps: delivered and not
      * acked, of them redelivered, claim seqs issued, ack floor (claim seq) */
     int64_t num_ack_pending, num_redelivered;

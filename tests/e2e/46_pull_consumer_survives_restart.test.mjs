@@ -4,7 +4,8 @@
 // config is there (max_deliver 7 as given), and pulls through r2 get the other 25 (the 5 unacked
 // ones again, marked as their 2nd delivery), never an acked one; the backlog empties. Then r1 is
 // started again beside r2: pull requests go to either bridge (one queue group) and 20 new
-// messages are all served, each once, by both bridges' claims.
+// messages are all served, each once, by both bridges' claims. Last, messages a worker left
+// unacked on a claim that gets no more requests are released after ack_wait and served again.
 import { test } from "./lib/runner.mjs";
 import { startStack, waitFor, metricValue } from "./lib/stack.mjs";
 import { natsConnect, makeMsg, publishAll, waitBacklog, parseBody } from "./lib/client.mjs";
@@ -115,7 +116,28 @@ test("e2e_pull_consumer_survives_restart", async (ctx) => {
   assert.ok(d1 >= 1, "r1 served pulls");
   assert.ok(d2 > N - 5, "r2 served pulls");
   await waitBacklog(nc, "orders", 0, 20_000);
-  for (const b of [r1, r2]) {
+
+  // A worker that leaves with messages unacked, on a bridge that then gets no pull request: the
+  // claim is released once their ack_wait (4 s) passed without any request or ack, so another
+  // bridge's claim adopts them and serves them (here: the same one, r1 stopped).
+  const s1 = await r1.stop();
+  assert.equal(s1.code, 0);
+  res = await publishAll(nc, [0, 1, 2].map((i) => makeMsg("rs3", i, "orders.rs3")));
+  assert.equal(res.acked.size, 3);
+  const left = await pull(3, 5000);
+  assert.equal(left.length, 3, "3 delivered, never acked");
+  await waitFor(() => /claim pull orders\.rs: no pull request for \d+ ms: releasing \(3 unacked\)/.test(r2.log()),
+    { timeout: 20_000, what: "the idle pull claim released with its 3 unacked" });
+  const back = new Map();
+  const b0 = Date.now();
+  while (back.size < 3 && Date.now() - b0 < 20_000)
+    for (const x of await pull(3, 2000)) {
+      back.set(x.id, x.delivered);
+      x.m.respond(new Uint8Array(0));
+    }
+  assert.deepEqual([...back.values()], [2, 2, 2], "the 3 again, as their 2nd delivery");
+  await waitBacklog(nc, "orders", 0, 20_000);
+  for (const b of [r2]) {
     const e = await b.stop();
     assert.equal(e.code, 0, `bridge exit ${JSON.stringify(e)}`);
   }
