@@ -62,6 +62,7 @@
 #include "fx_url.h"
 #include "interest.h"
 #include "jsack.h"
+#include "pull.h"
 #include "subject.h"
 
 typedef ctab_ent ent; /* an in-flight entry (claim_table.h, owned by the delivery engine) */
@@ -109,6 +110,7 @@ typedef struct cst {
     bool fence_own;
     bool fence_adopt[FX_DM_ADOPT_MAX];
     bool lost; /* consumer closed under us */
+    int64_t last_ev_ms; /* last ack event handled (a pull claim's activity) */
     fx_log_slot slot_get, slot_pub, slot_open, slot_ack, slot_att, slot_nak_held;
 } cst;
 
@@ -636,14 +638,61 @@ static bool ent_fenced(const cst *s, const ent *e)
     return false;
 }
 
+static bool send_to(cst *s, const ent *e, const char *to);
+
 static bool op_send(void *ctx, uint32_t idx, const ent *e)
 {
     (void)idx;
     cst *s = ctx;
+    if (ent_fenced(s, e)) return false; /* retried next round, not counted */
+    dm_pull *p = s->cl->pull;
+    if (!p) {
+        if (s->use_leaf && !fx_leaf_has_interest(s->d->leaf, s->cl->subject)) return false;
+        return send_to(s, e, s->cl->subject);
+    }
+    /* Pull: the head waiting request gets it. It is reserved (marked sending: the timer thread
+     * does not expire it meanwhile, and only this step moves the head), then served (it leaves
+     * when done, else goes to the back: JetStream's wait queue order) or given back. */
+    char to[FX_PULL_REPLY_MAX + 1];
+    size_t sz = e->msg.data.len + e->msg.headers.len;
+    pthread_mutex_lock(&s->cl->mu);
+    while (p->n > 0) {
+        dm_pull_req *r = dm_pull_at(p, 0);
+        if (r->max_bytes > 0 && (int64_t)sz > r->bytes) {
+            dm_pull_status(s->d, r->reply, 409, "Message Size Exceeds MaxBytes", -1, 0);
+            dm_pull_remove(p, 0);
+            continue;
+        }
+        r->sending = true;
+        memcpy(to, r->reply, sizeof to);
+        break;
+    }
+    bool have = p->n > 0;
+    pthread_mutex_unlock(&s->cl->mu);
+    if (!have) return false;
+    bool ok = send_to(s, e, to);
+    pthread_mutex_lock(&s->cl->mu);
+    dm_pull_req *r = dm_pull_at(p, 0);
+    r->sending = false;
+    if (ok) {
+        r->batch--;
+        if (r->max_bytes > 0) r->bytes -= (int64_t)sz;
+        r->delivered++;
+        if (r->hb_ms) r->next_hb_ms = fx_now_ms() + r->hb_ms;
+        if (r->batch <= 0)
+            dm_pull_remove(p, 0);
+        else
+            dm_pull_rotate(p);
+    }
+    pthread_mutex_unlock(&s->cl->mu);
+    return ok;
+}
+
+/* Publish entry e to subject `to` (the claim's subject, or a pull request's inbox). */
+static bool send_to(cst *s, const ent *e, const char *to)
+{
     fx_daemon *d = s->d;
     dm_chan *ch = s->ch;
-    if (s->use_leaf && !fx_leaf_has_interest(d->leaf, s->cl->subject)) return false;
-    if (ent_fenced(s, e)) return false; /* retried next round, not counted */
     uint64_t attempt = e->delivered + 1;
 
     char reply[FX_JSACK_SUBJECT_MAX + 64];
@@ -688,7 +737,7 @@ static bool op_send(void *ctx, uint32_t idx, const ent *e)
              e->dv.id.msg);
 
     char origin[FX_DM_ORIGIN_LEN + 1];
-    dm_origin_tag(d, s->cl->subject, reply, origin, sizeof origin);
+    dm_origin_tag(d, to, reply, origin, sizeof origin);
 
     const char *kv[] = {FX_DM_HDR_CHANNEL, ch->name, FX_DM_HDR_SUBJECT,   orig,
                         FX_DM_HDR_SEQ,     seq,      FX_DM_HDR_DELIVERED, att,
@@ -699,7 +748,7 @@ static bool op_send(void *ctx, uint32_t idx, const ent *e)
         size_t hlen = 0;
         fx_err fe = dm_hdr_delivery(e->msg.headers, kv, N_PAIRS, &s->hbuf, &s->hcap, &hlen);
         if (!fe)
-            fe = fx_leaf_publish(d->leaf, s->cl->subject, reply, s->hbuf, hlen, e->msg.data.data,
+            fe = fx_leaf_publish(d->leaf, to, reply, s->hbuf, hlen, e->msg.data.data,
                                  e->msg.data.len);
         if (fe) {
             fx_log_ratelimited(&s->slot_pub, 5000, FX_LOG_WRN,
@@ -730,8 +779,17 @@ static bool op_send(void *ctx, uint32_t idx, const ent *e)
 /* Could a subscriber receive a delivery of this claim now? The interest poll saw one, and on the
  * leaf path (no no-responders status) the hub's interest lines still name one (a delivery the
  * server drops there is lost without a word and must not count as an attempt). */
+static size_t pull_waiting(dm_claim *cl)
+{
+    pthread_mutex_lock(&cl->mu);
+    size_t n = cl->pull->n;
+    pthread_mutex_unlock(&cl->mu);
+    return n;
+}
+
 static bool receivable(cst *s)
 {
+    if (s->cl->pull) return pull_waiting(s->cl) > 0; /* a waiting request is the interest */
     return atomic_load(&s->cl->present) &&
            (!s->use_leaf || fx_leaf_has_interest(s->d->leaf, s->cl->subject));
 }
@@ -894,6 +952,7 @@ static void op_reply(void *ctx, void *r, bool ok) { ackreply_done(((cst *)ctx)->
 static void handle_ev(cst *s, dm_ev *ev)
 {
     fx_daemon *d = s->d;
+    s->last_ev_ms = fx_now_ms();
     void *reply = ev->reply;
     ev->reply = NULL;
     char *detail = ev->detail;
@@ -1160,7 +1219,116 @@ static bool fetch_adopted(cst *s, size_t want)
  * iteration, without blocking: returns the ms until the claim wants its next turn (it is kicked
  * earlier by acks, dead-letter completions, a stop and durable attempt records), or -1 when the
  * claim is to be released. */
+/* ---- pull requests (pull.h) --------------------------------------------------------------------- */
+
+/* Answer a deleted consumer's requests, and end an idle claim: no request for release_after and
+ * nothing awaiting an ack (expiry and heartbeats: dm_pull_timers). Returns ms until the idle
+ * release is due (INT64_MAX: none), or -1: the claim ends. */
+static int64_t pull_tick(cst *s)
+{
+    dm_claim *cl = s->cl;
+    dm_pull *p = cl->pull;
+    fx_daemon *d = s->d;
+    int64_t now = fx_now_ms(), next = INT64_MAX;
+    pthread_mutex_lock(&cl->mu);
+    if (p->deleted) {
+        p->closed = true;
+        while (p->n) {
+            dm_pull_status(d, dm_pull_at(p, 0)->reply, 409, "Consumer Deleted", -1, 0);
+            dm_pull_remove(p, 0);
+        }
+        pthread_mutex_unlock(&cl->mu);
+        FX_INF("claim %s: consumer deleted: releasing", cl->subject);
+        atomic_store(&cl->stop, STOP_RELEASE);
+        return -1;
+    }
+    int64_t ackp = 0, redel = 0;
+    uint64_t floor = s->q.next_cseq;
+    for (uint32_t i = 0; i < s->q.t.n_ents; i++) {
+        const ent *e = &s->q.t.ents[i];
+        if (e->state == E_FREE || e->delivered == 0) continue;
+        ackp++;
+        if (e->delivered > 1) redel++;
+        if (e->claim_seq && e->claim_seq - 1 < floor) floor = e->claim_seq - 1;
+    }
+    p->num_ack_pending = ackp;
+    p->num_redelivered = redel;
+    p->delivered_seq = s->q.next_cseq;
+    p->ack_floor_seq = floor;
+    bool waiting = p->n > 0;
+    atomic_store(&cl->present, waiting);
+    /* Idle since the last waiting request or ack. Messages awaiting their ack keep the claim
+     * (the worker may still ack them) until ack_wait after that: past it their deadline is
+     * over (a +WPI is an ack event), and a claim held only by them would keep its backlog from
+     * the other bridges. */
+    if (waiting || !p->idle_since_ms) p->idle_since_ms = now;
+    if (s->last_ev_ms > p->idle_since_ms) p->idle_since_ms = s->last_ev_ms;
+    if (!waiting) {
+        int64_t due = p->idle_since_ms + s->ch->s.release_after_ms;
+        if (ackp > 0 || s->q.dlq_pending > 0) due += p->cfg.ack_wait_ms;
+        if (s->q.dlq_pending > 0 && due <= now) due = now + 100; /* dead letters finish first */
+        if (now >= due || (atomic_load(&d->stopping) && ackp == 0)) {
+            p->closed = true;
+            pthread_mutex_unlock(&cl->mu);
+            FX_INF("claim %s: no pull request for %" PRId64 " ms: releasing (%" PRId64
+                   " unacked)", cl->subject, now - p->idle_since_ms, ackp);
+            atomic_store(&cl->stop, STOP_RELEASE);
+            return -1;
+        }
+        if (due < next) next = due;
+    }
+    pthread_mutex_unlock(&cl->mu);
+    return next == INT64_MAX ? INT64_MAX : (next > now ? next - now : 0);
+}
+
+/* Nothing more can be delivered now: no_wait requests end (404 when they got nothing, else 408
+ * with what they still wanted, as JetStream answers). */
+static void pull_nowait(cst *s)
+{
+    if (s->q.n_send) return; /* deliveries are waiting for their attempt record */
+    dm_pull *p = s->cl->pull;
+    pthread_mutex_lock(&s->cl->mu);
+    for (size_t i = 0; i < p->n;) {
+        dm_pull_req *r = dm_pull_at(p, i);
+        if (!r->no_wait) {
+            i++;
+            continue;
+        }
+        if (r->delivered == 0)
+            dm_pull_status(s->d, r->reply, 404, "No Messages", -1, 0);
+        else
+            dm_pull_status(s->d, r->reply, 408, "Request Timeout", r->batch,
+                           r->max_bytes > 0 ? r->bytes : 0);
+        dm_pull_remove(p, i);
+    }
+    pthread_mutex_unlock(&s->cl->mu);
+}
+
+/* Messages the waiting requests still want. */
+static size_t pull_demand(dm_claim *cl)
+{
+    size_t want = 0;
+    pthread_mutex_lock(&cl->mu);
+    for (size_t i = 0; i < cl->pull->n && want < FX_DM_FETCH_MAX; i++)
+        want += (size_t)dm_pull_at(cl->pull, i)->batch;
+    pthread_mutex_unlock(&cl->mu);
+    return want;
+}
+
+static int64_t claim_turn_inner(cst *s);
+
 static int64_t claim_turn(cst *s)
+{
+    if (!s->cl->pull) return claim_turn_inner(s);
+    if (stop_requested(s)) return -1;
+    int64_t cap = pull_tick(s);
+    if (cap < 0) return -1;
+    int64_t w = claim_turn_inner(s);
+    if (w < 0) return w;
+    return w < cap ? w : cap;
+}
+
+static int64_t claim_turn_inner(cst *s)
 {
     if (stop_requested(s)) return -1;
     if (!s->cons) {
@@ -1184,13 +1352,20 @@ static int64_t claim_turn(cst *s)
     adopt_stranded(s); /* no RPC unless the view shows stranded backlog not adopted yet */
     int64_t next = fx_dlv_next_due(&s->q);
     bool can_fetch = fx_dlv_room(&s->q) > 0 && can_publish(s);
+    size_t want = fx_dlv_room(&s->q);
+    if (want > FX_DM_FETCH_MAX) want = FX_DM_FETCH_MAX;
+    if (can_fetch && s->cl->pull) { /* fetch only what the waiting requests want */
+        size_t dem = pull_demand(s->cl);
+        dem = dem > s->q.n_send ? dem - s->q.n_send : 0;
+        if (dem < want) want = dem;
+        if (!want) can_fetch = false;
+    }
     if (!can_fetch) {
+        if (s->cl->pull && s->cons) pull_nowait(s);
         int64_t cap = s->q.n_send ? 2 : 50; /* deliveries waiting for their record */
         return next < cap ? next : cap;
     }
     if (!attempts_ready(s)) return 200;
-    size_t want = fx_dlv_room(&s->q);
-    if (want > FX_DM_FETCH_MAX) want = FX_DM_FETCH_MAX;
     if (fetch_adopted(s, want)) {
         fx_dlv_run(&s->q);
         return 0;
@@ -1204,6 +1379,7 @@ static int64_t claim_turn(cst *s)
         return 0;
     }
     if (e == FX_OK || e == FX_ETIMEDOUT) {
+        if (s->cl->pull) pull_nowait(s);
         /* Nothing stored for us: new messages kick the claim (claim_notify); the turn comes back
          * anyway after 20 ms while deliveries are in flight or backlog is adopted, else after
          * FX_DM_IDLE_GET_MS (a thousand idle claims: 4,000 cheap turns/s), which also adopts
@@ -1297,6 +1473,15 @@ static bool claim_start(dm_claim *cl)
                       .n_backoff = cs->n_backoff,
                       .nak_delay_ms = cs->nak_delay_ms,
                       .none_grace_ms = FX_DM_NONE_GRACE_MS};
+    if (cl->pull) { /* the durable consumer's stored settings; deliveries over the leaf */
+        const dm_pull_cfg *pc = &cl->pull->cfg;
+        s->use_leaf = true;
+        cfg.ack_wait_ms = pc->ack_wait_ms;
+        cfg.max_deliver = pc->max_deliver;
+        cfg.max_ack_pending = pc->max_ack_pending;
+        cfg.backoff_ms = pc->backoff_ms;
+        cfg.n_backoff = pc->n_backoff;
+    }
     static const fx_dlv_ops ops = {.now_ms = op_now,
                                    .nonce = op_nonce,
                                    .can_send = op_can_send,
@@ -1319,6 +1504,16 @@ static void claim_end(dm_claim *cl, bool ran)
 {
     cst *s = cl->st;
     if (!s) return;
+    if (cl->pull) { /* no new requests; those waiting get an answer */
+        pthread_mutex_lock(&cl->mu);
+        cl->pull->closed = true;
+        while (cl->pull->n) {
+            dm_pull_status(s->d, dm_pull_at(cl->pull, 0)->reply, 409,
+                           cl->pull->deleted ? "Consumer Deleted" : "Server Shutdown", -1, 0);
+            dm_pull_remove(cl->pull, 0);
+        }
+        pthread_mutex_unlock(&cl->mu);
+    }
     if (ran) {
         claim_release(s);
         dm_view_kick(s->d, s->ch); /* its sub-MPSC may hold stranded backlog now: adopt it at once */
@@ -1546,6 +1741,8 @@ void dm_claim_unref(dm_claim *cl)
         free(cl->evs[(cl->ev_head + i) % cl->ev_cap].detail);
     }
     free(cl->evs);
+    if (cl->pull) free(cl->pull->wq);
+    free(cl->pull);
     pthread_mutex_destroy(&cl->mu);
     pthread_cond_destroy(&cl->cv);
     free(cl);
@@ -1597,19 +1794,40 @@ static void request_stop(dm_claim *cl, int mode)
     sched_kick(cl);
 }
 
-static dm_claim *claim_new(dm_chan *ch, const char *token)
+/* pcfg: a pull claim (pull.h) with these settings, first request req; NULL: a push claim. */
+static dm_claim *claim_new2(dm_chan *ch, const char *token, const dm_pull_cfg *pcfg,
+                            const dm_pull_req *req)
 {
     dm_claim *cl = calloc(1, sizeof *cl);
     if (!cl) return NULL;
     cl->ch = ch;
     snprintf(cl->token, sizeof cl->token, "%s", token);
     snprintf(cl->subject, sizeof cl->subject, "%s.%s", ch->deliver_prefix, token);
-    uint64_t cap = (uint64_t)ch->s.max_ack_pending * 2;
+    int64_t map = ch->s.max_ack_pending;
+    if (pcfg) {
+        snprintf(cl->subject, sizeof cl->subject, "pull %s.%s", ch->name, token);
+        cl->pull = calloc(1, sizeof *cl->pull);
+        if (cl->pull) {
+            cl->pull->cfg = *pcfg;
+            cl->pull->wq = calloc((size_t)pcfg->max_waiting, sizeof *cl->pull->wq);
+        }
+        if (!cl->pull || !cl->pull->wq) {
+            if (cl->pull) free(cl->pull->wq);
+            free(cl->pull);
+            free(cl);
+            return NULL;
+        }
+        dm_pull_push(cl->pull, req);
+        map = pcfg->max_ack_pending;
+    }
+    uint64_t cap = (uint64_t)map * 2;
     if (cap < FX_DM_EVQ_MIN) cap = FX_DM_EVQ_MIN;
     if (cap > FX_DM_EVQ_MAX) cap = FX_DM_EVQ_MAX;
     cl->ev_cap = (size_t)cap;
     cl->evs = malloc(cl->ev_cap * sizeof *cl->evs);
     if (!cl->evs) {
+        if (cl->pull) free(cl->pull->wq);
+        free(cl->pull);
         free(cl);
         return NULL;
     }
@@ -1625,6 +1843,130 @@ static dm_claim *claim_new(dm_chan *ch, const char *token)
         return NULL;
     }
     return cl;
+}
+
+static dm_claim *claim_new(dm_chan *ch, const char *token) { return claim_new2(ch, token, NULL, NULL); }
+
+/* ---- pull requests in (pull.h) ------------------------------------------------------------------ */
+
+int dm_pull_submit(fx_daemon *d, const char *chan, const char *name, const char *reply,
+                   const char *body, size_t len, const dm_pull_cfg *cfg)
+{
+    int code = 0;
+    char desc[160];
+    dm_pull_req r;
+    pthread_rwlock_wrlock(&d->reg);
+    dm_chan *ch = dm_find_chan_locked(d, chan);
+    if (!ch || atomic_load(&ch->draining) || atomic_load(&d->stopping)) {
+        pthread_rwlock_unlock(&d->reg);
+        return DM_PULL_NO_CHAN;
+    }
+    for (dm_claim *cl = ch->claims; cl; cl = cl->next) {
+        if (!cl->pull || strcmp(cl->token, name) != 0 || atomic_load(&cl->finished) ||
+            atomic_load(&cl->stop) != STOP_NONE)
+            continue;
+        pthread_mutex_lock(&cl->mu);
+        if (cl->pull->closed) {
+            pthread_mutex_unlock(&cl->mu);
+            continue;
+        }
+        bool ok = dm_pull_parse(body, len, reply, &cl->pull->cfg, fx_now_ms(), &r, &code, desc,
+                                sizeof desc);
+        bool full = ok && !dm_pull_push(cl->pull, &r);
+        int64_t max_waiting = cl->pull->cfg.max_waiting;
+        pthread_mutex_unlock(&cl->mu);
+        if (ok && !full) {
+            sched_kick(cl); /* under reg: the registry's reference keeps cl */
+            pthread_rwlock_unlock(&d->reg);
+            return DM_PULL_QUEUED;
+        }
+        pthread_rwlock_unlock(&d->reg);
+        if (full) {
+            static fx_log_slot slot;
+            fx_log_ratelimited(&slot, 10000, FX_LOG_WRN,
+                               "pull consumer %s of %s: max_waiting (%" PRId64
+                               ") requests wait: 409 Exceeded MaxWaiting", name, chan, max_waiting);
+            dm_pull_status(d, reply, 409, "Exceeded MaxWaiting", -1, 0);
+        } else {
+            dm_pull_status(d, reply, code, desc, -1, 0);
+        }
+        return DM_PULL_ANSWERED;
+    }
+    if (!cfg) {
+        pthread_rwlock_unlock(&d->reg);
+        return DM_PULL_NEED_CFG;
+    }
+    if (!dm_pull_parse(body, len, reply, cfg, fx_now_ms(), &r, &code, desc, sizeof desc)) {
+        pthread_rwlock_unlock(&d->reg);
+        dm_pull_status(d, reply, code, desc, -1, 0);
+        return DM_PULL_ANSWERED;
+    }
+    dm_claim *cl = claim_new2(ch, name, cfg, &r);
+    if (!cl) {
+        pthread_rwlock_unlock(&d->reg);
+        FX_ERR("pull consumer %s of %s: cannot start (out of resources)", name, chan);
+        dm_pull_status(d, reply, 503, "Service Unavailable", -1, 0);
+        return DM_PULL_ANSWERED;
+    }
+    cl->next = ch->claims;
+    ch->claims = cl;
+    pthread_rwlock_unlock(&d->reg);
+    FX_INF("claim %s: pull request waiting: claiming", cl->subject);
+    return DM_PULL_QUEUED;
+}
+
+/* Expiry (408 with what a request still wanted) and idle heartbeats of one claim's requests;
+ * the earliest next deadline into *next. Caller holds cl->mu. */
+static void pull_timers_locked(fx_daemon *d, dm_pull *p, int64_t now, int64_t *next)
+{
+    for (size_t i = 0; i < p->n;) {
+        dm_pull_req *r = dm_pull_at(p, i);
+        if (r->expires_ms && now >= r->expires_ms && !r->sending) {
+            dm_pull_status(d, r->reply, 408, "Request Timeout", r->batch,
+                           r->max_bytes > 0 ? r->bytes : 0);
+            dm_pull_remove(p, i);
+            continue;
+        }
+        if (r->hb_ms && now >= r->next_hb_ms) {
+            dm_pull_status(d, r->reply, 100, "Idle Heartbeat", -1, 0);
+            r->next_hb_ms = now + r->hb_ms;
+        }
+        if (r->expires_ms && r->expires_ms < *next) *next = r->expires_ms;
+        if (r->hb_ms && r->next_hb_ms < *next) *next = r->next_hb_ms;
+        i++;
+    }
+}
+
+int64_t dm_pull_timers(fx_daemon *d)
+{
+    int64_t now = fx_now_ms(), next = INT64_MAX;
+    pthread_rwlock_rdlock(&d->reg);
+    for (size_t c = 0; c < d->n_chans; c++)
+        for (dm_claim *cl = d->chans[c]->claims; cl; cl = cl->next) {
+            if (!cl->pull) continue;
+            pthread_mutex_lock(&cl->mu);
+            size_t before = cl->pull->n;
+            pull_timers_locked(d, cl->pull, now, &next);
+            bool gone = cl->pull->n < before;
+            pthread_mutex_unlock(&cl->mu);
+            if (gone) sched_kick(cl); /* its interest may be over */
+        }
+    pthread_rwlock_unlock(&d->reg);
+    return next;
+}
+
+void dm_pull_deleted(fx_daemon *d, const char *chan, const char *name)
+{
+    pthread_rwlock_rdlock(&d->reg);
+    dm_chan *ch = dm_find_chan_locked(d, chan);
+    for (dm_claim *cl = ch ? ch->claims : NULL; cl; cl = cl->next) {
+        if (!cl->pull || strcmp(cl->token, name) != 0) continue;
+        pthread_mutex_lock(&cl->mu);
+        cl->pull->deleted = true;
+        pthread_mutex_unlock(&cl->mu);
+        sched_kick(cl);
+    }
+    pthread_rwlock_unlock(&d->reg);
 }
 
 /* ---- ack routing (NATS callbacks: parse, look up, enqueue; never block) ------------------------- */
@@ -1819,7 +2161,8 @@ static int64_t release_due_locked(fx_daemon *d, int64_t now)
         dm_chan *ch = d->chans[c];
         if (atomic_load(&ch->draining)) continue;
         for (dm_claim *cl = ch->claims; cl; cl = cl->next) {
-            if (atomic_load(&cl->stop) != STOP_NONE || atomic_load(&cl->present)) continue;
+            if (cl->pull || atomic_load(&cl->stop) != STOP_NONE || atomic_load(&cl->present))
+                continue;
             int64_t due = cl->last_seen_ms + ch->s.release_after_ms;
             if (now >= due) {
                 FX_INF("claim %s: no interest for %" PRId64 " ms: releasing", cl->subject,
@@ -1846,7 +2189,7 @@ static int64_t apply_interest(fx_daemon *d, const fx_interest *set)
             if (!tok || !fx_subject_token_valid(tok) || strlen(tok) >= sizeof ((dm_claim *)0)->token)
                 continue;
             dm_claim *cl = ch->claims;
-            while (cl && (strcmp(cl->token, tok) != 0 || atomic_load(&cl->stop) != STOP_NONE ||
+            while (cl && (cl->pull || strcmp(cl->token, tok) != 0 || atomic_load(&cl->stop) != STOP_NONE ||
                           atomic_load(&cl->noresp)))
                 cl = cl->next;
             if (!cl) {
@@ -1863,7 +2206,7 @@ static int64_t apply_interest(fx_daemon *d, const fx_interest *set)
             atomic_store(&cl->present, true);
         }
         for (dm_claim *cl = ch->claims; cl; cl = cl->next) {
-            if (atomic_load(&cl->stop) != STOP_NONE || cl->last_seen_ms == now) continue;
+            if (cl->pull || atomic_load(&cl->stop) != STOP_NONE || cl->last_seen_ms == now) continue;
             if (atomic_exchange(&cl->present, false))
                 FX_DBG("claim %s: no subscriber seen", cl->subject);
         }

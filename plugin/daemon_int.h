@@ -244,6 +244,7 @@ struct dm_claim {
     dm_claim *sq_next, *sq_all_next;
     void *st;       /* the claim's state (cst) */
     int phase;
+    struct dm_pull *pull; /* a pull consumer (pull.h; its requests under mu); NULL: push claim */
 };
 
 /* ---- daemon ----------------------------------------------------------------------------------- */

@@ -17,6 +17,7 @@
 #include "fx_time.h"
 #include "inspect.h"
 #include "jsapi.h"
+#include "pull.h"
 #include "subject.h"
 
 #define NAMES_LIMIT 1024 /* JSApiNamesLimit */
@@ -33,7 +34,7 @@ typedef struct js_req {
 struct fx_jsapi {
     fx_daemon *d;
     char prefix[160]; /* "$JS.API" or "$JS.<domain>.API" */
-    natsSubscription *subs[8];
+    natsSubscription *subs[12];
     size_t n_subs;
     pthread_t thr;
     bool started;
@@ -42,6 +43,10 @@ struct fx_jsapi {
     js_req *head, *tail;
     size_t n;
     bool stop;
+    /* pull request timers (expiry, heartbeats: dm_pull_timers), own thread, under mu */
+    pthread_t tthr;
+    bool tstarted, tkick;
+    pthread_cond_t tcv; /* monotonic */
     atomic_uint_fast64_t total, errors;
 };
 
@@ -580,12 +585,24 @@ static bool consumer_info(fx_jsapi *j, const fx_chan_config *cc, const char *nam
 {
     /* A push claim of this name held by this bridge (claim registry). */
     bool bound = false;
+    int64_t waiting = 0; /* pull requests waiting on this bridge, and its pull claim's engine */
+    int64_t ack_pending = 0, redelivered = 0, dseq = 0, floor = 0;
     pthread_rwlock_rdlock(&j->d->reg);
     dm_chan *ch = dm_find_chan_locked(j->d, cc->name);
-    for (dm_claim *x = ch ? ch->claims : NULL; x; x = x->next)
-        if (strcmp(x->token, name) == 0 && atomic_load(&x->stop) == STOP_NONE &&
-            atomic_load(&x->holding))
+    for (dm_claim *x = ch ? ch->claims : NULL; x; x = x->next) {
+        if (strcmp(x->token, name) != 0 || atomic_load(&x->stop) != STOP_NONE) continue;
+        if (x->pull) {
+            pthread_mutex_lock(&x->mu);
+            waiting += (int64_t)x->pull->n;
+            ack_pending += x->pull->num_ack_pending;
+            redelivered += x->pull->num_redelivered;
+            dseq += (int64_t)x->pull->delivered_seq;
+            floor += (int64_t)x->pull->ack_floor_seq;
+            pthread_mutex_unlock(&x->mu);
+        } else if (atomic_load(&x->holding)) {
             bound = true;
+        }
+    }
     pthread_rwlock_unlock(&j->d->reg);
     cJSON *cfg = cJSON_Duplicate(k->config, true);
     cJSON *dl = NULL, *af = NULL;
@@ -593,11 +610,11 @@ static bool consumer_info(fx_jsapi *j, const fx_chan_config *cc, const char *nam
               cJSON_AddStringToObject(o, "name", name) && add_time(o, "created", k->created_ns) &&
               cJSON_AddItemToObject(o, "config", cfg);
     if (!ok && cfg && !cJSON_GetObjectItemCaseSensitive(o, "config")) cJSON_Delete(cfg);
-    return ok && (dl = cJSON_AddObjectToObject(o, "delivered")) && add_i64(dl, "consumer_seq", 0) &&
+    return ok && (dl = cJSON_AddObjectToObject(o, "delivered")) && add_i64(dl, "consumer_seq", dseq) &&
            add_i64(dl, "stream_seq", 0) && (af = cJSON_AddObjectToObject(o, "ack_floor")) &&
-           add_i64(af, "consumer_seq", 0) && add_i64(af, "stream_seq", 0) &&
-           add_i64(o, "num_ack_pending", 0) && add_i64(o, "num_redelivered", 0) &&
-           add_i64(o, "num_waiting", 0) && add_i64(o, "num_pending", s->backlog) &&
+           add_i64(af, "consumer_seq", floor) && add_i64(af, "stream_seq", 0) &&
+           add_i64(o, "num_ack_pending", ack_pending) && add_i64(o, "num_redelivered", redelivered) &&
+           add_i64(o, "num_waiting", waiting) && add_i64(o, "num_pending", s->backlog) &&
            (!bound || cJSON_AddTrueToObject(o, "push_bound")) && add_time(o, "ts", fx_wall_ns());
 }
 
@@ -835,11 +852,51 @@ static void do_consumer_delete(fx_jsapi *j, const fx_config *cfg, const js_req *
         return;
     }
     FX_INF("jsapi: durable consumer %s of %s deleted", name, cc->name);
+    dm_pull_deleted(j->d, cc->name, name); /* its waiting pull requests: 409 Consumer Deleted */
     cJSON *o = new_resp(T_CDELETE);
     if (o && cJSON_AddTrueToObject(o, "success"))
         reply_json(j, r->reply, o);
     else
         cJSON_Delete(o);
+}
+
+/* CONSUMER.MSG.NEXT.<s>.<name>: a pull request (pull.h). Served by the consumer's pull claim on
+ * this bridge; the first request reads the stored config and starts the claim. Answers are
+ * JetStream statuses to the request's reply subject (a consumer that does not exist: 409
+ * Consumer Deleted, as a waiting request would see it). */
+static void do_next(fx_jsapi *j, const fx_config *cfg, const js_req *r, const char *stream,
+                    const char *name)
+{
+    if (!j->d->leaf) {
+        reply_error(j, r->reply, T_SYSTEM, 400, 10003,
+                    "pull consumers need nats.leaf_url (fluxon-bridge sends pull deliveries and "
+                    "their statuses over the leaf connection)");
+        return;
+    }
+    const fx_chan_config *cc = fx_config_channel(cfg, stream);
+    if (!cc || !durable_ok(name)) {
+        dm_pull_status(j->d, r->reply, 409, "Consumer Deleted", -1, 0);
+        return;
+    }
+    int res = dm_pull_submit(j->d, cc->name, name, r->reply, r->body, r->len, NULL);
+    if (res != DM_PULL_NEED_CFG) {
+        if (res == DM_PULL_NO_CHAN) dm_pull_status(j->d, r->reply, 503, "Service Unavailable", -1, 0);
+        return;
+    }
+    js_consumer k;
+    fx_err e = consumer_get(j, cc->name, name, &k);
+    if (e) {
+        if (e == FX_ENOTFOUND)
+            dm_pull_status(j->d, r->reply, 409, "Consumer Deleted", -1, 0);
+        else
+            dm_pull_status(j->d, r->reply, 503, "Service Unavailable", -1, 0);
+        return;
+    }
+    dm_pull_cfg pc;
+    dm_pull_cfg_from_json(k.config, &cc->s, &pc);
+    cJSON_Delete(k.doc);
+    res = dm_pull_submit(j->d, cc->name, name, r->reply, r->body, r->len, &pc);
+    if (res == DM_PULL_NO_CHAN) dm_pull_status(j->d, r->reply, 503, "Service Unavailable", -1, 0);
 }
 
 /* CONSUMER.NAMES.<s> and CONSUMER.LIST.<s> (paged like the stream listings). */
@@ -947,6 +1004,8 @@ static void answer_consumer(fx_jsapi *j, const fx_config *cfg, const js_req *r, 
         memcpy(name, rest, nl);
         name[nl] = '\0';
         do_consumer_create(j, cfg, r, stream, name, dot ? dot + 1 : NULL, false);
+    } else if (two_tokens(op, "CONSUMER.MSG.NEXT", stream, sizeof stream, &rest) && !strchr(rest, '.')) {
+        do_next(j, cfg, r, stream, rest);
     } else if (two_tokens(op, "CONSUMER.INFO", stream, sizeof stream, &rest) && !strchr(rest, '.')) {
         do_consumer_info(j, cfg, r, stream, rest);
     } else if (two_tokens(op, "CONSUMER.DELETE", stream, sizeof stream, &rest) && !strchr(rest, '.')) {
@@ -1028,8 +1087,13 @@ static void on_request(natsConnection *nc, natsSubscription *sub, natsMsg *m, vo
         natsMsg_Destroy(m);
         return;
     }
+    /* a pull request is answered with status messages: a JSON body would be taken for a message */
+    bool pull = strstr(subj, ".CONSUMER.MSG.NEXT.") != NULL;
     if ((size_t)len > FX_JSAPI_MAX_REQ) {
-        reply_error(j, rep, T_SYSTEM, 400, 10025, "invalid JSON: request larger than 64 KiB");
+        if (pull)
+            dm_pull_status(j->d, rep, 400, "Bad Request", -1, 0);
+        else
+            reply_error(j, rep, T_SYSTEM, 400, 10025, "invalid JSON: request larger than 64 KiB");
         natsMsg_Destroy(m);
         return;
     }
@@ -1064,7 +1128,10 @@ static void on_request(natsConnection *nc, natsSubscription *sub, natsMsg *m, vo
         fx_log_ratelimited(&slot, 10000, FX_LOG_WRN,
                            "jsapi: %d requests waiting (or out of memory): answering 503",
                            FX_JSAPI_QUEUE);
-        reply_error(j, rep, T_SYSTEM, 503, 10167, "too many requests: fluxon-bridge JetStream API busy");
+        if (pull)
+            dm_pull_status(j->d, rep, 503, "Service Unavailable", -1, 0);
+        else
+            reply_error(j, rep, T_SYSTEM, 503, 10167, "too many requests: fluxon-bridge JetStream API busy");
         req_free(r);
     }
     natsMsg_Destroy(m);
@@ -1085,6 +1152,12 @@ static void *worker(void *arg)
         pthread_mutex_unlock(&j->mu);
         if (!r) break;
         answer(j, r);
+        if (strstr(r->subject, ".CONSUMER.MSG.NEXT.")) { /* a new deadline for the timer */
+            pthread_mutex_lock(&j->mu);
+            j->tkick = true;
+            pthread_cond_signal(&j->tcv);
+            pthread_mutex_unlock(&j->mu);
+        }
         req_free(r);
     }
     nats_ReleaseThreadMemory();
@@ -1124,6 +1197,27 @@ fx_err fx_jsapi_check(fx_daemon *d)
                      subj);
 }
 
+/* Pull request timers: expire waiting requests and send their heartbeats on time. */
+static void *timer_main(void *arg)
+{
+    fx_jsapi *j = arg;
+    pthread_mutex_lock(&j->mu);
+    while (!j->stop) {
+        j->tkick = false;
+        pthread_mutex_unlock(&j->mu);
+        int64_t next = dm_pull_timers(j->d);
+        int64_t cap = fx_now_ms() + 1000;
+        if (next > cap) next = cap;
+        pthread_mutex_lock(&j->mu);
+        if (j->stop || j->tkick) continue;
+        struct timespec ts = fx_deadline_ts(next);
+        pthread_cond_timedwait(&j->tcv, &j->mu, &ts);
+    }
+    pthread_mutex_unlock(&j->mu);
+    nats_ReleaseThreadMemory();
+    return NULL;
+}
+
 fx_err fx_jsapi_start(fx_daemon *d, fx_jsapi **out)
 {
     *out = NULL;
@@ -1135,19 +1229,23 @@ fx_err fx_jsapi_start(fx_daemon *d, fx_jsapi **out)
     snprintf(j->prefix, sizeof j->prefix, "%s", prefix);
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
+    fx_cond_init_monotonic(&j->tcv);
     atomic_init(&j->total, 0);
     atomic_init(&j->errors, 0);
     *out = j; /* the daemon frees it even when this fails half-way */
     if (pthread_create(&j->thr, NULL, worker, j) != 0)
         return fx_seterr(FX_ENOMEM, "jsapi: cannot start the worker thread");
     j->started = true;
+    if (pthread_create(&j->tthr, NULL, timer_main, j) != 0)
+        return fx_seterr(FX_ENOMEM, "jsapi: cannot start the timer thread");
+    j->tstarted = true;
     /* The API subjects answered, not "<prefix>.>": a request the bridge does not serve (pull
      * requests, direct gets, ...) finds no responder, as on a server without JetStream, instead
      * of an answer a client would take for a message. */
     static const char *const suffixes[] = {"INFO", "STREAM.>", "CONSUMER.CREATE.>",
                                            "CONSUMER.DURABLE.CREATE.>", "CONSUMER.INFO.>",
                                            "CONSUMER.NAMES.>", "CONSUMER.LIST.>",
-                                           "CONSUMER.DELETE.>"};
+                                           "CONSUMER.DELETE.>", "CONSUMER.MSG.NEXT.>"};
     for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
         char subj[200];
         snprintf(subj, sizeof subj, "%s.%s", prefix, suffixes[i]);
@@ -1172,10 +1270,15 @@ void fx_jsapi_stop(fx_jsapi *j)
     pthread_mutex_lock(&j->mu);
     j->stop = true;
     pthread_cond_broadcast(&j->cv);
+    pthread_cond_broadcast(&j->tcv);
     pthread_mutex_unlock(&j->mu);
     if (j->started) {
         pthread_join(j->thr, NULL);
         j->started = false;
+    }
+    if (j->tstarted) {
+        pthread_join(j->tthr, NULL);
+        j->tstarted = false;
     }
 }
 
@@ -1192,5 +1295,6 @@ void fx_jsapi_free(fx_jsapi *j)
     }
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
+    pthread_cond_destroy(&j->tcv);
     free(j);
 }

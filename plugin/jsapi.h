@@ -6,8 +6,10 @@
  * <channel>.<name>[.<filter>], <P>.CONSUMER.DURABLE.CREATE.<channel>.<name>, CONSUMER.INFO/DELETE.
  * <channel>.<name>, CONSUMER.NAMES/LIST.<channel>; <P> is "$JS.API" or, with jetstream.domain
  * D, "$JS.D.API". Every bridge of the account answers in the queue group "fluxon-jsapi" (one
- * answer per request). Other API subjects (pull requests CONSUMER.MSG.NEXT, direct gets, ...)
- * are not subscribed: they find no responder, as without JetStream. Replies are JetStream's JSON (server/jetstream_api.go):
+ * answer per request). Pull requests <P>.CONSUMER.MSG.NEXT.<channel>.<name> go to the pull
+ * front-end (pull.h: the consumer's claim on the bridge that got them; answers are messages and
+ * status messages, not JSON). Other API subjects (direct gets, ...) are not subscribed: they find
+ * no responder, as without JetStream. Replies are JetStream's JSON (server/jetstream_api.go):
  *   INFO          io.nats.jetstream.api.v1.account_info_response: streams = configured channels
  *                 (dead-letter channels included), consumers = consumer members of them, limits
  *                 unlimited (-1), "domain" when set, api totals of this bridge.
@@ -35,17 +37,21 @@
  * ack_policy the channel's, filter none (or the channel's only subject), no push
  * (deliver_subject: 10012, subscribe to <deliver_prefix>.<name> instead); ack_wait, max_deliver,
  * max_ack_pending default to the channel's; max_waiting to 512 (<= FX_JSAPI_MAX_WAITING); backoff
- * at most 16 entries; durations at most 24h. The settings are stored, not yet applied: a push
- * claim of the same name runs with the channel's settings (pull consumers are the next step).
+ * at most 16 entries; durations at most 24h. Pull requests run with these settings (read when
+ * the pull claim starts); a push claim of the same name runs with the channel's settings.
+ * DELETE also answers the waiting pull requests of this bridge (409 Consumer Deleted).
  * ConsumerInfo: num_pending = the channel's backlog (stored, not yet acknowledged), push_bound
- * when this bridge holds a claim of that name; num_ack_pending, num_redelivered, delivered and
- * ack_floor are 0 (the claim's engine counts are not exposed to this module yet).
+ * when this bridge holds a push claim of that name; num_waiting, num_ack_pending,
+ * num_redelivered, delivered.consumer_seq and ack_floor.consumer_seq from this bridge's pull
+ * claim of that name (as its steps last saw them; 0 without one; stream seqs 0).
  * Every reply carries the header "Fluxon-Bridge: <bridge name>" so a bridge can tell another
  * bridge's answer from a real JetStream's (fx_jsapi_check).
  *
  * Bounds: at most FX_JSAPI_QUEUE requests wait for the worker (full: 503 JetStream-shaped, counted
  * in the log every 10 s); each answer reads etcd with the MQ client's op deadline.
- * Threads: NATS callbacks only copy and enqueue; one worker thread reads etcd and replies.
+ * Threads: NATS callbacks only copy and enqueue; one worker thread reads etcd and replies (and
+ * hands pull requests to their claims); one timer thread expires waiting pull requests and
+ * sends their heartbeats on time (dm_pull_timers).
  * Ownership: fx_jsapi belongs to the daemon (daemon.c), created by fx_jsapi_start and released by
  * fx_jsapi_free after fx_jsapi_stop.
  */
