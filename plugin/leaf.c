@@ -512,6 +512,20 @@ nomem:
                        "nats leaf: out of memory recording a queue subscription");
 }
 
+/* Unlink subject entry n (at *link in its hash chain; on the wildcard list too) and free it: it
+ * holds neither queues nor plain interest any more. Under qlk (write). */
+static void lq_unlink(fx_leaf *l, lq_subj **link, lq_subj *n)
+{
+    *link = n->hnext;
+    if (n->wild)
+        for (lq_subj **wp = &l->qwild; *wp; wp = &(*wp)->wnext)
+            if (*wp == n) {
+                *wp = n->wnext;
+                break;
+            }
+    free(n);
+}
+
 /* LS- <subject> <queue> */
 static void lq_del(fx_leaf *l, const char *subject, const char *queue)
 {
@@ -527,16 +541,7 @@ static void lq_del(fx_leaf *l, const char *subject, const char *queue)
             l->qn--;
             break;
         }
-        if (!n->queues && !n->plain) {
-            *link = n->hnext;
-            if (n->wild)
-                for (lq_subj **wp = &l->qwild; *wp; wp = &(*wp)->wnext)
-                    if (*wp == n) {
-                        *wp = n->wnext;
-                        break;
-                    }
-            free(n);
-        }
+        if (!n->queues && !n->plain) lq_unlink(l, link, n);
     }
     pthread_rwlock_unlock(&l->qlk);
 }
@@ -606,16 +611,7 @@ static void lp_plain(fx_leaf *l, const char *subject, bool plus)
         if (n && n->plain) {
             n->plain = false;
             l->pn--;
-            if (!n->queues) {
-                *link = n->hnext;
-                if (n->wild)
-                    for (lq_subj **wp = &l->qwild; *wp; wp = &(*wp)->wnext)
-                        if (*wp == n) {
-                            *wp = n->wnext;
-                            break;
-                        }
-                free(n);
-            }
+            if (!n->queues) lq_unlink(l, link, n);
         }
         pthread_rwlock_unlock(&l->qlk);
         return;
