@@ -4,9 +4,8 @@
  * operations (op_*: publish over NATS or the leaf, commit through the MQ, queue a dead letter,
  * answer an AckSync). Contract: daemon_int.h.
  *
- * Claims have no thread of their own (issue 13): FX_DM_CLAIM_WORKERS scheduler threads run each
- * claim in steps (claim_step: one turn of what used to be the claim thread's loop, never waiting
- * except in the bounded release), one worker at a time per claim, so "the claim thread" below
+ * Claims have no thread of their own: FX_DM_CLAIM_WORKERS scheduler threads run each claim in
+ * steps (claim_step: one turn of the claim's loop, never waiting except in the bounded release), one worker at a time per claim, so "the claim thread" below
  * means "the claim's steps". A step is due when the claim is kicked (ack or no-responders event,
  * dead-letter completion, stop, durable attempt record) or when the wait it asked for is over.
  *
@@ -254,8 +253,8 @@ static bool attempts_ready(cst *s)
     return true;
 }
 
-/* The record writers: a pool of FX_DM_ATTW_THREADS threads per process (issue 13: it was one
- * thread per claim and per adopted sub-MPSC) puts the newest record built by each claim (rounds
+/* The record writers: a pool of FX_DM_ATTW_THREADS threads per process (not one per claim and
+ * per adopted sub-MPSC: 1,000 claims stay on a bounded number of threads) puts the newest record built by each claim (rounds
  * built while a put is in flight are coalesced into the next put). Each attw is one record stream
  * (a sub-MPSC's record); it is queued in the pool while it has a record to put and no pool thread
  * is putting it, so one stream's puts stay in order and a slow stream holds one pool thread at
@@ -1576,8 +1575,8 @@ static int64_t claim_step(dm_claim *cl)
 }
 
 /* ---- the claim scheduler ------------------------------------------------------------------------
- * FX_DM_CLAIM_WORKERS threads per process run the steps of every claim (issue 13: it was one
- * thread per claim). A claim is in the run queue when it was kicked or its wait is over; one
+ * FX_DM_CLAIM_WORKERS threads per process run the steps of every claim (not one thread per
+ * claim). A claim is in the run queue when it was kicked or its wait is over; one
  * worker runs it at a time (a kick during its step queues it again right after). Waiting claims
  * are found by a scan of the claim list when the earliest known wait is over. The workers start
  * with the first claim and stay until dm_claims_sched_stop() (daemon free, no claim left).
