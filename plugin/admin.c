@@ -111,7 +111,8 @@ static char *info_json(const char *name, const fx_chan_config *cc, const fx_mq_c
             ok = cJSON_AddNullToObject(root, "capacity") && cJSON_AddNullToObject(root, "ttl_seconds");
     }
     if (ok && cc) /* where its deliveries go (fluxonctl dlq ls / redrive consume a DLQ there) */
-        ok = cJSON_AddStringToObject(root, "deliver_prefix", cc->deliver_prefix) &&
+        ok = (!cc->deliver_prefix ||
+              cJSON_AddStringToObject(root, "deliver_prefix", cc->deliver_prefix)) &&
              cJSON_AddBoolToObject(root, "dlq", cc->is_dlq);
     cJSON *subs = ok ? cJSON_AddArrayToObject(root, "sub_mpscs") : NULL;
     ok = subs != NULL;
