@@ -471,6 +471,9 @@ static int start_stack(const char *bridge_bin)
             " \"etcd\":{\"endpoints\":[\"%s\"],\"prefix\":\"/fxbench\"},\n"
             " \"kv\":%s,\n"
             " \"http\":{\"listen\":\"127.0.0.1:%d\"},\n"
+            /* the server runs JetStream (rows 2, 3): the bridge's JetStream API goes under a
+             * domain, as beside any real JetStream */
+            " \"jetstream\":{\"domain\":\"fxbench\"},\n"
             " \"channels\":[{\"name\":\"bench\",\"subjects\":[\"bench.>\"],\"deliver_prefix\":\"q.bench\","
             "\"ttl_seconds\":30,\"capacity\":1000000,\"ack\":\"explicit\",\"max_ack_pending\":5000,"
             "\"interest_poll\":\"200ms\",\"release_after\":\"%dms\"}]}\n",
