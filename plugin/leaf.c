@@ -450,6 +450,28 @@ static lq_subj *lq_find(fx_leaf *l, const char *subject, lq_subj ***link)
     return *pp;
 }
 
+/* A new subject entry (no queues, no plain interest) linked at *link (the end of its hash chain,
+ * from lq_find) and, for a wildcard subject, on the wildcard list. NULL: out of memory. Under
+ * qlk (write). */
+static lq_subj *lq_link(fx_leaf *l, lq_subj **link, const char *subject)
+{
+    size_t sl = strlen(subject) + 1;
+    lq_subj *n = malloc(sizeof *n + sl);
+    if (!n) return NULL;
+    memcpy(n->subject, subject, sl);
+    n->queues = NULL;
+    n->wild = lq_is_wild(subject);
+    n->plain = false;
+    n->hnext = NULL;
+    n->wnext = NULL;
+    *link = n;
+    if (n->wild) {
+        n->wnext = l->qwild;
+        l->qwild = n;
+    }
+    return n;
+}
+
 /* LS+ <subject> <queue> <weight>: the weight is the current one (replace). */
 static void lq_set(fx_leaf *l, const char *subject, const char *queue, int64_t weight)
 {
@@ -481,24 +503,9 @@ static void lq_set(fx_leaf *l, const char *subject, const char *queue, int64_t w
     if (!q) goto nomem;
     memcpy(q->name, queue, ql);
     q->weight = weight;
-    if (!n) {
-        size_t sl = strlen(subject) + 1;
-        n = malloc(sizeof *n + sl);
-        if (!n) {
-            free(q);
-            goto nomem;
-        }
-        memcpy(n->subject, subject, sl);
-        n->queues = NULL;
-        n->wild = lq_is_wild(subject);
-        n->plain = false;
-        n->hnext = NULL;
-        *link = n;
-        n->wnext = NULL;
-        if (n->wild) {
-            n->wnext = l->qwild;
-            l->qwild = n;
-        }
+    if (!n && !(n = lq_link(l, link, subject))) {
+        free(q);
+        goto nomem;
     }
     q->next = n->queues;
     n->queues = q;
@@ -632,20 +639,7 @@ static void lp_plain(fx_leaf *l, const char *subject, bool plus)
     if (!n) {
         if (!l->qb && !(l->qb = calloc(LQ_BUCKETS, sizeof *l->qb))) goto nomem;
         lq_find(l, subject, &link);
-        size_t sl = strlen(subject) + 1;
-        n = malloc(sizeof *n + sl);
-        if (!n) goto nomem;
-        memcpy(n->subject, subject, sl);
-        n->queues = NULL;
-        n->wild = lq_is_wild(subject);
-        n->plain = false;
-        n->hnext = NULL;
-        n->wnext = NULL;
-        *link = n;
-        if (n->wild) {
-            n->wnext = l->qwild;
-            l->qwild = n;
-        }
+        if (!(n = lq_link(l, link, subject))) goto nomem;
     }
     n->plain = true;
     l->pn++;
