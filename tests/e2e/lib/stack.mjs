@@ -300,6 +300,29 @@ async function portRetryPause(attempt) {
   await delay(300 * (attempt + 1));
 }
 
+/** Start server srv by srv.startOnce(), retrying twice when its port was taken between the pick
+ * and the bind: pick() picks ports when it has none and says whether they are fresh (a first
+ * start: forget() drops them and the retry picks new ones); a restart keeps its ports (its
+ * clients know them) and retries after a pause. */
+async function startRetryingPorts(srv, what, pick, forget) {
+  for (let attempt = 0; ; attempt++) {
+    const fresh = await pick();
+    try {
+      await srv.startOnce();
+      return srv;
+    } catch (e) {
+      if (srv.proc) await srv.proc.stop({ timeout: 2000 });
+      if (attempt < 2 && srv.proc && addrInUse(srv.proc.runLog())) {
+        srv.ctx.log(`${srv.name}: ${what} in use, retrying on ${fresh ? `fresh ${what}` : `the same ${what}`} (${attempt + 1})`);
+        if (fresh) forget();
+        else await portRetryPause(attempt);
+        continue;
+      }
+      throw e;
+    }
+  }
+}
+
 /** Run a command to completion (bounded); returns {code, signal, stdout, stderr}. */
 export function runCmd(cmd, args, { timeout = 20_000, input } = {}) {
   return new Promise((resolve) => {
@@ -479,28 +502,13 @@ export class NatsServer {
     return `nats://127.0.0.1:${this.leafPort}`;
   }
   async start() {
-    for (let attempt = 0; ; attempt++) {
-      let fresh = false;
-      if (!this.port) {
-        fresh = !this.opts.cluster; // a cluster member's route port is known to the others
-        this.port = await freePort();
-        this.monitorPort = await freePort();
-        this.leafPort = await freePort();
-      }
-      try {
-        await this.startOnce();
-        return this;
-      } catch (e) {
-        if (this.proc) await this.proc.stop({ timeout: 2000 });
-        if (attempt < 2 && this.proc && addrInUse(this.proc.runLog())) {
-          this.ctx.log(`${this.name}: port in use, retrying on ${fresh ? "fresh ports" : "the same ports"} (${attempt + 1})`);
-          if (fresh) this.port = null;
-          else await portRetryPause(attempt);
-          continue;
-        }
-        throw e;
-      }
-    }
+    return startRetryingPorts(this, "ports", async () => {
+      if (this.port) return false;
+      this.port = await freePort();
+      this.monitorPort = await freePort();
+      this.leafPort = await freePort();
+      return !this.opts.cluster; // a cluster member's route port is known to the others
+    }, () => { this.port = null; });
   }
   async startOnce() {
     const conf = path.join(this.ctx.dir, `${this.name}.conf`);
@@ -612,23 +620,11 @@ export class Redis {
   }
   /** Start (again: same port and dir, so it reloads its AOF) and wait for PONG. */
   async start() {
-    for (let attempt = 0; ; attempt++) {
-      const fresh = !this.port;
-      if (fresh) this.port = await freePort();
-      try {
-        await this.startOnce();
-        return this;
-      } catch (e) {
-        if (this.proc) await this.proc.stop({ timeout: 2000 });
-        if (attempt < 2 && this.proc && addrInUse(this.proc.runLog())) {
-          this.ctx.log(`${this.name}: port in use, retrying on ${fresh ? "a fresh port" : "the same port"} (${attempt + 1})`);
-          if (fresh) this.port = null;
-          else await portRetryPause(attempt);
-          continue;
-        }
-        throw e;
-      }
-    }
+    return startRetryingPorts(this, "port", async () => {
+      if (this.port) return false;
+      this.port = await freePort();
+      return true;
+    }, () => { this.port = null; });
   }
   async startOnce() {
     fs.mkdirSync(this.dir, { recursive: true });
