@@ -41,13 +41,8 @@ for tool in node npm etcd nats-server redis-server redis-cli setpriv; do
 done
 
 # The npm `nats` client of the e2e suite (npm ci only when missing or the lock changed).
+bash "$ROOT/tests/e2e/npm-deps.sh"
 cd "$ROOT/tests/e2e"
-stamp=node_modules/.fluxon-lock.sha256
-want=$(sha256sum package-lock.json | cut -d' ' -f1)
-if [ ! -d node_modules/nats ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  npm ci --no-audit --no-fund >&2
-  echo "$want" >"$stamp"
-fi
 
 # Under tests/run.sh (FXT_TMPDIR given), node replaces this shell: the runner's signals reach it.
 [ -n "${FXT_TMPDIR:-}" ] && exec node "$HERE/chaos.mjs"

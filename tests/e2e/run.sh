@@ -22,13 +22,8 @@ for tool in node npm etcd nats-server; do
 done
 
 # npm ci only when node_modules is missing or the lock changed since the last install.
+bash "$HERE/npm-deps.sh"
 cd "$HERE"
-stamp=node_modules/.fluxon-lock.sha256
-want=$(sha256sum package-lock.json | cut -d' ' -f1)
-if [ ! -d node_modules/nats ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  npm ci --no-audit --no-fund >&2
-  echo "$want" >"$stamp"
-fi
 
 # (e2e_thousand_claims runs in every pass; under a sanitizer with 200 names instead of 1,000: see
 # the test.)
