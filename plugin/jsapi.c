@@ -445,6 +445,48 @@ static const char *opt_str(const cJSON *o, const char *k)
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
+/* Does subject pattern f match every subject that pattern s matches? Token by token: ">" in f
+ * covers the rest of s (at least one token); "*" in f covers one token of s but not ">"; a literal
+ * covers only the same literal. */
+static bool subject_covers(const char *f, const char *s)
+{
+    for (;;) {
+        size_t fl = strcspn(f, "."), sl = strcspn(s, ".");
+        if (fl == 1 && f[0] == '>') return sl > 0;
+        if (sl == 1 && s[0] == '>') return false;
+        if (!(fl == 1 && f[0] == '*') && (fl != sl || memcmp(f, s, fl) != 0)) return false;
+        f += fl;
+        s += sl;
+        if (!*f || !*s) return !*f && !*s;
+        f++;
+        s++;
+    }
+}
+
+/* A consumer's filter_subject / filter_subjects: none, or filters that together cover each
+ * subject of the channel (equal to them, or wider), which means every message of the channel (the
+ * consumer is stored without them). A narrower filter is not: false. */
+static bool filters_cover(const fx_chan_config *cc, const cJSON *in)
+{
+    const cJSON *fs = cJSON_GetObjectItemCaseSensitive(in, "filter_subject");
+    const cJSON *fss = cJSON_GetObjectItemCaseSensitive(in, "filter_subjects");
+    if (fs && !cJSON_IsNull(fs) && !cJSON_IsString(fs)) return false;
+    if (fss && !cJSON_IsNull(fss) && !cJSON_IsArray(fss)) return false;
+    bool has_fs = cJSON_IsString(fs) && fs->valuestring[0];
+    int n_fss = cJSON_IsArray(fss) ? cJSON_GetArraySize(fss) : 0;
+    if (!has_fs && n_fss == 0) return true;
+    if (has_fs && !fx_subject_valid(fs->valuestring, true)) return false;
+    for (const cJSON *it = n_fss ? fss->child : NULL; it; it = it->next)
+        if (!cJSON_IsString(it) || !fx_subject_valid(it->valuestring, true)) return false;
+    for (size_t i = 0; i < cc->n_subjects; i++) {
+        bool covered = has_fs && subject_covers(fs->valuestring, cc->subjects[i]);
+        for (const cJSON *it = n_fss ? fss->child : NULL; !covered && it; it = it->next)
+            covered = subject_covers(it->valuestring, cc->subjects[i]);
+        if (!covered) return false;
+    }
+    return true;
+}
+
 /* The consumer config as stored and shown: JetStream's ConsumerConfig with the channel's defaults
  * filled in. NULL with *why set (and *err_code) when the request asks for what the bridge does
  * not do. */
@@ -470,12 +512,9 @@ static cJSON *normalize_config(const fx_chan_config *cc, const char *name, const
         REFUSE("ack_policy %s: channel %s acks are %s (its configuration)", ap, cc->name, chan_ack);
     const char *rp = opt_str(in, "replay_policy");
     if (rp && *rp && strcmp(rp, "instant") != 0) REFUSE("replay_policy %s is not supported", rp);
-    const char *fs = opt_str(in, "filter_subject");
-    const cJSON *fss = cJSON_GetObjectItemCaseSensitive(in, "filter_subjects");
-    bool fs_ok = !fs || !*fs || (cc->n_subjects == 1 && strcmp(fs, cc->subjects[0]) == 0);
-    if (!fs_ok || (fss && cJSON_GetArraySize(fss) > 0))
-        REFUSE("filtered consumers are not supported: a consumer gets every message of channel %s",
-               cc->name);
+    if (!filters_cover(cc, in))
+        REFUSE("filtered consumers are not supported: a consumer gets every message of channel %s "
+               "(a filter must cover each of its subjects)", cc->name);
     const cJSON *ho = cJSON_GetObjectItemCaseSensitive(in, "headers_only");
     if (cJSON_IsTrue(ho)) REFUSE("headers_only consumers are not supported");
     const char *desc = opt_str(in, "description");
