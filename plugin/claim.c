@@ -746,8 +746,16 @@ static bool send_to(cst *s, const ent *e, const char *to)
     if (s->use_leaf) { /* the header block is written directly: no natsMsg, no allocation */
         size_t hlen = 0;
         fx_err fe = dm_hdr_delivery(e->msg.headers, kv, N_PAIRS, &s->hbuf, &s->hcap, &hlen);
+        /* pull.h: a pull delivery carries "<$JS.ACK reply>@<published subject>"; the hub shows
+         * the message on its published subject, as JetStream's pull deliveries */
+        char wire[sizeof reply + FX_SUBJECT_MAX + 2];
+        const char *rp = reply;
+        if (s->cl->pull && s->explicit_ack && orig[0]) {
+            snprintf(wire, sizeof wire, "%s@%s", reply, orig);
+            rp = wire;
+        }
         if (!fe)
-            fe = fx_leaf_publish(d->leaf, to, reply, s->hbuf, hlen, e->msg.data.data,
+            fe = fx_leaf_publish(d->leaf, to, rp, s->hbuf, hlen, e->msg.data.data,
                                  e->msg.data.len);
         if (fe) {
             fx_log_ratelimited(&s->slot_pub, 5000, FX_LOG_WRN,
