@@ -657,6 +657,10 @@ static bool op_send(void *ctx, uint32_t idx, const ent *e)
     pthread_mutex_lock(&s->cl->mu);
     while (p->n > 0) {
         dm_pull_req *r = dm_pull_at(p, 0);
+        if (dm_pull_abandoned(s->d, r, fx_now_ms())) { /* its client is gone: no answer */
+            dm_pull_remove(p, 0);
+            continue;
+        }
         if (r->max_bytes > 0 && (int64_t)sz > r->bytes) {
             dm_pull_status(s->d, r->reply, 409, "Message Size Exceeds MaxBytes", -1, 0);
             dm_pull_remove(p, 0);
@@ -1928,6 +1932,10 @@ static void pull_timers_locked(fx_daemon *d, dm_pull *p, int64_t now, int64_t *n
 {
     for (size_t i = 0; i < p->n;) {
         dm_pull_req *r = dm_pull_at(p, i);
+        if (!r->sending && dm_pull_abandoned(d, r, now)) { /* its client is gone: no answer */
+            dm_pull_remove(p, i);
+            continue;
+        }
         if (r->expires_ms && now >= r->expires_ms && !r->sending) {
             dm_pull_status(d, r->reply, 408, "Request Timeout", r->batch,
                            r->max_bytes > 0 ? r->bytes : 0);

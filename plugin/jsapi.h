@@ -40,7 +40,9 @@
  * max_ack_pending default to the channel's; max_waiting to 512 (<= FX_JSAPI_MAX_WAITING); backoff
  * at most 16 entries; durations at most 24h. Pull requests run with these settings (read when
  * the pull claim starts); a push claim of the same name runs with the channel's settings.
- * DELETE also answers the waiting pull requests of this bridge (409 Consumer Deleted).
+ * DELETE first lets the acks this bridge received before it reach the claims (at most
+ * FX_JSAPI_ACK_SETTLE_MS), then answers the waiting pull requests of this bridge (409 Consumer
+ * Deleted) and releases the consumer's claim (which applies those acks first).
  * ConsumerInfo: num_pending = the channel's backlog (stored, not yet acknowledged), push_bound
  * when this bridge holds a push claim of that name; num_waiting, num_ack_pending,
  * num_redelivered, delivered.consumer_seq and ack_floor.consumer_seq from this bridge's pull
@@ -70,6 +72,7 @@
 #define FX_JSAPI_MAX_CONSUMERS 256  /* durable consumers per channel (more: 10026) */
 #define FX_JSAPI_MAX_WAITING 4096   /* a consumer's max_waiting */
 #define FX_JSAPI_ETCD_MS 5000       /* deadline of each consumer read/write in etcd */
+#define FX_JSAPI_ACK_SETTLE_MS 1000 /* DELETE: wait for acks received before it to be routed */
 
 struct fx_daemon;
 typedef struct fx_jsapi fx_jsapi;

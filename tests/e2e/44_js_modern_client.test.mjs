@@ -7,7 +7,10 @@
 //   next(), fetch({max_messages, expires}), consume(); m.ack() and m.nak(5000): every message
 //   handled and acked once, the failed one again after >= 5 s with deliveryCount 2; SIGTERM stops
 //   consume() and the worker exits 0.
-// - npm nats 2.29: the same consumer through nc.jetstream().consumers.get(...).consume().
+// - npm nats 2.29: the same consumer through nc.jetstream().consumers.get(...).consume(), started
+//   after the first worker stopped: the pull request that worker left waiting is dropped with it
+//   (its inbox has no subscriber), so each new message reaches the new worker at once, on its
+//   first attempt (not after ack_wait in a dead inbox).
 import fs from "node:fs";
 import path from "node:path";
 import { spawn } from "node:child_process";
@@ -125,6 +128,8 @@ test("e2e_js_modern_client", async (ctx) => {
   await waitBacklog(nc, "orders", 0, 20_000);
   assert.equal((await w2.stop()).code, 0, `worker exit on SIGTERM: ${w2.err.slice(-2000)}`);
   assert.equal(w2.handled.length, M, "each once");
+  // the first worker's last pull request died with it: none of these went to its inbox
+  assert.ok(w2.handled.every((h) => h.dc === 1), `each on its first attempt: ${w2.handled.map((h) => h.dc)}`);
 
   ctx.log("nats 2.29 worker stopped");
   const ms = await b.metrics();
