@@ -1492,6 +1492,7 @@ static bool claim_start(dm_claim *cl)
         cfg.max_ack_pending = pc->max_ack_pending;
         cfg.backoff_ms = pc->backoff_ms;
         cfg.n_backoff = pc->n_backoff;
+        cfg.nak_delay_ms = pc->nak_delay_ms;
     }
     static const fx_dlv_ops ops = {.now_ms = op_now,
                                    .nonce = op_nonce,

@@ -522,7 +522,7 @@ static cJSON *normalize_config(const fx_chan_config *cc, const char *name, const
 
     int64_t ack_wait = cc->s.ack_wait_ms * NS_PER_MS, max_deliver = cc->s.max_deliver,
             max_ack_pending = cc->s.max_ack_pending, max_waiting = 512, inactive = 0,
-            max_batch = 0, max_expires = 0, max_bytes = 0;
+            max_batch = 0, max_expires = 0, max_bytes = 0, nak_delay = -1;
     *err_code = 10025; /* bad values: invalid JSON */
     if (!opt_int(in, "ack_wait", 0, MAX_DUR_NS, &ack_wait) ||
         !opt_int(in, "max_deliver", -1, 1000000, &max_deliver) ||
@@ -531,7 +531,8 @@ static cJSON *normalize_config(const fx_chan_config *cc, const char *name, const
         !opt_int(in, "inactive_threshold", 0, MAX_DUR_NS, &inactive) ||
         !opt_int(in, "max_batch", 0, 1000000, &max_batch) ||
         !opt_int(in, "max_expires", 0, MAX_DUR_NS, &max_expires) ||
-        !opt_int(in, "max_bytes", 0, INT64_C(1) << 40, &max_bytes))
+        !opt_int(in, "max_bytes", 0, INT64_C(1) << 40, &max_bytes) ||
+        !opt_int(in, "nak_delay", 0, MAX_DUR_NS, &nak_delay))
         REFUSE("invalid JSON: a duration or limit is not an integer in range (durations in ns, at "
                "most 24h; max_waiting at most %d)", FX_JSAPI_MAX_WAITING);
     if (ack_wait == 0) ack_wait = cc->s.ack_wait_ms * NS_PER_MS;
@@ -577,7 +578,8 @@ static cJSON *normalize_config(const fx_chan_config *cc, const char *name, const
          (!inactive || add_i64(c, "inactive_threshold", inactive)) &&
          (!max_batch || add_i64(c, "max_batch", max_batch)) &&
          (!max_expires || add_i64(c, "max_expires", max_expires)) &&
-         (!max_bytes || add_i64(c, "max_bytes", max_bytes)) && add_i64(c, "num_replicas", 0);
+         (!max_bytes || add_i64(c, "max_bytes", max_bytes)) &&
+         (nak_delay < 0 || add_i64(c, "nak_delay", nak_delay)) && add_i64(c, "num_replicas", 0);
     const cJSON *md = cJSON_GetObjectItemCaseSensitive(in, "metadata");
     if (ok && cJSON_IsObject(md) && md->child) {
         cJSON *m2 = cJSON_AddObjectToObject(c, "metadata");

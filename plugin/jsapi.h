@@ -38,7 +38,9 @@
  * subject of the channel, equal or wider, is accepted and dropped; a narrower one: 10012), no push
  * (deliver_subject: 10012, subscribe to <deliver_prefix>.<name> instead); ack_wait, max_deliver,
  * max_ack_pending default to the channel's; max_waiting to 512 (<= FX_JSAPI_MAX_WAITING); backoff
- * at most 16 entries; durations at most 24h. Pull requests run with these settings (read when
+ * at most 16 entries; durations at most 24h. "nak_delay" (ns; a bridge setting JetStream does not
+ * have) is the delay of a plain NAK when there is no backoff list; a consumer with "nak_delay" and
+ * no "backoff" has no backoff list, one with neither uses the channel's backoff and nak_delay. Pull requests run with these settings (read when
  * the pull claim starts); a push claim of the same name runs with the channel's settings.
  * DELETE first lets the acks this bridge received before it reach the claims (at most
  * FX_JSAPI_ACK_SETTLE_MS), then answers the waiting pull requests of this bridge (409 Consumer

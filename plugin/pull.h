@@ -1,7 +1,7 @@
 /* pull.h -- the pull front-end of the delivery engine (DESIGN 5.1): JetStream pull requests
  * ($JS.API.CONSUMER.MSG.NEXT.<channel>.<consumer>) for a durable consumer created through the
  * JetStream API (jsapi.h). A pull consumer is a claim (claim.c) named after the consumer, run with
- * the consumer's stored settings (ack_wait, max_deliver, max_ack_pending, backoff); its waiting
+ * the consumer's stored settings (ack_wait, max_deliver, max_ack_pending, backoff, nak_delay); its waiting
  * pull requests are its interest: the claim is made ready while requests wait on this bridge and
  * released after the channel's release_after with no request waiting and no ack (plus the
  * consumer's ack_wait while delivered messages await their ack).
@@ -60,6 +60,7 @@ typedef struct dm_pull_cfg {
     int64_t ack_wait_ms, max_deliver, max_ack_pending;
     int64_t backoff_ms[FX_CFG_MAX_BACKOFF];
     size_t n_backoff;
+    int64_t nak_delay_ms; /* a plain NAK's delay when there is no backoff list */
     int64_t max_waiting;
     int64_t max_batch, max_bytes, max_expires_ms; /* 0: no limit of the consumer */
 } dm_pull_cfg;
@@ -93,7 +94,8 @@ typedef struct dm_pull {
     uint64_t delivered_seq, ack_floor_seq;
 } dm_pull;
 
-/* The consumer's settings from its stored config (the channel's fill what is missing). */
+/* The consumer's settings from its stored config (the channel's fill what is missing: backoff
+ * when the config has neither "backoff" nor "nak_delay", nak_delay when it has no "nak_delay"). */
 void dm_pull_cfg_from_json(const struct cJSON *config, const fx_chan_settings *cs, dm_pull_cfg *out);
 /* Parse a pull request body (len bytes, not necessarily NUL-terminated) against cfg. true: *out
  * filled (reply copied, deadlines from now_ms). false: *code and desc (a JetStream status, e.g.
