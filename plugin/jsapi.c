@@ -868,22 +868,6 @@ static void do_consumer_info(fx_jsapi *j, const fx_config *cfg, const js_req *r,
     fx_mq_channel_info_free(&s);
 }
 
-/* Acks a worker sent before a request it sent later (a consumer delete right after the last
- * acks: nats bench) reach this connection first, but each subscription has its own delivery
- * thread: let the ack subscriptions hand what they hold to the claims (they apply it before
- * they are released). Bounded: FX_JSAPI_ACK_SETTLE_MS, polled every millisecond. */
-static void acks_received(fx_daemon *d)
-{
-    natsSubscription *subs[] = {d->js_ack_sub, d->ack_sub};
-    int64_t deadline = fx_now_ms() + FX_JSAPI_ACK_SETTLE_MS;
-    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
-        int n = 0;
-        while (subs[i] && natsSubscription_GetPending(subs[i], &n, NULL) == NATS_OK && n > 0 &&
-               fx_ms_left(deadline) > 0)
-            nats_Sleep(1);
-    }
-}
-
 static void do_consumer_delete(fx_jsapi *j, const fx_config *cfg, const js_req *r,
                                const char *stream, const char *name)
 {
@@ -909,7 +893,6 @@ static void do_consumer_delete(fx_jsapi *j, const fx_config *cfg, const js_req *
         return;
     }
     FX_INF("jsapi: durable consumer %s of %s deleted", name, cc->name);
-    acks_received(j->d);
     dm_pull_deleted(j->d, cc->name, name); /* its waiting pull requests: 409 Consumer Deleted */
     cJSON *o = new_resp(T_CDELETE);
     if (o && cJSON_AddTrueToObject(o, "success"))

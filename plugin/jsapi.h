@@ -42,9 +42,7 @@
  * have) is the delay of a plain NAK when there is no backoff list; a consumer with "nak_delay" and
  * no "backoff" has no backoff list, one with neither uses the channel's backoff and nak_delay. Pull requests run with these settings (read when
  * the pull claim starts); a push claim of the same name runs with the channel's settings.
- * DELETE first lets the acks this bridge received before it reach the claims (at most
- * FX_JSAPI_ACK_SETTLE_MS), then answers the waiting pull requests of this bridge (409 Consumer
- * Deleted) and releases the consumer's claim (which applies those acks first).
+ * DELETE also answers the waiting pull requests of this bridge (409 Consumer Deleted).
  * ConsumerInfo: num_pending = the channel's backlog (stored, not yet acknowledged), push_bound
  * when this bridge holds a push claim of that name; num_waiting, num_ack_pending,
  * num_redelivered, delivered.consumer_seq and ack_floor.consumer_seq from this bridge's pull
@@ -74,7 +72,6 @@
 #define FX_JSAPI_MAX_CONSUMERS 256  /* durable consumers per channel (more: 10026) */
 #define FX_JSAPI_MAX_WAITING 4096   /* a consumer's max_waiting */
 #define FX_JSAPI_ETCD_MS 5000       /* deadline of each consumer read/write in etcd */
-#define FX_JSAPI_ACK_SETTLE_MS 1000 /* DELETE: wait for acks received before it to be routed */
 
 struct fx_daemon;
 typedef struct fx_jsapi fx_jsapi;
