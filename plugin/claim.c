@@ -657,7 +657,7 @@ static bool op_send(void *ctx, uint32_t idx, const ent *e)
     pthread_mutex_lock(&s->cl->mu);
     while (p->n > 0) {
         dm_pull_req *r = dm_pull_at(p, 0);
-        if (dm_pull_abandoned(s->d, r, fx_now_ms())) { /* its client is gone: no answer */
+        if (dm_pull_abandoned(s->d, r)) { /* its client is gone: no answer */
             dm_pull_remove(p, 0);
             continue;
         }
@@ -1933,7 +1933,7 @@ static void pull_timers_locked(fx_daemon *d, dm_pull *p, int64_t now, int64_t *n
 {
     for (size_t i = 0; i < p->n;) {
         dm_pull_req *r = dm_pull_at(p, i);
-        if (!r->sending && dm_pull_abandoned(d, r, now)) { /* its client is gone: no answer */
+        if (!r->sending && dm_pull_abandoned(d, r)) { /* its client is gone: no answer */
             dm_pull_remove(p, i);
             continue;
         }

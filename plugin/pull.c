@@ -145,7 +145,6 @@ bool dm_pull_parse(const char *body, size_t len, const char *reply, const dm_pul
     out->expires_ms = exp_ms > 0 ? now_ms + exp_ms : 0;
     out->hb_ms = hb_ms;
     out->next_hb_ms = hb_ms > 0 ? now_ms + hb_ms : 0;
-    out->arrived_ms = now_ms;
     return true;
 }
 #undef FAIL
@@ -201,12 +200,12 @@ void dm_pull_rotate(dm_pull *p)
     p->wq[(p->head + p->n - 1) % cap] = tmp;
 }
 
-bool dm_pull_abandoned(fx_daemon *d, dm_pull_req *r, int64_t now_ms)
+bool dm_pull_abandoned(fx_daemon *d, dm_pull_req *r)
 {
     if (!d->leaf || !fx_leaf_connected(d->leaf)) return false;
     if (fx_leaf_has_interest(d->leaf, r->reply)) {
         r->had_interest = true;
         return false;
     }
-    return r->had_interest || now_ms - r->arrived_ms >= FX_PULL_INTEREST_GRACE_MS;
+    return r->had_interest;
 }

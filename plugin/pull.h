@@ -49,7 +49,6 @@
 #define FX_PULL_MAX_BATCH 1000000
 #define FX_PULL_REPLY_MAX 512
 #define FX_PULL_MIN_HB_MS 100
-#define FX_PULL_INTEREST_GRACE_MS 2000 /* a request's reply must show a subscriber by then */
 #define FX_PULL_MAX_DUR_MS (24LL * 3600 * 1000)
 
 struct fx_daemon;
@@ -74,7 +73,6 @@ typedef struct dm_pull_req {
     int64_t hb_ms;      /* idle heartbeat interval, 0: none */
     int64_t next_hb_ms;
     int64_t delivered;  /* messages sent to it */
-    int64_t arrived_ms; /* monotonic, when it was parsed */
     bool no_wait;
     bool sending;       /* a delivery to it is being published (the claim's step; not expired) */
     bool had_interest;  /* the hub has shown a subscriber for its reply (dm_pull_abandoned) */
@@ -110,10 +108,11 @@ bool dm_pull_status(struct fx_daemon *d, const char *reply, int code, const char
 /* Is the client of request r gone? JetStream drops a waiting request whose reply subject has no
  * subscriber left (a worker that stopped or died); so does the bridge, from the hub's interest
  * on the leaf connection (fx_leaf_has_interest): true when the reply had a subscriber and has
- * none now, or never showed one within FX_PULL_INTEREST_GRACE_MS of the request (the hub's
- * LS+ and the request travel on different connections). false while the leaf is down. Caller
- * holds the claim's mutex (r->had_interest is updated). */
-bool dm_pull_abandoned(struct fx_daemon *d, dm_pull_req *r, int64_t now_ms);
+ * none now. A reply that never showed one (its LS+ not here yet: it travels on the leaf
+ * connection, the request on the client connection; or a reply the hub does not announce)
+ * keeps its request until it expires. false while the leaf is down. Caller holds the claim's
+ * mutex (r->had_interest is updated). */
+bool dm_pull_abandoned(struct fx_daemon *d, dm_pull_req *r);
 
 /* Ring operations (caller holds the claim's mutex). */
 bool dm_pull_push(dm_pull *p, const dm_pull_req *r); /* false: max_waiting requests wait */
