@@ -657,6 +657,10 @@ static bool op_send(void *ctx, uint32_t idx, const ent *e)
     pthread_mutex_lock(&s->cl->mu);
     while (p->n > 0) {
         dm_pull_req *r = dm_pull_at(p, 0);
+        if (dm_pull_abandoned(s->d, r)) { /* its client is gone: no answer */
+            dm_pull_remove(p, 0);
+            continue;
+        }
         if (r->max_bytes > 0 && (int64_t)sz > r->bytes) {
             dm_pull_status(s->d, r->reply, 409, "Message Size Exceeds MaxBytes", -1, 0);
             dm_pull_remove(p, 0);
@@ -746,8 +750,16 @@ static bool send_to(cst *s, const ent *e, const char *to)
     if (s->use_leaf) { /* the header block is written directly: no natsMsg, no allocation */
         size_t hlen = 0;
         fx_err fe = dm_hdr_delivery(e->msg.headers, kv, N_PAIRS, &s->hbuf, &s->hcap, &hlen);
+        /* pull.h: a pull delivery carries "<$JS.ACK reply>@<published subject>"; the hub shows
+         * the message on its published subject, as JetStream's pull deliveries */
+        char wire[sizeof reply + FX_SUBJECT_MAX + 2];
+        const char *rp = reply;
+        if (s->cl->pull && s->explicit_ack && orig[0]) {
+            snprintf(wire, sizeof wire, "%s@%s", reply, orig);
+            rp = wire;
+        }
         if (!fe)
-            fe = fx_leaf_publish(d->leaf, to, reply, s->hbuf, hlen, e->msg.data.data,
+            fe = fx_leaf_publish(d->leaf, to, rp, s->hbuf, hlen, e->msg.data.data,
                                  e->msg.data.len);
         if (fe) {
             fx_log_ratelimited(&s->slot_pub, 5000, FX_LOG_WRN,
@@ -1480,6 +1492,7 @@ static bool claim_start(dm_claim *cl)
         cfg.max_ack_pending = pc->max_ack_pending;
         cfg.backoff_ms = pc->backoff_ms;
         cfg.n_backoff = pc->n_backoff;
+        cfg.nak_delay_ms = pc->nak_delay_ms;
     }
     static const fx_dlv_ops ops = {.now_ms = op_now,
                                    .nonce = op_nonce,
@@ -1920,6 +1933,10 @@ static void pull_timers_locked(fx_daemon *d, dm_pull *p, int64_t now, int64_t *n
 {
     for (size_t i = 0; i < p->n;) {
         dm_pull_req *r = dm_pull_at(p, i);
+        if (!r->sending && dm_pull_abandoned(d, r)) { /* its client is gone: no answer */
+            dm_pull_remove(p, i);
+            continue;
+        }
         if (r->expires_ms && now >= r->expires_ms && !r->sending) {
             dm_pull_status(d, r->reply, 408, "Request Timeout", r->batch,
                            r->max_bytes > 0 ? r->bytes : 0);
