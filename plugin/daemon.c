@@ -14,6 +14,7 @@
 #include "admin.h"
 #include "jsapi.h"
 #include "daemon_int.h"
+#include "delayq.h"
 #include "fx_url.h"
 #include "fx_time.h"
 #include "inspect.h"
@@ -1081,6 +1082,7 @@ static void drain(fx_daemon *d)
     for (size_t i = 0; i < n; i++) dm_chan_drain_capture_begin(chans[i]);
     int64_t cap_deadline = fx_now_ms() + 5000; /* one budget for every capture subscription */
     for (size_t i = 0; i < n; i++) dm_chan_drain_capture_wait(chans[i], cap_deadline);
+    dm_delayq_stop(d); /* delayed publishes answered; the mover queues nothing more */
     for (size_t i = 0; i < d->n_admin_subs; i++) natsSubscription_Unsubscribe(d->admin_subs[i]);
     fx_jsapi_unsubscribe(d->jsapi);
     /* 3. claims: every channel in parallel (acks still routed while they linger) */
@@ -1215,6 +1217,7 @@ fx_err fx_daemon_start(fx_daemon *d)
         if ((e = fx_http_start(d->cfg->http.listen, health_cb, d, d->metrics, &d->http)))
             return e;
     }
+    if ((e = dm_delayq_start(d))) return e; /* before capture: delayed publishes go there */
     for (size_t i = 0; i < d->cfg->n_channels; i++)
         if ((e = chan_add(d, &d->cfg->channels[i]))) return e;
 
@@ -1286,6 +1289,7 @@ void fx_daemon_free(fx_daemon *d)
      * yet frees it from its completion callback, before nats_CloseAndWait returns). */
     for (size_t i = 0; i < d->n_chans; i++) dm_chan_unref(d->chans[i]);
     free(d->chans);
+    dm_delayq_free(d);
     if (d->ack_sub) natsSubscription_Destroy(d->ack_sub);
     if (d->js_ack_sub) natsSubscription_Destroy(d->js_ack_sub);
     if (d->nr_sub) natsSubscription_Destroy(d->nr_sub);

@@ -267,6 +267,7 @@ struct fx_daemon {
     natsSubscription *admin_subs[4];
     size_t n_admin_subs;
     struct fx_jsapi *jsapi; /* JetStream API subset (jsapi.h); NULL when off */
+    struct dm_delayq *dq;   /* delayed messages (delayq.h): set by start, read by capture */
     atomic_int_fast64_t max_payload;
 
     fx_mq_client *mq;
