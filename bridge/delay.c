@@ -507,3 +507,10 @@ void fx_delay_unlock(fx_delay *dl, const char *chan, int timeout_ms)
     fx_etcd_txn(dl->c->etcd, &tx, NULL, tmo(dl, timeout_ms));
     fx__mq_op_leave(dl->c);
 }
+
+void fx_delay_release_lease(fx_delay *dl)
+{
+    if (!dl) return;
+    fx_lease_release(dl->lease);
+    dl->lease = NULL;
+}

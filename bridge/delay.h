@@ -113,5 +113,8 @@ fx_err fx_delay_purge(fx_delay *dl, const char *chan, int timeout_ms);
 fx_err fx_delay_lock(fx_delay *dl, const char *chan, bool *held, int timeout_ms);
 /* Give the lock of chan up (delete it if this process holds it). Best effort. */
 void fx_delay_unlock(fx_delay *dl, const char *chan, int timeout_ms);
+/* Release the lock lease's handle (no revoke: the locks expire with it); a later fx_delay_lock
+ * grants a new one. Must run before the client closes (its LeaseManager goes with it). */
+void fx_delay_release_lease(fx_delay *dl);
 
 #endif

@@ -579,6 +579,7 @@ static void *mover_main(void *arg)
     /* Hand the locks over at once (another bridge moves without waiting for the lease). */
     for (size_t i = 0; i < q->n_chans; i++)
         if (q->chans[i]->held) fx_delay_unlock(q->dl, q->chans[i]->name, 1000);
+    fx_delay_release_lease(q->dl); /* before the MQ client closes (drain) */
     return NULL;
 }
 
