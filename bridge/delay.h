@@ -39,7 +39,7 @@
 
 #include "fluxon_mq.h"
 
-#define FX_DELAY_TXN_OPS 64   /* puts or deletes per etcd txn */
+#define FX_DELAY_TXN_OPS 128  /* puts or deletes per etcd txn (etcd allows 128 ops by default) */
 #define FX_DELAY_SCAN_MAX 1024 /* keys one scan reads at most */
 #define FX_DELAY_DUE_DIGITS 13 /* ms since the epoch up to year 2286 */
 #define FX_DELAY_ID_HEX 16

@@ -10,7 +10,8 @@
  * store it in the delay index (bridge/delay.h: batched txns, the channel's metadata lease) and
  * PubAck it ({"stream":..,"seq":0,"fluxon_due_ms":N}) only once the txn is committed. A channel
  * whose backlog plus waiting delayed messages reach its capacity refuses delayed publishes with
- * JetStream's 503 10077 (the count is refreshed every FX_DQ_COUNT_MS, so the bound is checked
+ * JetStream's 503 10077 (the count is refreshed every FX_DQ_COUNT_MS, or 20 times as long as the
+ * last count took when etcd is slow to count a large index, so the bound is checked
  * against a figure at most that old).
  *
  * Mover: one thread per bridge. Every FX_DQ_POLL_MS (FX_DQ_IDLE_POLL_MS for a channel with
@@ -46,7 +47,7 @@
 #define FX_DQ_HDR_DELAY "Fluxon-Delay"
 #define FX_DQ_WQ_MSGS 65536          /* delayed publishes waiting to be stored, per bridge ... */
 #define FX_DQ_WQ_BYTES (64u << 20)   /* ... and their bytes; full -> 503 */
-#define FX_DQ_WRITERS 4              /* threads storing them (one txn each at a time) */
+#define FX_DQ_WRITERS 6              /* threads storing them (one txn each at a time) */
 #define FX_DQ_TXN_BYTES (512u << 10) /* record bytes per txn (etcd's request limit is 1.5 MiB) */
 #define FX_DQ_POLL_MS 200            /* due-key scan of a channel with delayed messages */
 #define FX_DQ_IDLE_POLL_MS 1000      /* ... and of one without */
