@@ -445,6 +445,8 @@ static int cmd_info(natsConnection *nc, const opts *o, const char *chan)
     printf("MPMC id:    %s%s\n", b, strcmp(b, "-") == 0 ? " (not created yet)" : "");
     jnum(cJSON_GetObjectItemCaseSensitive(root, "backlog"), b, sizeof b);
     printf("Backlog:    %s\n", b);
+    jnum(cJSON_GetObjectItemCaseSensitive(root, "delayed"), b, sizeof b);
+    printf("Delayed:    %s (Nats-Schedule / Fluxon-Delay, waiting for their time)\n", b);
     jnum(cJSON_GetObjectItemCaseSensitive(root, "capacity"), b, sizeof b);
     printf("Capacity:   %s per sub-MPSC\n", b);
     jnum(cJSON_GetObjectItemCaseSensitive(root, "ttl_seconds"), b, sizeof b);

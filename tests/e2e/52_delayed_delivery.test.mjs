@@ -5,7 +5,7 @@
 // fluxon_delayed_messages counts them while they wait and drops to 0.
 import { test } from "./lib/runner.mjs";
 import { startStack, waitFor, SLOW } from "./lib/stack.mjs";
-import { natsConnect, makeMsg, Consumer, publishAll, waitBacklog } from "./lib/client.mjs";
+import { natsConnect, makeMsg, Consumer, publishAll, waitBacklog, channelInfo } from "./lib/client.mjs";
 import { assert, assertNoConsumerErrors, assertNoDuplicates } from "./lib/check.mjs";
 
 // The bridge's wall clock and the test's Date.now truncate to whole ms (one machine).
@@ -80,7 +80,12 @@ test("e2e_delayed_delivery", async (ctx) => {
   ctx.log(`undelayed: slowest arrival ${lateNow} ms after its PubAck`);
   assert.ok(lateNow <= 1000 * SLOW, `undelayed messages flow at once (slowest ${lateNow} ms after its PubAck)`);
   const mid = delayedMetric(await bridge.metricsText(), "orders");
-  ctx.log(`fluxon_delayed_messages right after publishing: ${mid}`);
+  // fluxonctl info's source ($FLUXON.API.CHANNEL.INFO: a count of the index) and stream info
+  const info = await channelInfo(nc, "orders");
+  const si = await (await nc.jetstreamManager()).streams.info("orders");
+  ctx.log(`right after publishing: fluxon_delayed_messages ${mid}, channel info delayed ${info.delayed}, stream info state.fluxon_delayed ${si.state.fluxon_delayed}`);
+  assert.ok(info.delayed > 0 && info.delayed <= N, `channel info counts the waiting ones (${info.delayed})`);
+  assert.ok(si.state.fluxon_delayed > 0, `stream info shows them (${si.state.fluxon_delayed})`);
 
   await c.waitUnique(2 * N, 30_000 * SLOW);
   let early = 0, late = 0, worstEarly = 0, worstLate = 0;
@@ -112,6 +117,7 @@ test("e2e_delayed_delivery", async (ctx) => {
   // the gauge counted them while they waited and is back to 0
   assert.ok(mid !== null && mid > 0, `fluxon_delayed_messages counted waiting messages (${mid})`);
   await waitFor(async () => delayedMetric(await bridge.metricsText(), "orders") === 0, { timeout: 5000 * SLOW, what: "fluxon_delayed_messages 0" });
+  assert.equal((await channelInfo(nc, "orders")).delayed, 0, "channel info: none waiting");
   const ex = await bridge.stop();
   assert.equal(ex.code, 0, `bridge exit ${JSON.stringify(ex)}`);
   bridge.assertLogClean();
