@@ -46,7 +46,7 @@ test("e2e_delayed_scale", async (ctx) => {
     assert.equal(r.code, 0, `flood exit ${r.code}: ${r.stdout} ${r.stderr}`);
     return JSON.parse(r.stdout.trim().split("\n").pop());
   };
-  await flood(WARM); // warm-up: the write path's buffers at full load
+  const warm = await flood(WARM); // warm-up: the write path's buffers at full load
   const base = rssMiB(pid);
   const db0 = Number((await status()).dbSize);
   let peak = base;
@@ -55,11 +55,13 @@ test("e2e_delayed_scale", async (ctx) => {
   const t0 = Date.now();
   const f = await flood(N - WARM);
   const pubMs = Date.now() - t0;
-  ctx.log(`published ${N - WARM} delayed messages in ${(pubMs / 1000).toFixed(1)} s: ${Math.round(f.rate)} msg/s (nats.go, 4096 in flight), failed ${f.failed}`);
+  ctx.log(`published ${N - WARM} delayed messages in ${(pubMs / 1000).toFixed(1)} s: ${Math.round(f.rate)} msg/s (nats.go, 4096 in flight), retried one at a time ${f.retried} (errors ${JSON.stringify(f.errors)})`);
   assert.equal(f.acked, N - WARM);
 
   // the gauge shows them all (count_only refresh), and the mover has scanned meanwhile
-  await waitFor(async () => delayedMetric(await bridge.metricsText(), "orders") === N, { timeout: 20_000 * SLOW, what: `fluxon_delayed_messages ${N}` });
+  // a publish retried after a lost PubAck may be stored twice: at least N, at most N + retried
+  const retried = f.retried + warm.retried;
+  await waitFor(async () => { const v = delayedMetric(await bridge.metricsText(), "orders"); return v >= N && v <= N + retried; }, { timeout: 20_000 * SLOW, what: `fluxon_delayed_messages ${N}` });
   const b64 = (s) => Buffer.from(s).toString("base64");
   const prefix = `${st.prefix}/delay/orders/`;
   const end = Buffer.from(prefix);
@@ -67,14 +69,14 @@ test("e2e_delayed_scale", async (ctx) => {
   const tc = performance.now();
   const cnt = Number((await etcdPost(st.etcd, "/v3/kv/range", { key: b64(prefix), range_end: end.toString("base64"), count_only: true })).count);
   const countMs = performance.now() - tc;
-  assert.equal(cnt, N, "delay index keys");
+  assert.ok(cnt >= N && cnt <= N + retried, `delay index keys ${cnt} (N ${N}, retried ${retried})`);
   // a few more mover rounds and counts over the full index (observation window)
   await new Promise((r) => setTimeout(r, 5000));
   clearInterval(timer);
   const endRss = rssMiB(pid);
   peak = Math.max(peak, endRss);
   const s1 = await status();
-  const perMsg = (Number(s1.dbSize) - db0) / (N - WARM);
+  const perMsg = (Number(s1.dbSize) - db0) / (cnt - WARM);
   ctx.log(`bridge RSS: ${base.toFixed(1)} MiB after ${WARM} -> peak ${peak.toFixed(1)} MiB, end ${endRss.toFixed(1)} MiB (growth ${(peak - base).toFixed(1)} MiB, bound ${MAX_GROWTH_MIB})`);
   ctx.log(`etcd: db ${db0} -> ${s1.dbSize} B: ${perMsg.toFixed(0)} B per delayed message (payload ${"~100"} B + key in etcd; Redis: 0 B, delayed payloads stay in etcd on both planes); one count_only over ${N} keys: ${countMs.toFixed(0)} ms`);
   assert.ok(peak - base < MAX_GROWTH_MIB, `bridge RSS grew ${(peak - base).toFixed(1)} MiB with ${N} delayed messages (bound ${MAX_GROWTH_MIB} MiB)`);

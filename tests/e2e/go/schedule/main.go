@@ -121,37 +121,65 @@ func runFlood(nc *nats.Conn, subject string, n, inflight int, delay string) int 
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
+	mk := func(i int) *nats.Msg {
+		m := nats.NewMsg(subject)
+		m.Data = body(fmt.Sprintf("far-%d", i), i, subject)
+		m.Header.Set("Fluxon-Delay", delay)
+		return m
+	}
 	t0 := time.Now()
-	acked, failed := 0, 0
-	var futs []nats.PubAckFuture
+	acked := 0
+	var again []int // failed or unanswered: published again one at a time (a timed-out one may be stored twice)
+	type fut struct {
+		i int
+		f nats.PubAckFuture
+	}
+	var futs []fut
+	errs := map[string]int{}
 	collect := func() {
-		for _, f := range futs {
+		for _, x := range futs {
 			select {
-			case <-f.Ok():
+			case <-x.f.Ok():
 				acked++
-			case <-f.Err():
-				failed++
+			case e := <-x.f.Err():
+				errs[e.Error()]++
+				again = append(again, x.i)
 			}
 		}
 		futs = futs[:0]
 	}
 	for i := 0; i < n; i++ {
-		m := nats.NewMsg(subject)
-		m.Data = body(fmt.Sprintf("far-%d", i), i, subject)
-		m.Header.Set("Fluxon-Delay", delay)
-		f, err := js.PublishMsgAsync(m)
+		f, err := js.PublishMsgAsync(mk(i))
 		if err != nil {
-			failed++
+			errs[err.Error()]++
+			again = append(again, i)
 			continue
 		}
-		futs = append(futs, f)
+		futs = append(futs, fut{i, f})
 		if len(futs) >= inflight {
 			collect()
 		}
 	}
 	collect()
+	retried, failed := len(again), 0
+	for _, i := range again {
+		ok := false
+		for try := 0; try < 10 && !ok; try++ {
+			if _, err := js.PublishMsg(mk(i), nats.AckWait(10*time.Second)); err == nil {
+				ok = true
+			} else {
+				errs[err.Error()]++
+				time.Sleep(100 * time.Millisecond) // retry pacing
+			}
+		}
+		if ok {
+			acked++
+		} else {
+			failed++
+		}
+	}
 	s := time.Since(t0).Seconds()
-	json.NewEncoder(os.Stdout).Encode(map[string]interface{}{"acked": acked, "failed": failed, "seconds": s, "rate": float64(acked) / s})
+	json.NewEncoder(os.Stdout).Encode(map[string]interface{}{"acked": acked, "failed": failed, "retried": retried, "errors": errs, "seconds": s, "rate": float64(acked) / s})
 	if failed > 0 {
 		return 1
 	}
