@@ -514,3 +514,9 @@ void fx_delay_release_lease(fx_delay *dl)
     fx_lease_release(dl->lease);
     dl->lease = NULL;
 }
+
+int64_t fx_delay_lock_lease(fx_delay *dl)
+{
+    if (!dl->lease || fx_lease_is_expired(dl->lease)) return 0;
+    return fx_lease_confirmed_until_ms(dl->lease) > fx_now_ms() ? fx_lease_id(dl->lease) : 0;
+}

@@ -111,6 +111,11 @@ fx_err fx_delay_purge(fx_delay *dl, const char *chan, int timeout_ms);
  * confirmed by etcd now. Grants (and registers) a new lock lease when there is none or the last
  * one expired. Errors: etcd unreachable (then *held is false). */
 fx_err fx_delay_lock(fx_delay *dl, const char *chan, bool *held, int timeout_ms);
+/* The lock lease this process holds locks with, while etcd confirms it now; 0 otherwise. A lock
+ * taken under a lease stays this process's while that lease lives (only its holder deletes it),
+ * so a holder may skip fx_delay_lock while this returns the same lease. Same thread as
+ * fx_delay_lock. */
+int64_t fx_delay_lock_lease(fx_delay *dl);
 /* Give the lock of chan up (delete it if this process holds it). Best effort. */
 void fx_delay_unlock(fx_delay *dl, const char *chan, int timeout_ms);
 /* Release the lock lease's handle (no revoke: the locks expire with it); a later fx_delay_lock

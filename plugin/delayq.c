@@ -29,7 +29,9 @@ typedef struct dq_chan { /* per channel name (under dq->mu) */
     int64_t count_ms;    /* fx_now_ms of the last count */
     int64_t count_every; /* ms between counts: FX_DQ_COUNT_MS, or 20 x the last count's time */
     int64_t next_scan_ms;
-    bool held;           /* the mover holds its lock */
+    bool held;           /* the mover holds its lock ... */
+    int64_t held_lease;  /* ... under this lock lease ... */
+    int64_t held_ms;     /* ... as etcd said at this time */
     bool hot;            /* a local store since the last scan */
     fx_metric *m_waiting, *m_stored, *m_moved, *m_refused;
 } dq_chan;
@@ -49,9 +51,10 @@ struct dm_delayq {
     dq_w *head, *tail;
     size_t n, bytes;
     bool wstop, mstop, stopped;
-    pthread_t writers[FX_DQ_WRITERS], mover;
+    bool kick; /* a delayed publish was stored: the mover looks again now */
+    pthread_t writers[FX_DQ_WRITERS], mover, counter;
     size_t n_writers;
-    bool mover_started;
+    bool mover_started, counter_started;
     dq_chan *chans[FX_DQ_CHANS_MAX];
     size_t n_chans;
 };
@@ -376,6 +379,8 @@ static void *writer_main(void *arg)
             if (c && !r) {
                 if (c->count >= 0) c->count++;
                 c->hot = true;
+                q->kick = true;
+                pthread_cond_broadcast(&q->cv);
                 fx_metric_inc(c->m_stored, 1);
                 fx_metric_set(c->m_waiting, c->count > 0 ? c->count : 0);
             } else if (c) {
@@ -482,56 +487,121 @@ static size_t move_entries(struct dm_delayq *q, dm_chan *ch, dq_chan *c, fx_dela
     return nok;
 }
 
-/* One channel's turn. Returns true when more is due right away. */
-static bool mover_chan(struct dm_delayq *q, dm_chan *ch, int64_t *budget)
+/* One channel's turn. Returns true when more is due right away; *wake: when it wants its next
+ * turn (monotonic ms). A scan reads the keys due within FX_DQ_LOOKAHEAD_MS, moves those due now
+ * and sets the next turn to the earliest of the others' due time (no polling slack). */
+static bool mover_chan(struct dm_delayq *q, dm_chan *ch, int64_t *budget, int64_t *wake)
 {
     pthread_mutex_lock(&q->mu);
     dq_chan *c = chan_get_locked(q, ch->name);
+    bool hot = c && c->hot, idle = c && c->count == 0 && !hot;
+    if (c) c->hot = false;
     pthread_mutex_unlock(&q->mu);
     if (!c) return false;
     int64_t now = fx_now_ms();
-    if (now - c->count_ms >= c->count_every) {
-        int64_t cnt = 0;
-        fx_err ce = fx_delay_count(q->dl, ch->name, &cnt, FX_DQ_ETCD_MS);
-        /* etcd walks its index to count: a count that takes long is made rarely (<= 5% of
-         * the time), our own stores and moves keep the figure current in between */
-        int64_t took = fx_now_ms() - now;
-        c->count_every = took * 20 > FX_DQ_COUNT_MS ? took * 20 : FX_DQ_COUNT_MS;
-        if (ce == FX_OK) {
-            pthread_mutex_lock(&q->mu);
-            c->count = cnt;
-            fx_metric_set(c->m_waiting, cnt);
-            pthread_mutex_unlock(&q->mu);
-        }
-        c->count_ms = now;
+    if (!hot && now < c->next_scan_ms) {
+        if (c->next_scan_ms < *wake) *wake = c->next_scan_ms;
+        return false;
     }
-    pthread_mutex_lock(&q->mu);
-    bool hot = c->hot, idle = c->count == 0 && !hot;
-    c->hot = false;
-    pthread_mutex_unlock(&q->mu);
-    if (!hot && now < c->next_scan_ms) return false;
     c->next_scan_ms = now + (idle ? FX_DQ_IDLE_POLL_MS : FX_DQ_POLL_MS);
     if (*budget <= 0) return true;
     size_t win = *budget < FX_DQ_WINDOW ? (size_t)*budget : FX_DQ_WINDOW;
     fx_delay_entry *en = NULL;
-    size_t n = 0;
+    size_t n = 0, k = 0;
     bool more = false;
-    fx_err e = fx_delay_scan(q->dl, ch->name, wall_ms(), win, &en, &n, &more, FX_DQ_ETCD_MS);
-    if (e || !n) return false;
-    bool held = false;
-    e = fx_delay_lock(q->dl, ch->name, &held, FX_DQ_ETCD_MS);
-    if (held != c->held) {
-        FX_INF("channel %s: delayed messages: %s the mover", ch->name, held ? "this bridge is" : "no longer");
+    int64_t wall = wall_ms();
+    fx_err e = fx_delay_scan(q->dl, ch->name, wall + FX_DQ_LOOKAHEAD_MS, win, &en, &n, &more,
+                             FX_DQ_ETCD_MS);
+    if (!e) {
+        wall = wall_ms();
+        while (k < n && en[k].due_ms <= wall) k++; /* due now: [0, k) */
+        if (k < n) { /* the next one is due soon: a turn right then */
+            int64_t at = fx_now_ms() + (en[k].due_ms - wall);
+            if (at < c->next_scan_ms) c->next_scan_ms = at;
+            more = false;
+        }
+    }
+    if (c->next_scan_ms < *wake) *wake = c->next_scan_ms;
+    if (e || !k) {
+        fx_delay_entries_free(en, n);
+        return false;
+    }
+    /* the lock: confirmed by etcd at most FX_DQ_LOCK_CHECK_MS ago under the same live lease */
+    int64_t lease = fx_delay_lock_lease(q->dl);
+    bool held = c->held && lease && lease == c->held_lease && now - c->held_ms < FX_DQ_LOCK_CHECK_MS;
+    if (!held) {
+        fx_delay_lock(q->dl, ch->name, &held, FX_DQ_ETCD_MS);
+        if (held != c->held)
+            FX_INF("channel %s: delayed messages: %s the mover", ch->name,
+                   held ? "this bridge is" : "this bridge is no longer");
         c->held = held;
+        c->held_lease = held ? fx_delay_lock_lease(q->dl) : 0;
+        c->held_ms = now;
     }
     if (!held) {
         fx_delay_entries_free(en, n);
         return false;
     }
-    size_t moved_n = move_entries(q, ch, c, en, n);
-    *budget -= (int64_t)n;
+    size_t moved_n = move_entries(q, ch, c, en, k);
+    *budget -= (int64_t)k;
     fx_delay_entries_free(en, n);
-    return more && moved_n == n;
+    return more && moved_n == k;
+}
+
+/* Counter thread: a count_only of each channel's index every FX_DQ_COUNT_MS, or 20 times as
+ * long as its last count took (etcd walks its index: seconds for millions of keys), off the
+ * mover's thread so a long count never delays a move. */
+static void *counter_main(void *arg)
+{
+    struct dm_delayq *q = arg;
+    fx_daemon *d = q->d;
+    char (*names)[128] = NULL;
+    size_t cap = 0;
+    for (;;) {
+        pthread_mutex_lock(&q->mu);
+        bool stop = q->mstop;
+        pthread_mutex_unlock(&q->mu);
+        if (stop) break;
+        size_t n = 0;
+        pthread_rwlock_rdlock(&d->reg);
+        if (d->n_chans > cap) {
+            char(*nn)[128] = realloc(names, d->n_chans * sizeof *nn);
+            if (nn) {
+                names = nn;
+                cap = d->n_chans;
+            }
+        }
+        for (size_t i = 0; i < d->n_chans && i < cap; i++)
+            if (!d->chans[i]->is_dlq) snprintf(names[n++], sizeof names[0], "%s", d->chans[i]->name);
+        pthread_rwlock_unlock(&d->reg);
+        for (size_t i = 0; i < n; i++) {
+            pthread_mutex_lock(&q->mu);
+            dq_chan *c = q->mstop ? NULL : chan_get_locked(q, names[i]);
+            int64_t now = fx_now_ms();
+            bool due = c && now - c->count_ms >= c->count_every;
+            pthread_mutex_unlock(&q->mu);
+            if (!due) continue;
+            int64_t cnt = 0;
+            fx_err e = fx_delay_count(q->dl, names[i], &cnt, FX_DQ_COUNT_ETCD_MS);
+            int64_t took = fx_now_ms() - now;
+            pthread_mutex_lock(&q->mu);
+            c->count_ms = now;
+            c->count_every = took * 20 > FX_DQ_COUNT_MS ? took * 20 : FX_DQ_COUNT_MS;
+            if (e == FX_OK) {
+                c->count = cnt;
+                fx_metric_set(c->m_waiting, cnt);
+            }
+            pthread_mutex_unlock(&q->mu);
+        }
+        pthread_mutex_lock(&q->mu);
+        if (!q->mstop) {
+            struct timespec ts = fx_deadline_ts(FX_DQ_POLL_MS);
+            pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+        }
+        pthread_mutex_unlock(&q->mu);
+    }
+    free(names);
+    return NULL;
 }
 
 static void *mover_main(void *arg)
@@ -566,19 +636,23 @@ static void *mover_main(void *arg)
                 snap[n++] = dm_chan_ref(d->chans[i]);
         pthread_rwlock_unlock(&d->reg);
         bool busy = false;
+        int64_t wake = fx_now_ms() + FX_DQ_POLL_MS;
         for (size_t i = 0; i < n; i++) {
             pthread_mutex_lock(&q->mu);
             stop = q->mstop;
             pthread_mutex_unlock(&q->mu);
-            if (!stop && mover_chan(q, snap[i], &budget)) busy = true;
+            if (!stop && mover_chan(q, snap[i], &budget, &wake)) busy = true;
             dm_chan_unref(snap[i]);
         }
         if (busy && budget > 0) continue;
+        int64_t left = fx_ms_left(wake);
+        if (busy && left > 100) left = 100; /* the rate budget refills */
         pthread_mutex_lock(&q->mu);
-        if (!q->mstop) {
-            struct timespec ts = fx_deadline_ts(FX_DQ_POLL_MS / 4);
+        if (!q->mstop && left > 0 && !q->kick) {
+            struct timespec ts = fx_deadline_ts(left);
             pthread_cond_timedwait(&q->cv, &q->mu, &ts);
         }
+        q->kick = false;
         pthread_mutex_unlock(&q->mu);
     }
     free(snap);
@@ -616,6 +690,9 @@ fx_err dm_delayq_start(fx_daemon *d)
     if (pthread_create(&q->mover, NULL, mover_main, q) != 0)
         return fx_seterr(FX_ENOMEM, "cannot start the delayed-message mover");
     q->mover_started = true;
+    if (pthread_create(&q->counter, NULL, counter_main, q) != 0)
+        return fx_seterr(FX_ENOMEM, "cannot start the delayed-message counter");
+    q->counter_started = true;
     return FX_OK;
 }
 
@@ -630,6 +707,8 @@ void dm_delayq_stop(fx_daemon *d)
     pthread_mutex_unlock(&q->mu);
     if (q->mover_started) pthread_join(q->mover, NULL);
     q->mover_started = false;
+    if (q->counter_started) pthread_join(q->counter, NULL);
+    q->counter_started = false;
     pthread_mutex_lock(&q->mu);
     q->wstop = true;
     pthread_cond_broadcast(&q->cv);

@@ -15,7 +15,8 @@
  * against a figure at most that old).
  *
  * Mover: one thread per bridge. Every FX_DQ_POLL_MS (FX_DQ_IDLE_POLL_MS for a channel with
- * nothing waiting) it reads the due keys of each channel (a window of at most FX_DQ_WINDOW,
+ * nothing waiting; at once after a local store; at the due time of the next key a scan saw within
+ * FX_DQ_LOOKAHEAD_MS) it reads the due keys of each channel (a window of at most FX_DQ_WINDOW,
  * moves per second at most FX_DQ_MOVE_RATE per bridge); when some are due it takes or confirms
  * the channel's mover lock (one mover per channel across bridges), queues them into the
  * channel's producer queue as captures whose Nats-Msg-Id is "fxd:<id>" (the channel's dedup
@@ -27,7 +28,9 @@
  * Counts: fluxon_delayed_messages{channel} is refreshed by a count_only range every
  * FX_DQ_COUNT_MS (and by this bridge's stores and moves in between).
  *
- * Threads and ownership: dm_delayq_start/stop/free on the control thread (start, drain, free);
+ * Threads and ownership: FX_DQ_WRITERS writer threads, the mover and a counter thread (counts
+ * take seconds on a large index and never hold up moves); dm_delayq_start/stop/free on the
+ * control thread (start, drain, free);
  * dm_delayq_capture on NATS callbacks; dm_delayq_waiting on any thread. The write queue and the
  * per-channel table are guarded by the delayq's lock (taken with no other lock held, or under
  * d->reg read: lock order reg -> delayq). A queued write holds a reference on its channel. A
@@ -51,7 +54,11 @@
 #define FX_DQ_TXN_BYTES (512u << 10) /* record bytes per txn (etcd's request limit is 1.5 MiB) */
 #define FX_DQ_POLL_MS 200            /* due-key scan of a channel with delayed messages */
 #define FX_DQ_IDLE_POLL_MS 1000      /* ... and of one without */
-#define FX_DQ_COUNT_MS 2000          /* count_only refresh of fluxon_delayed_messages */
+#define FX_DQ_LOOKAHEAD_MS 300       /* a scan also reads what is due this soon: its turn comes then */
+#define FX_DQ_LOCK_CHECK_MS 5000     /* a held mover lock is read again this often (else: its lease) */
+#define FX_DQ_COUNT_MS 2000          /* count_only refresh of fluxon_delayed_messages (its own thread) */
+#define FX_DQ_COUNT_ETCD_MS 5000     /* deadline of one count (1,000,000 keys: ~1-3 s); past it the
+                                        * figure is kept up by this bridge's stores and moves */
 #define FX_DQ_WINDOW 256             /* due keys read and moved per scan */
 #define FX_DQ_MOVE_RATE 20000        /* moves per second per bridge, at most */
 #define FX_DQ_LOCK_TTL_S 3           /* mover lock lease: a dead mover's channels wait this long */
