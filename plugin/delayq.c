@@ -199,7 +199,7 @@ bool dm_delayq_capture(dm_chan *ch, const char *subj, const char *reply, const c
         return true;
     }
     /* capacity: backlog + waiting delayed */
-    int64_t backlog = atomic_load(&ch->m.backlog->value);
+    int64_t backlog = ch->m.backlog ? atomic_load(&ch->m.backlog->value) : 0;
     pthread_mutex_lock(&q->mu);
     dq_chan *c = chan_get_locked(q, ch->name);
     int64_t waiting = c && c->count > 0 ? c->count : 0;
@@ -656,8 +656,12 @@ static void *mover_main(void *arg)
         pthread_mutex_unlock(&q->mu);
     }
     free(snap);
-    /* Hand the locks over at once (another bridge moves without waiting for the lease). */
-    for (size_t i = 0; i < q->n_chans; i++)
+    /* Hand the locks over at once (another bridge moves without waiting for the lease). The
+     * table only grows, and `held` is this thread's: the entries up to n_chans are stable. */
+    pthread_mutex_lock(&q->mu);
+    size_t nc = q->n_chans;
+    pthread_mutex_unlock(&q->mu);
+    for (size_t i = 0; i < nc; i++)
         if (q->chans[i]->held) fx_delay_unlock(q->dl, q->chans[i]->name, 1000);
     fx_delay_release_lease(q->dl); /* before the MQ client closes (drain) */
     return NULL;
