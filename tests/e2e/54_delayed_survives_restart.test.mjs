@@ -97,3 +97,56 @@ test("e2e_delayed_survives_restart", async (ctx) => {
   const ex2 = await bridge.stop();
   assert.equal(ex2.code, 0, `bridge exit ${JSON.stringify(ex2)}`);
 });
+
+// e2e_delayed_mover_takeover: two bridges with the same channel; one of them holds the channel's
+// mover lock (its log says so, the other's does not). It is killed (SIGKILL) while delayed
+// messages are still due: the other bridge takes the lock once the dead one's lock lease (3 s)
+// expired and moves the rest. Every delayed message arrives, none early, the late ones by at
+// most the lock's lease plus the dead claims' ttl_seconds (3 s) plus 1 s (times SLOW).
+test("e2e_delayed_mover_takeover", async (ctx) => {
+  const st = await startStack(ctx);
+  const defaults = { ttl_seconds: 3, ack_wait: "60s" };
+  const b1 = st.bridge({ name: "mva", defaults });
+  const b2 = st.bridge({ name: "mvb", defaults });
+  await Promise.all([b1.start(), b2.start()]);
+  const nc = await natsConnect(ctx, st.nats.url);
+  const c = new Consumer(nc, "q.orders.w");
+  await nc.flush();
+  const due = new Map();
+  const msgs = [];
+  const t0 = Date.now();
+  for (let i = 0; i < 200; i++) {
+    const m = makeMsg("mv", i, "orders.mv");
+    const at = t0 + 2000 + i * 40; // 2 s .. 10 s
+    m.headers.set("Nats-Schedule", `@at ${new Date(at).toISOString()}`);
+    due.set(m.id, at);
+    msgs.push(m);
+  }
+  const res = await publishAll(nc, msgs, { concurrency: 32 });
+  assert.equal(res.failed.size, 0, "every delayed publish acked");
+  const mover = () => [b1, b2].find((b) => /delayed messages: this bridge is the mover/.test(b.log()));
+  await waitFor(() => mover(), { timeout: 10_000 * SLOW, what: "a bridge logs that it is the mover" });
+  const m1 = mover();
+  const other = m1 === b1 ? b2 : b1;
+  assert.ok(!/this bridge is the mover/.test(other.log()), "only one bridge moves the channel");
+  await waitFor(() => (c.check(), c.unique >= 20), { timeout: 10_000 * SLOW, what: "the first delayed messages" });
+  await m1.kill9();
+  const tKill = Date.now();
+  ctx.log(`killed the mover ${m1.name} at +${tKill - t0} ms with ${c.unique} delivered`);
+  await c.waitUnique(200, 40_000 * SLOW);
+  let early = 0, late = 0, worst = 0;
+  for (const r of c.records) {
+    const d = due.get(r.id);
+    if (r.at < d - 2) early++;
+    const bound = d + 1000 * SLOW + (d < tKill + 3000 ? 6000 * SLOW : 0);
+    if (r.at > bound) late++;
+    worst = Math.max(worst, r.at - d);
+  }
+  ctx.log(`after the takeover by ${other.name}: early ${early}, late ${late}, latest ${worst} ms after due; ${other.name} logs the mover: ${/this bridge is the mover/.test(other.log())}`);
+  assert.ok(/this bridge is the mover/.test(other.log()), "the other bridge took the mover lock");
+  assert.equal(early, 0, "none early");
+  assert.equal(late, 0, "none later than the takeover bound");
+  assertCovers([...due.keys()], [...c.counts.keys()], "delayed messages after the mover died");
+  const ex = await other.stop();
+  assert.equal(ex.code, 0);
+});
