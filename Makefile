@@ -48,7 +48,7 @@ LEASE_TESTS  := fxt fxt_proxy test_b64 test_etcd_json test_fx_err test_lease_reg
                 test_kv_redis test_lease etcd_bench payload_bench fuzz_etcd_json
 BRIDGE_TESTS := test_bridge_flatdict test_bridge_keys test_bridge_lifecycle test_bridge_meta test_bridge_segment \
                 test_inspect test_jsext test_mpmc test_mpsc test_mq_accept test_mq_edges mq_bench \
-                fuzz_flatdict fuzz_segment test_claim_table test_delivery_engine
+                fuzz_flatdict fuzz_segment test_claim_table test_delivery_engine test_delay
 test_layer = $(if $(filter $(LEASE_TESTS),$(1)),lease,$(if $(filter $(BRIDGE_TESTS),$(1)),bridge,plugin))
 # The layer of the target being built ($@: an object or a program under $(BUILD)).
 layer_of = $(if $(filter $(BUILD)/lease/%,$@),lease,$(if $(filter $(BUILD)/bridge/%,$@),bridge,$(if \
@@ -187,11 +187,12 @@ check: deps
 # The daemon under TSan: the e2e tests that drive the bridge's threaded core -- capture batching
 # and PubAcks, claims and deliveries, the ack path (ack, ack requests, nak, term, DLQ), SIGHUP
 # reloads, the SIGTERM drain, kill -9 and rolling restarts, departed claims moving to another
-# bridge, interest release, the Redis payload plane -- against the TSan-built fluxon-bridge. A
+# bridge, interest release, the Redis payload plane, delayed messages (writers, mover, counter) and
+# the redrive API thread -- against the TSan-built fluxon-bridge. A
 # report makes the bridge exit (halt_on_error, exitcode 66) and the e2e library fails the test
 # with the report (tests/e2e/lib/stack.mjs). The other e2e tests are reported as skipped (make
 # test and make check run them). About 3 minutes on the 2-core machine.
-TSAN_E2E := ^(e2e_publish_ack_and_consume|e2e_nak_redelivery_and_dlq|e2e_client_ack_path|e2e_ack_request_replies|e2e_sigterm_drain|e2e_settings_change_applies|e2e_admin_and_ops|sighup_reload_memory_flat|e2e_departed_claim_backlog_moves|e2e_bridge_kill9_no_loss|e2e_two_bridges|e2e_rolling_restart_two_bridges|e2e_redis_plane_publish_consume|e2e_store_and_forward|e2e_interest_release|e2e_burst_spreads_in_flight|e2e_dead_bridge_sub_mpscs_reclaimed)$$
+TSAN_E2E := ^(e2e_publish_ack_and_consume|e2e_nak_redelivery_and_dlq|e2e_client_ack_path|e2e_ack_request_replies|e2e_sigterm_drain|e2e_settings_change_applies|e2e_admin_and_ops|sighup_reload_memory_flat|e2e_departed_claim_backlog_moves|e2e_bridge_kill9_no_loss|e2e_two_bridges|e2e_rolling_restart_two_bridges|e2e_redis_plane_publish_consume|e2e_store_and_forward|e2e_interest_release|e2e_burst_spreads_in_flight|e2e_dead_bridge_sub_mpscs_reclaimed|e2e_delayed_delivery|e2e_delayed_survives_restart|e2e_redrive_api)$$
 
 tsan: deps
 	@$(MAKE) --no-print-directory BUILD=build-tsan SAN=thread OPT="-O1 -g" all

@@ -10,6 +10,7 @@
 
 #include "daemon_int.h"
 #include "dedup.h"
+#include "delayq.h"
 #include "flatdict.h"
 #include "fx_time.h"
 #include "jsack.h"
@@ -161,7 +162,8 @@ static void on_capture(natsConnection *nc, natsSubscription *sub, natsMsg *m, vo
         dm_hdr_iter_init(&hi, hdr, hlen);
         const size_t el = sizeof FX_DM_HDR_EXPECTED - 1;
         while (dm_hdr_iter_next(&hi, &hk, &hv)) {
-            if (!foreign && hk.len > 7 && strncasecmp(hk.data, "Fluxon-", 7) == 0) {
+            if (!foreign && hk.len > 7 && strncasecmp(hk.data, "Fluxon-", 7) == 0 &&
+                !dm_delayq_is_header(hk)) {
                 foreign = true; /* captured, counted */
                 static fx_log_slot fslot;
                 fx_log_ratelimited(&fslot, 10000, FX_LOG_INF,
@@ -212,6 +214,8 @@ static void on_capture(natsConnection *nc, natsSubscription *sub, natsMsg *m, vo
         dm_reply_error(d, reply, 413, "message too large");
         goto out;
     }
+    /* Nats-Schedule / Fluxon-Delay: stored in the delay index (or refused) by delayq.h */
+    if (hlen && dm_delayq_capture(ch, subj, reply, hdr, hlen, data, (size_t)dlen)) goto out;
     fx_mq_msg rec = {.subject = FX_SLICE_STR(subj),
                      .headers = {hdr ? hdr : "", hlen},
                      .publish_ns = fx_wall_ns(),
@@ -384,6 +388,10 @@ static void complete(dm_chan *ch, pq_item *it, fx_err e, const fx_mq_msg_id *id)
     if (it->kind == PQ_DEADLETTER) {
         it->result = e;
         dm_claim_dlq_complete(it);
+        return;
+    }
+    if (it->done) { /* a due delayed message (delayq.h) */
+        it->done(it, e);
         return;
     }
     if (!e) {
@@ -568,8 +576,12 @@ static size_t dedup_filter(dm_chan *ch, pq_item **batch, size_t n)
             id = (fx_mq_msg_id){a, b, c};
             pq_item *it = batch[at[j]];
             fx_metric_inc(ch->m.duplicates, 1);
-            reply_ok(ch->d, ch, it->reply, &id, true);
-            free(it);
+            if (it->done) {
+                it->done(it, FX_OK); /* a delayed message moved twice: stored once */
+            } else {
+                reply_ok(ch->d, ch, it->reply, &id, true);
+                free(it);
+            }
             batch[at[j]] = NULL;
         }
         fx_bytes_free(&vals[j]);
@@ -1021,6 +1033,8 @@ static void chan_free(dm_chan *ch)
         if (it->kind == PQ_DEADLETTER) {
             it->result = FX_ECLOSED;
             dm_claim_dlq_complete(it);
+        } else if (it->done) {
+            it->done(it, FX_ECLOSED);
         } else {
             free(it);
         }
@@ -1044,7 +1058,7 @@ static bool settings_same(const fx_chan_settings *a, const fx_chan_settings *b)
         a->nak_delay_ms != b->nak_delay_ms ||
         a->release_after_ms != b->release_after_ms || a->interest_poll_ms != b->interest_poll_ms ||
         a->retention_ms != b->retention_ms || a->full_wait_ms != b->full_wait_ms ||
-        a->duplicate_window_ms != b->duplicate_window_ms)
+        a->duplicate_window_ms != b->duplicate_window_ms || a->max_delay_ms != b->max_delay_ms)
         return false;
     for (size_t i = 0; i < a->n_backoff && i < FX_CFG_MAX_BACKOFF; i++)
         if (a->backoff_ms[i] != b->backoff_ms[i]) return false;

@@ -17,6 +17,7 @@
 #include "fx_time.h"
 #include "inspect.h"
 #include "jsapi.h"
+#include "delayq.h"
 #include "pull.h"
 #include "subject.h"
 
@@ -272,6 +273,8 @@ static bool stream_info(fx_jsapi *j, const fx_config *cfg, const fx_chan_config 
            add_u64(st, "first_seq", first) && add_time(st, "first_ts", 0) &&
            add_u64(st, "last_seq", last) && add_time(st, "last_ts", 0) &&
            add_i64(st, "consumer_count", (int64_t)s->n_consumers) &&
+           (dm_delayq_waiting(d, cc->name) < 0 || /* delayq.h: not in JetStream's state */
+            add_i64(st, "fluxon_delayed", dm_delayq_waiting(d, cc->name))) &&
            (!cfg->jetstream.domain || cJSON_AddStringToObject(o, "domain", cfg->jetstream.domain)) &&
            add_time(o, "ts", fx_wall_ns());
 }

@@ -56,6 +56,12 @@ typedef struct pq_item {
     uint64_t ent_gen;
     fx_err result;       /* set by the producer thread */
     uint8_t reopens;     /* put retried after the producer was reopened (at most 2) */
+    /* A capture item queued by another module (a due delayed message, delayq.h) instead of a
+     * NATS publish: when set, the item's end (stored, duplicate, failed, or freed unstored with
+     * FX_ECLOSED) calls done(it, result) exactly once instead of a PubAck, and done frees it.
+     * ent_idx is then the caller's index. */
+    void (*done)(struct pq_item *it, fx_err e);
+    void *done_arg;
 } pq_item;
 
 typedef struct dm_pq {
