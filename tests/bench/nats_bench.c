@@ -57,6 +57,8 @@
  * fused payload+offset txn, the producer offset txn, consumer offset commits, attempt records,
  * watches (bytes of the stream), lease keepalives, other lease calls, range reads (views,
  * backlog, claims) and the rest. Use it for counts, not for the rates of the main table.
+ * -J: the bridge's config carries no jetstream.domain key (for comparing with bridges that predate
+ * it and refuse it; such a bridge answers no JetStream API, so rows 2 and 3 are still JetStream's).
  * -p 'command': run `sh -c command` at each row's window start (for -d seconds), with BRIDGE_PID,
  * ETCD_PID, NATS_PID, REDIS_PID (0 without Redis), BENCH_PID, ROW, SIZE and WINDOW_S in its
  * environment; the row waits for it to exit (tests/bench/profile.sh runs `perf record` so).
@@ -87,6 +89,7 @@
 #endif
 #include <curl/curl.h>
 #include <errno.h>
+#include <execinfo.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <getopt.h>
@@ -121,6 +124,36 @@
 
 static atomic_bool g_stop;
 static void on_signal(int sig) { (void)sig; atomic_store(&g_stop, true); }
+
+/* A crash names the row it happened in and prints a backtrace on stderr (then the default action:
+ * a core dump where enabled), so a rare crash in a long `make bench` can be traced. */
+static char g_row_label[160] = "nats_bench: crashed before the first row\n";
+
+static void on_fatal(int sig)
+{
+    static const char hdr[] = "nats_bench: fatal signal in ";
+    ssize_t w = write(2, hdr, sizeof hdr - 1);
+    w = write(2, g_row_label, strlen(g_row_label));
+    void *bt[64];
+    int n = backtrace(bt, 64);
+    backtrace_symbols_fd(bt, n, 2);
+    (void)w;
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void install_fatal_handlers(void)
+{
+    void *bt[4];
+    backtrace(bt, 4); /* loads libgcc now: the handler must not allocate */
+    struct sigaction sa = {0};
+    sa.sa_handler = on_fatal;
+    sa.sa_flags = SA_RESETHAND;
+    sigaction(SIGSEGV, &sa, NULL);
+    sigaction(SIGBUS, &sa, NULL);
+    sigaction(SIGABRT, &sa, NULL);
+    sigaction(SIGFPE, &sa, NULL);
+}
 
 static int64_t rt_ns(void)
 {
@@ -185,6 +218,7 @@ static pid_t g_nats_pid, g_bridge_pid;
 static fxt_etcd g_etcd;
 static fxt_redis g_redis;        /* -K redis-*: the payload plane */
 static bool g_count_kinds;       /* -X */
+static bool g_no_js_domain;      /* -J */
 static const char *g_plane = "etcd";
 static int g_nats_port, g_mon_port, g_leaf_port, g_http_port;
 static char g_nats_url[64];
@@ -571,12 +605,14 @@ static int start_stack(const char *bridge_bin)
             " \"kv\":%s,\n"
             " \"http\":{\"listen\":\"127.0.0.1:%d\"},\n"
             /* the server runs JetStream (rows 2, 3): the bridge's JetStream API goes under a
-             * domain, as beside any real JetStream */
-            " \"jetstream\":{\"domain\":\"fxbench\"},\n"
+             * domain, as beside any real JetStream (-J: left out, for older bridges) */
+            "%s"
             " \"channels\":[{\"name\":\"bench\",\"subjects\":[\"bench.>\"],\"deliver_prefix\":\"q.bench\","
             "\"ttl_seconds\":30,\"capacity\":1000000,\"ack\":\"explicit\",\"max_ack_pending\":5000,"
             "\"interest_poll\":\"200ms\",\"release_after\":\"%dms\"}]}\n",
-            g_nats_url, g_mon_port, g_leaf_port, bridge_etcd, kvj, g_http_port, BENCH_RELEASE_MS);
+            g_nats_url, g_mon_port, g_leaf_port, bridge_etcd, kvj, g_http_port,
+            g_no_js_domain ? "" : " \"jetstream\":{\"domain\":\"fxbench\"},\n",
+            BENCH_RELEASE_MS);
     fclose(f);
     if (access(bridge_bin, X_OK) != 0) {
         logf_("bridge binary %s is not executable (-b)", bridge_bin);
@@ -1431,6 +1467,8 @@ static void run_row(row *r)
     char *payload = calloc(1, r->size);
     memset(payload + 16, 'x', r->size - 16);
     logf_("row %s %s, %zu B", r->scen, r->desc, r->size);
+    snprintf(g_row_label, sizeof g_row_label, "row %s (%s), %zu B, plane %s\n", r->scen, r->desc,
+             r->size, g_plane);
     if (r->bridge && !child_alive(g_bridge_pid)) {
         row_err(r, "bridge is not running");
         free(payload);
@@ -1620,6 +1658,7 @@ static void usage(void)
                     "[-P publishers] [-o 1,2,3,4a,4b,4c,5,5n] [-s 128,4096] [-M] [-K etcd|redis-everysec|redis-always]\n"
                     "  -M  bridge publishes carry a unique Nats-Msg-Id (cost of dedup)\n"
                     "  -X  the bridge's etcd through a counting proxy: etcd requests and bytes per message by kind\n"
+                    "  -J  no jetstream.domain key in the bridge's config (bridges older than that key)\n"
                     "  -p 'cmd'  run sh -c cmd at each row's window start (env BRIDGE_PID ETCD_PID NATS_PID\n"
                     "      REDIS_PID BENCH_PID ROW SIZE WINDOW_S); the row waits for it\n"
                     "       nats_bench -S seconds [-s size] [-w warmup_ms] [-b bridge] [-D drain_ms] [-W window]\n"
@@ -1635,11 +1674,12 @@ int main(int argc, char **argv)
     const char *bridge = NULL, *only = NULL, *sizes_arg = NULL;
     bool dur_given = false;
     int c;
-    while ((c = getopt(argc, argv, "d:w:b:D:W:P:o:s:S:MK:Xp:h")) != -1) {
+    while ((c = getopt(argc, argv, "d:w:b:D:W:P:o:s:S:MK:XJp:h")) != -1) {
         switch (c) {
         case 'd': g_dur_s = atoi(optarg), dur_given = true; break;
         case 'M': g_msgid = true; break;
         case 'X': g_count_kinds = true; break;
+        case 'J': g_no_js_domain = true; break;
         case 'p': g_hook = optarg; break;
         case 'S': g_soak_s = atoi(optarg); if (g_soak_s < SOAK_MIN_S) usage(); break;
         case 'w': g_warm_ms = atoi(optarg); break;
@@ -1686,6 +1726,7 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    install_fatal_handlers();
     curl_global_init(CURL_GLOBAL_ALL);
     nats_Open(-1);
 
