@@ -4,6 +4,7 @@
 #   tests/bench/run.sh --soak [seconds]   only the bridge memory soak (nats_bench -S, default 300)
 #   tests/bench/run.sh --cluster          only the cluster-shape row (2 bridges vs 1)
 #   tests/bench/run.sh --claims           only the claims-scale table (1,000 claims)
+#   tests/bench/run.sh --profile          only the CPU-per-message / perf / etcd-kinds tables
 # Environment: BUILD (build dir, default build); FX_ETCD_ENDPOINT to bench an existing etcd
 # instead of one started by the program. The etcd a bench starts lives in a fresh temp dir that
 # is removed (and any leftover process killed) when this script ends, also on failure or Ctrl-C.
@@ -19,12 +20,15 @@ fi
 SOAK=
 CLUSTER_ONLY=
 CLAIMS_ONLY=
+PROFILE_ONLY=
 if [ "${1:-}" = "--soak" ]; then
   SOAK=${2:-300}
 elif [ "${1:-}" = "--cluster" ]; then
   CLUSTER_ONLY=1
 elif [ "${1:-}" = "--claims" ]; then
   CLAIMS_ONLY=1
+elif [ "${1:-}" = "--profile" ]; then
+  PROFILE_ONLY=1
 fi
 
 export FXT_TMPDIR
@@ -48,6 +52,20 @@ run_soak() {
   echo "command: $NB -S $SOAK -b $BUILD/fluxon-bridge"
   echo
   "$NB" -S "$SOAK" -b "$BUILD/fluxon-bridge"
+}
+
+# nats_bench with one retry when it died of a signal: the crash stays visible (a line in the
+# tables, and nats_bench's own report on stderr: the row and a backtrace), the run goes on.
+run_nb() {
+  "$NB" "$@"
+  local rc=$?
+  if [ "$rc" -gt 128 ]; then
+    echo "nats_bench $* died of signal $((rc - 128)) (the row and a backtrace are on stderr); run again once:"
+    echo
+    "$NB" "$@"
+    rc=$?
+  fi
+  return "$rc"
 }
 
 run_all() {
@@ -86,7 +104,7 @@ run_all() {
   echo "command: $NB -d 5 -b $BUILD/fluxon-bridge"
   echo "row 6 (raw etcd rate at the bridge's concurrency): the txn rows of the etcd_bench table and the payload_bench table above"
   echo
-  "$NB" -d 5 -b "$BUILD/fluxon-bridge" || exit 1
+  run_nb -d 5 -b "$BUILD/fluxon-bridge" || exit 1
 
   # The same bridge rows on the Redis payload plane (kv.backend "redis", split: payload put then
   # the offset txn), with the JetStream rows again so each table's ratios are from one run.
@@ -96,10 +114,22 @@ run_all() {
     echo
     echo "command: $NB -d 5 -K $plane -o 2,3,4,5 -b $BUILD/fluxon-bridge"
     echo
-    "$NB" -d 5 -K "$plane" -o 2,3,4,5 -b "$BUILD/fluxon-bridge" || exit 1
+    run_nb -d 5 -K "$plane" -o 2,3,4,5 -b "$BUILD/fluxon-bridge" || exit 1
   done
+  run_profile
   run_cluster
   run_claims
+}
+
+# CPU per message per process, the top symbols of each (perf) and etcd requests per message by
+# kind, on the bridge rows of both payload planes (tests/bench/profile.sh).
+run_profile() {
+  echo
+  echo "## CPU per message and where it goes (issue 24)"
+  echo
+  echo "command: BUILD=$BUILD tests/bench/profile.sh"
+  echo
+  BUILD=$BUILD bash tests/bench/profile.sh || exit 1
 }
 
 # Claims scale on one bridge: threads, descriptors, RSS per 100 claims opened and the
@@ -160,6 +190,9 @@ if [ -n "$CLUSTER_ONLY" ]; then
   exit $?
 elif [ -n "$CLAIMS_ONLY" ]; then
   run_claims
+  exit $?
+elif [ -n "$PROFILE_ONLY" ]; then
+  run_profile
   exit $?
 elif [ -n "$SOAK" ]; then
   run_soak | tee "$OUT"
