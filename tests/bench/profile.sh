@@ -47,22 +47,40 @@ if command -v perf >/dev/null 2>&1 && perf record -q -o "$PD/probe.data" -- true
 fi
 rm -f "$PD/probe.data"
 
-# One process of one perf.data: share of all samples, kernel share, top symbols.
-perf_proc() {
-  local data=$1 pid=$2 name=$3
-  [ "$pid" -gt 0 ] 2>/dev/null || return 0
-  local n k top
-  n=$(perf report -i "$data" --stdio -q --no-children --pid "$pid" --sort pid 2>/dev/null |
-      awk '{gsub("%","",$1); s+=$1} END {printf "%.0f", s}')
-  [ -n "$n" ] && [ "$n" != 0 ] || { echo "| $name | 0% | | |"; return 0; }
-  k=$(perf report -i "$data" --stdio -q --no-children --pid "$pid" --sort dso --percentage relative 2>/dev/null |
-      awk '/\[kernel/ {gsub("%","",$1); s+=$1} END {printf "%.0f", s}')
-  top=$(perf report -i "$data" --stdio -q --no-children --pid "$pid" --sort dso,sym --percentage relative 2>/dev/null |
-        awk -v top="$TOP" 'NF >= 4 && n < top {
-            pct=$1; dso=$2; sym=""; for (i = 4; i <= NF; i++) sym = sym (i > 4 ? " " : "") $i
-            gsub(/\|/, "/", sym); if (length(sym) > 48) sym = substr(sym, 1, 48) "..."
-            printf "%s%s %s (%s)", (n ? "; " : ""), pct, sym, dso; n++ }')
-  echo "| $name | $n% | $k% | $top |"
+# The processes of one perf.data (pids: bridge etcd nats redis client): each one's share of the
+# samples, its kernel share and its top symbols (self time), from `perf script` (its pid field is
+# the process, where perf report's pid key is the thread).
+perf_table() {
+  local data=$1 bp=$2 ep=$3 np=$4 rp=$5 cp=$6
+  perf script -i "$data" -F pid,ip,sym,dso 2>/dev/null | awk -v top="$TOP" \
+      -v pids="$bp $ep $np $rp $cp" -v names="bridge,etcd,nats-server,redis,bench client" '
+    BEGIN { split(pids, p, " "); split(names, nm, ","); k = 0
+            for (i = 1; i <= 5; i++) if (p[i] + 0 > 0) { name[p[i]] = nm[i]; order[++k] = p[i] } }
+    NF >= 3 {
+      pid = $1; all++; tot[pid]++
+      dso = $NF; gsub(/[()]/, "", dso); sub(/.*\//, "", dso)
+      sym = ""; for (i = 3; i < NF; i++) sym = sym (i > 3 ? " " : "") $i
+      if (sym == "[unknown]") sym = "[unknown]"
+      if (dso ~ /kernel/) kern[pid]++
+      c[pid SUBSEP sym " (" dso ")"]++
+    }
+    END {
+      for (o = 1; o <= k; o++) {
+        pid = order[o]; if (!(pid in name)) continue
+        if (!tot[pid]) { printf "| %s | 0%% | | |\n", name[pid]; continue }
+        out = ""; delete best
+        for (key in c) { split(key, kk, SUBSEP); if (kk[1] == pid) best[kk[2]] = c[key] }
+        for (t = 0; t < top; t++) {
+          bk = ""; bv = 0
+          for (s in best) if (best[s] > bv) { bv = best[s]; bk = s }
+          if (bk == "") break
+          sy = bk; gsub(/\|/, "/", sy); if (length(sy) > 60) sy = substr(sy, 1, 60) "..."
+          out = out (t ? "; " : "") sprintf("%.1f%% %s", 100 * bv / tot[pid], sy)
+          delete best[bk]
+        }
+        printf "| %s | %.0f%% | %.0f%% | %s |\n", name[pid], 100 * tot[pid] / all, 100 * kern[pid] / tot[pid], out
+      }
+    }'
 }
 
 rc=0
@@ -100,11 +118,7 @@ for plane in $PLANES; do
       echo
       echo "| process | share of samples | kernel | top symbols (% of the process) |"
       echo "|---|---|---|---|"
-      perf_proc "$f" "$bp" bridge
-      perf_proc "$f" "$ep" etcd
-      perf_proc "$f" "$np" nats-server
-      perf_proc "$f" "$rp" redis
-      perf_proc "$f" "$cp" "bench client"
+      perf_table "$f" "$bp" "$ep" "$np" "${rp:-0}" "$cp"
       echo
     done
   fi
