@@ -1210,7 +1210,10 @@ static _Thread_local unsigned t_cork_depth;
 void fx_leaf_cork(fx_leaf *l)
 {
     if (!l) return;
-    if (t_cork && t_cork != l) fx_leaf_uncork(t_cork); /* one leaf at a time per thread */
+    if (t_cork && t_cork != l) { /* one leaf at a time per thread: the first is sent now */
+        t_cork_depth = 1;
+        fx_leaf_uncork(t_cork);
+    }
     if (t_cork != l) t_cork_depth = 0;
     t_cork = l;
     t_cork_depth++;
