@@ -647,6 +647,48 @@ static void leaf_cork_one_write_per_round(void **state)
     natsConnection_Destroy(nc);
 }
 
+/* A corked round is bounded: past 32 KiB pending the frames go out without waiting for the
+ * uncork, and every one arrives once. */
+static void leaf_cork_bounded(void **state)
+{
+    (void)state;
+    natsConnection *nc = connect_client();
+    natsSubscription *s = sub(nc, "q.corkb.a");
+    natsSubscription_SetPendingLimits(s, -1, -1);
+    fx_leaf *l = leaf_new(srv.leaf_url, 0, 0);
+    wait_connected(l);
+    static char big[1024];
+    memset(big, 'b', sizeof big);
+    const int n = 100; /* 100 KiB of payload: three times the bound */
+    fx_leaf_stats st0, st1;
+    fx_leaf_get_stats(l, &st0);
+    fx_leaf_cork(l);
+    for (int i = 0; i < n; i++) {
+        int dl = snprintf(big, 16, "c%d", i);
+        big[dl] = ' ';
+        assert_int_equal(fx_leaf_publish(l, "q.corkb.a", NULL, NULL, 0, big, sizeof big), FX_OK);
+    }
+    fx_leaf_get_stats(l, &st1);
+    fx_leaf_uncork(l);
+    if (st1.writes - st0.writes < 2)
+        fail_msg("a corked round of %d KiB was held whole (%llu writes before the uncork)", n,
+                 (unsigned long long)(st1.writes - st0.writes));
+    char *seen = calloc((size_t)n, 1);
+    assert_non_null(seen);
+    for (int got = 0; got < n; got++) {
+        natsMsg *m = next_msg(s);
+        assert_int_equal(natsMsg_GetDataLength(m), (int)sizeof big);
+        int i = atoi(natsMsg_GetData(m) + 1);
+        assert_true(i >= 0 && i < n && !seen[i]);
+        seen[i] = 1;
+        natsMsg_Destroy(m);
+    }
+    free(seen);
+    fx_leaf_free(l);
+    natsSubscription_Destroy(s);
+    natsConnection_Destroy(nc);
+}
+
 static void leaf_queue_unsubscribe(void **state)
 {
     (void)state;
@@ -757,6 +799,7 @@ int main(void)
         cmocka_unit_test(leaf_queue_and_plain),
         cmocka_unit_test(leaf_queue_unsubscribe),
         cmocka_unit_test(leaf_cork_one_write_per_round),
+        cmocka_unit_test(leaf_cork_bounded),
         cmocka_unit_test(leaf_reconnect_after_restart),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
