@@ -20,7 +20,8 @@
 #   make fuzz-corpus  rewrite the seed corpora tests/fuzz/corpus/ (after a format change)
 #   make layers   prove the layering (plugin -> bridge -> lease): each layer compiles with only
 #                 its own and lower include paths, includes no header of a higher layer, and
-#                 its library links without the symbols of a higher layer
+#                 its library links without the symbols of a higher layer; and no module cycle
+#                 inside a layer of CYCLES_STRICT (default "lease bridge"; the others are listed)
 #   make install  fluxon-bridge, fluxonctl, systemd units, docs and example configs
 #                 (PREFIX=/usr/local, DESTDIR honoured)
 #   make clean
@@ -203,10 +204,14 @@ tsan: deps
 valgrind: all
 	@BUILD=$(BUILD) FXT_VALGRIND=1 bash tests/run.sh --slow $$((5 * $(SLOW))) unit
 
-# See scripts/check-layers.sh: includes, per-layer compile, library symbols.
+# See scripts/check-layers.sh: includes, per-layer compile, library symbols. Then
+# scripts/include_cycles.sh: the module dependency cycles of each layer; a cycle in a layer named
+# in CYCLES_STRICT fails (the other layers' cycles are listed only).
+CYCLES_STRICT ?= lease bridge
 layers: $(LIBLEASE) $(if $(BRIDGE_OBJ),$(LIBBRIDGE)) $(if $(PLUGIN_OBJ),$(LIBPLUGIN))
 	@CC="$(CC)" CFLAGS="$(CSTD) $(WARN) -pthread" BUILD="$(BUILD)" LEASE_TESTS="$(LEASE_TESTS)" \
 	  BRIDGE_TESTS="$(BRIDGE_TESTS)" bash scripts/check-layers.sh
+	@BUILD="$(BUILD)" CYCLES_STRICT="$(CYCLES_STRICT)" bash scripts/include_cycles.sh
 
 run: deps all
 	@bash deploy/local/run.sh

@@ -112,6 +112,10 @@ static fx_err check_opts(const fx_mq_client_opts *o)
     if (o->close_timeout_ms < 0) return fx_seterr(FX_EINVAL, "mq client: close_timeout_ms < 0");
     if (o->kv_redis_url && (!o->kv_redis_url[0] || o->n_kv_endpoints))
         return fx_seterr(FX_EINVAL, "mq client: kv_redis_url: empty, or given with kv_endpoints");
+    if (o->exec && (!fx_exec_kind_name(o->exec, FX_EXEC_K_COMMIT) ||
+                    !fx_exec_kind_name(o->exec, FX_EXEC_K_REVOKE)))
+        return fx_seterr(FX_EINVAL, "mq client: exec: kinds FX_EXEC_K_COMMIT and "
+                                    "FX_EXEC_K_REVOKE must be registered");
     if (o->kv_prefix && !o->kv_prefix[0])
         return fx_seterr(FX_EINVAL, "mq client: kv_prefix: empty (use NULL for the default)");
     if (o->client_id) {
@@ -245,12 +249,27 @@ fx_err fx_mq_client_new(const fx_mq_client_opts *opts, fx_mq_client **out)
     }
     if (e) goto fail;
     if ((e = fx_lease_mgr_new(&opts->lease, &c->leases))) goto fail;
+    if (opts->exec) {
+        c->exec = opts->exec;
+    } else {
+        fx_exec_cfg xc, def;
+        fx_exec_cfg_defaults(&def);
+        memset(&xc, 0, sizeof xc);
+        xc.name = "mq";
+        xc.kinds[FX_EXEC_K_COMMIT] = def.kinds[FX_EXEC_K_COMMIT];
+        xc.kinds[FX_EXEC_K_COMMIT].threads_max = FX_MQ_COMMIT_THREADS;
+        xc.kinds[FX_EXEC_K_REVOKE] = def.kinds[FX_EXEC_K_REVOKE];
+        if ((e = fx_exec_new(&xc, &c->exec))) goto fail;
+        c->exec_owned = true;
+    }
     c->etcd_backend = fx_lease_backend_etcd(c->etcd);
     c->kv_backend = fx_lease_backend_kv(c->kv);
     fx_life_init(&c->life, false);
     *out = c;
     return FX_OK;
 fail:
+    if (c->exec_owned) fx_exec_free(c->exec);
+    c->exec = NULL;
     free_backends(c);
     free_strs(c);
     pthread_cond_destroy(&p->cv);
@@ -432,12 +451,11 @@ fx_err fx_mq_client_close(fx_mq_client *c)
             c->revoker = NULL;
             fx_pwatch *pw = c->pwatch;
             c->pwatch = NULL;
-            struct fx__cpool *cp = c->cpool;
-            c->cpool = NULL;
+            fx_exec *ex = c->exec_owned ? c->exec : NULL;
             pthread_mutex_unlock(&c->mu);
             fx_revoker_free(rv); /* uses the etcd client: stopped first */
             fx_pwatch_free(pw);
-            fx__cpool_free(cp);
+            fx_exec_free(ex); /* every consumer left it: joins the commit threads */
             free_backends(c);
             pthread_mutex_lock(&c->mu);
         }
@@ -454,7 +472,7 @@ bool fx__mq_revoke_member_lease(fx_mq_client *c, int64_t lease, int64_t ttl_s, i
     if (e == FX_OK || e == FX_ENOTFOUND || e == FX_ELEASE_EXPIRED) return true;
     pthread_mutex_lock(&c->mu);
     if (!c->revoker && !priv_of(c)->backends_freed &&
-        fx_revoker_new(c->etcd, &c->revoker) != FX_OK)
+        fx_revoker_new(c->etcd, c->exec, &c->revoker) != FX_OK)
         FX_WRN("member lease %lld: cannot start the revoker (%s); its TTL reclaims it",
                (long long)lease, fx_err_detail());
     if (c->revoker) fx_revoker_add(c->revoker, lease, fx_now_ms() + ttl_s * 1000);
@@ -475,18 +493,20 @@ fx_err fx__mq_pwatch(fx_mq_client *c, fx_pwatch **out)
     return e;
 }
 
-fx_err fx__mq_cpool(fx_mq_client *c, struct fx__cpool **out)
+fx_err fx__mq_exec(fx_mq_client *c, fx_exec **out)
 {
     pthread_mutex_lock(&c->mu);
     fx_err e = FX_OK;
+    *out = NULL;
     if (priv_of(c)->backends_freed)
         e = fx_seterr(FX_ECLOSED, "mq client closed");
-    else if (!c->cpool)
-        e = fx__cpool_new(c, &c->cpool);
-    *out = c->cpool;
+    else
+        *out = c->exec;
     pthread_mutex_unlock(&c->mu);
     return e;
 }
+
+fx_exec *fx_mq_client_exec(fx_mq_client *c) { return c ? c->exec : NULL; }
 
 void fx_mq_client_free(fx_mq_client *c)
 {

@@ -55,6 +55,7 @@
 #include <stdint.h>
 
 #include "etcd.h"
+#include "executor.h"
 #include "fx_err.h"
 #include "kv.h"
 #include "lease_mgr.h"
@@ -95,6 +96,14 @@ typedef struct fx_mq_client_opts {
      * used. NULL -> "<hostname>-<pid>-<16 random hex>" generated once by fx_mq_client_new (stable
      * for the client's life). At most 255 bytes, no control characters. */
     const char *client_id;
+    /* Where the client's background work runs (bridge/executor.h; rules: docs/EXECUTOR.md):
+     * consumer commit rounds (kind FX_EXEC_K_COMMIT, one strand per consumer) and member-lease
+     * revoke retries (FX_EXEC_K_REVOKE). NULL (default): fx_mq_client_new creates its own
+     * executor with those two kinds (4 commit threads, 1 revoke thread, started on first use)
+     * and fx_mq_client_close frees it with the backends. Non-NULL: borrowed (the process's one
+     * executor; both kinds must be registered, else FX_EINVAL); it must outlive
+     * fx_mq_client_free, and is not stopped by the client. */
+    fx_exec *exec;
 } fx_mq_client_opts;
 
 /* Create the root: etcd client, KV store, LeaseManager. No I/O beyond what they do lazily. */
@@ -127,6 +136,8 @@ uint64_t fx_mq_client_payload_missing(const fx_mq_client *c);
  * stopped (FX_ELEASE_LOST, nothing committed past the gap) with an ERR line. */
 uint64_t fx_mq_client_plane_lost(const fx_mq_client *c);
 fx_lease_mgr *fx_mq_client_leases(fx_mq_client *c);
+/* The executor the client runs its background work on (opts.exec or its own). */
+fx_exec *fx_mq_client_exec(fx_mq_client *c);
 const char *fx_mq_client_root(const fx_mq_client *c);
 /* The client identity written as external_client_id (opts.client_id or the generated one). */
 const char *fx_mq_client_id(const fx_mq_client *c);
