@@ -282,11 +282,6 @@ fail:
 
 /* ---- registry --------------------------------------------------------------------------------- */
 
-typedef struct saved_detail {
-    fx_err e;
-    char detail[512];
-} saved_detail;
-
 /* An endpoint is on one of two lists: c->endpoints (open) or priv->kept (strong close failure). */
 static void unlink_ep(fx_mq_client *c, fx__mq_endpoint *ep)
 {
@@ -375,7 +370,10 @@ fx_err fx_mq_client_close(fx_mq_client *c)
     pthread_mutex_lock(&c->mu);
     fx_life_closing(&c->life, &p->cv); /* OPEN -> CLOSING (idempotent) */
     fx_err first = FX_OK;
-    saved_detail strong = {FX_OK, ""};
+    /* The first strong failure: its detail is held (fx_err_hold) through the other closes and
+     * goes into the returned error. */
+    fx_err strong = FX_OK;
+    bool held = false;
     /* Retry the endpoints whose close failed strongly last time. */
     while (p->kept) {
         fx__mq_endpoint *ep = p->kept;
@@ -410,17 +408,18 @@ fx_err fx_mq_client_close(fx_mq_client *c)
         pthread_mutex_unlock(&c->mu);
         bool unfinished = false;
         fx_err e = fn_ex ? fn_ex(self, force, &unfinished) : fn(self);
+        /* Under the hold the detail is the strong failure's, not this close's. */
+        const char *why = strong ? "detail not kept" : fx_err_detail();
         if (e && unfinished) {
-            if (!strong.e) {
-                strong.e = e;
-                snprintf(strong.detail, sizeof strong.detail, "%s", fx_err_detail());
-            }
             FX_WRN("mq client close: an endpoint close failed strongly: %s (%s); keeping the "
-                   "backends until a later close succeeds", fx_errname(e), fx_err_detail());
+                   "backends until a later close succeeds", fx_errname(e), why);
+            if (!strong) {
+                strong = e;
+                held = fx_err_hold();
+            }
         } else if (e) {
             if (!first) first = e;
-            FX_WRN("mq client close: an endpoint close failed: %s (%s)", fx_errname(e),
-                   fx_err_detail());
+            FX_WRN("mq client close: an endpoint close failed: %s (%s)", fx_errname(e), why);
         }
         pthread_mutex_lock(&c->mu);
         /* An unfinished endpoint has not unregistered (its unregister waits for `calling` to be
@@ -430,13 +429,14 @@ fx_err fx_mq_client_close(fx_mq_client *c)
         pthread_cond_broadcast(&p->cv);
     }
     if (first && !p->close_err) p->close_err = first;
+    if (strong) fx_err_release(held);
     if (p->kept) {
         /* Strong failure: no backend teardown; state stays "closing" (no new endpoints). */
         pthread_mutex_unlock(&c->mu);
-        return fx_seterr(strong.e ? strong.e : FX_EUNAVAIL,
+        return fx_seterr(strong ? strong : FX_EUNAVAIL,
                          "mq client close: an endpoint close failed and stays retryable (%s); "
                          "backends kept, close again to retry",
-                         strong.e ? strong.detail : "closed by a concurrent client close");
+                         strong ? fx_err_detail() : "closed by a concurrent client close");
     }
     if (c->life.state == FX_LIFE_CLOSING) {
         fx_life_close_done(&c->life, &p->cv, FX_OK); /* no new op references */

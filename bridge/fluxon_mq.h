@@ -42,10 +42,21 @@
  * except MPMC producer puts, which run at once to distinct sub-MPSCs (fx_mpmc_put).
  * close() may be called from any thread at any time.
  *
- * Callbacks: two run the caller's code, on the MQ's own threads: a consumer's notify hook
- * (fx_mpmc_consumer_set_notify; with the consumer's lock held) and a release watch's fn
- * (fx_mq_release_watch_start; on the watch's thread). Both must only wake something up: no MQ
- * call, no blocking. No other call of this API calls back.
+ * Callbacks: exactly two hooks run the caller's code, and on threads that are not the caller's:
+ *   - a consumer's notify hook (fx_mpmc_consumer_set_notify): on the client's produce-offset
+ *     watch thread (new messages), the LeaseManager thread (a lease of the consumer expired) or
+ *     the thread of the caller's own get that found the payload plane lost; always with the
+ *     consumer's lock held;
+ *   - a release watch's fn (fx_mq_release_watch_start): on that watch's own thread, one call at
+ *     a time, with no MQ lock held.
+ * Both must only wake something up: no MQ call, no blocking. No other call of this API calls
+ * the caller back.
+ *
+ * Threads of the client: the LeaseManager's, the etcd watches' (pwatch.h, the release watch,
+ * MPMC producers' ready watches), and the executor's (executor.h, docs/EXECUTOR.md), on which
+ * consumer commit rounds (commit_pool.h) and member-lease revoke retries (revoker.h) run: the
+ * client's own executor or the one given in fx_mq_client_opts.exec. None of them runs caller
+ * code except the two hooks above.
  */
 #ifndef FX_FLUXON_MQ_H
 #define FX_FLUXON_MQ_H

@@ -69,7 +69,7 @@ struct fx_mpsc_consumer {
     pthread_mutex_t mu;        /* everything below and lf */
     pthread_cond_t cv;         /* close progress, flush waiters */
     pthread_cond_t data_cv;    /* get waiters (watch, close, fault) */
-    pthread_cond_t commit_cv;  /* unused since the commit pool (kept for the destroy order) */
+    pthread_cond_t commit_cv;  /* unused (kept for the destroy order) */
     life lf;
     pstate *ps;
     size_t n_ps, cap_ps, rr;
