@@ -252,7 +252,7 @@ UNIT_SED := -e 's|/usr/local/bin/fluxon-bridge|$(BINDIR)/fluxon-bridge|g' \
             -e 's|/usr/local/share/doc/fluxon|$(DOCDIR)|g' -e 's|/etc/fluxon/|$(SYSCONFDIR)/fluxon/|g'
 
 # fluxon-bridge and fluxonctl to BINDIR; the units of deploy/systemd/ to SYSTEMDUNITDIR; README,
-# docs/ARCHITECTURE.md and deploy/README.md (as DEPLOY.md) to DOCDIR, the example configs to
+# docs/ARCHITECTURE.md, docs/EXECUTOR.md and deploy/README.md (as DEPLOY.md) to DOCDIR, the example configs to
 # DOCDIR/examples; SYSCONFDIR/fluxon/bridge.json from deploy/bridge-single.json unless a config
 # is already there (never overwritten). Creates no user: see deploy/README.md.
 install: $(BINS)
@@ -265,6 +265,7 @@ install: $(BINS)
 	done
 	$(INSTALL) -m 0644 README.md $(DESTDIR)$(DOCDIR)/README.md
 	$(INSTALL) -m 0644 docs/ARCHITECTURE.md $(DESTDIR)$(DOCDIR)/ARCHITECTURE.md
+	$(INSTALL) -m 0644 docs/EXECUTOR.md $(DESTDIR)$(DOCDIR)/EXECUTOR.md
 	$(INSTALL) -m 0644 deploy/README.md $(DESTDIR)$(DOCDIR)/DEPLOY.md
 	$(INSTALL) -m 0644 deploy/*.json deploy/nats-server.conf $(DESTDIR)$(DOCDIR)/examples/
 	$(INSTALL) -d -m 0750 $(DESTDIR)$(SYSCONFDIR)/fluxon
