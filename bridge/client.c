@@ -452,6 +452,7 @@ fx_err fx_mq_client_close(fx_mq_client *c)
             fx_pwatch *pw = c->pwatch;
             c->pwatch = NULL;
             fx_exec *ex = c->exec_owned ? c->exec : NULL;
+            if (ex) c->exec = NULL;
             pthread_mutex_unlock(&c->mu);
             fx_revoker_free(rv); /* uses the etcd client: stopped first */
             fx_pwatch_free(pw);
@@ -506,7 +507,14 @@ fx_err fx__mq_exec(fx_mq_client *c, fx_exec **out)
     return e;
 }
 
-fx_exec *fx_mq_client_exec(fx_mq_client *c) { return c ? c->exec : NULL; }
+fx_exec *fx_mq_client_exec(fx_mq_client *c)
+{
+    if (!c) return NULL;
+    pthread_mutex_lock(&c->mu);
+    fx_exec *ex = c->exec;
+    pthread_mutex_unlock(&c->mu);
+    return ex;
+}
 
 void fx_mq_client_free(fx_mq_client *c)
 {

@@ -147,7 +147,8 @@ uint64_t fx_mq_client_payload_missing(const fx_mq_client *c);
  * stopped (FX_ELEASE_LOST, nothing committed past the gap) with an ERR line. */
 uint64_t fx_mq_client_plane_lost(const fx_mq_client *c);
 fx_lease_mgr *fx_mq_client_leases(fx_mq_client *c);
-/* The executor the client runs its background work on (opts.exec or its own). */
+/* The executor the client runs its background work on: opts.exec, or its own (then NULL once
+ * fx_mq_client_close has freed it with the backends). */
 fx_exec *fx_mq_client_exec(fx_mq_client *c);
 const char *fx_mq_client_root(const fx_mq_client *c);
 /* The client identity written as external_client_id (opts.client_id or the generated one). */
