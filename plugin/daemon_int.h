@@ -34,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "chanq.h"
 #include "config.h"
 #include "daemon.h"
 #include "fluxon_mq.h"
@@ -71,19 +72,9 @@
 #define FX_DM_NONE_GRACE_MS 20             /* ack none: wait for a no-responders before acking */
 #define FX_DM_DRAIN_LINGER_MS 1000         /* drain: wait this long for outstanding acks */
 #define FX_DM_DLQ_WAIT_MS 5000             /* release: wait for dead letters being stored */
-#define FX_DM_SWEEP_MAX 16                 /* stranded sub-MPSCs remembered per view refresh */
-#define FX_DM_RECLAIM_SWEEP 4              /* idle sub-MPSCs (dead bridges') reclaimed per refresh */
-#define FX_DM_ADOPT_IDLE_MS 200            /* an adopted sub-MPSC empty this long is let go */
-#define FX_DM_ATTW_THREADS 4               /* delivery-attempt record writers per process */
 #define FX_DM_IDLE_GET_MS 250             /* an idle claim's get wait (stop noticed within it) */
 #define FX_DM_CLAIM_WORKERS 8              /* threads that run every claim's steps (per process) */
-#define FX_DM_OPEN_POLL_MS 50              /* a claim waiting for an open slot tries again */
-#define FX_DM_OPEN_MAX 6                   /* consumer opens running at once per bridge (< workers) */
-#define FX_DM_ADOPT_MAX 4                  /* stranded sub-MPSCs one claim drains at a time */
-#define FX_DM_VIEW_MS 2000                 /* house-keeping refresh of backlog and sub-MPSC views */
-#define FX_DM_KICK_MIN_MS 100             /* kicked view refreshes (released claims): at most 10/s */
 #define FX_DM_KEEPER_MS 1000               /* producer thread: re-check its producer when idle */
-#define FX_DM_HELD_MAX 256                 /* claimed sub-MPSCs whose backlog the view keeps */
 
 #define FX_DM_HDR_CHANNEL "Fluxon-Channel"
 #define FX_DM_HDR_SUBJECT "Fluxon-Subject"
@@ -178,16 +169,7 @@ struct dm_chan {
     atomic_bool attached;
     char attach_err[320];
 
-    /* Sub-MPSC view refreshed by house-keeping (under mu): the "stranded" sub-MPSCs, unready,
-     * with no consumer bound and messages waiting (left by a released or killed claim). A claim
-     * adopts stranded backlog next to its own (claim.c, adopt_stranded). */
-    int64_t stranded[FX_DM_SWEEP_MAX];
-    size_t n_stranded;
-    uint64_t view_gen;
-    atomic_bool view_due; /* refresh this channel's view now (dm_view_kick) */
-    /* Claimed (ready) sub-MPSCs and their backlog, same refresh: a claim's JetStream "pending" */
-    int64_t held[FX_DM_HELD_MAX], held_backlog[FX_DM_HELD_MAX];
-    size_t n_held;
+    uint64_t reclaimed_seen; /* the keeper's reclaim count already in m.reclaimed (house-keeping) */
 
     dm_claim *claims; /* under d->reg */
     atomic_bool draining;
@@ -270,6 +252,7 @@ struct fx_daemon {
     atomic_int_fast64_t max_payload;
 
     fx_mq_client *mq;
+    fx_chanq_keeper *keeper; /* the consumed channels' keeper (bridge/chanq_keeper.h), with mq */
     fx_metrics *metrics;
     fx_http *http;
     fx_metric *g_invalid_acks, *g_stale_acks, *g_invalid_control, *g_acks_dropped, *g_lease_ka_fail,
@@ -294,7 +277,6 @@ struct fx_daemon {
 
     /* control (under mu) */
     bool ctl_reload, ctl_stop, ctl_exit;
-    bool view_kick; /* some channel's view_due is set (a claim was released) */
 
     /* health (under health_mu) */
     pthread_mutex_t health_mu;
@@ -358,8 +340,6 @@ bool dm_bg_wait(fx_daemon *d, int64_t ms);
 bool dm_nats_connected(fx_daemon *d);
 /* The current config with a reference (release with fx_config_unref). Any thread. */
 fx_config *dm_cfg_get(fx_daemon *d);
-/* Ask house-keeping to refresh the sub-MPSC view of ch now (any thread; holds no lock, or reg). */
-void dm_view_kick(fx_daemon *d, dm_chan *ch);
 uint64_t dm_rand64(void);
 
 #endif
