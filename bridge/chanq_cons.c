@@ -569,7 +569,7 @@ static bool is_adopted(const fx_chanq_cons *c, int64_t chan)
     return false;
 }
 
-void fx_chanq_cons_adopt(fx_chanq_cons *c)
+void fx_chanq_cons_inherit(fx_chanq_cons *c)
 {
     if (c->state != ST_OPEN || c->lost) return;
     int64_t stranded[FX_CHANQ_STRANDED_MAX];
@@ -589,7 +589,7 @@ void fx_chanq_cons_adopt(fx_chanq_cons *c)
     }
 }
 
-size_t fx_chanq_cons_adopted(const fx_chanq_cons *c) { return c->n_adopt + c->n_adopting; }
+size_t fx_chanq_cons_inherited(const fx_chanq_cons *c) { return c->n_adopt + c->n_adopting; }
 
 static void take_counts(part *p, const fx_mq_delivery *out, uint64_t *counts, size_t got)
 {

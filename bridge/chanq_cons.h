@@ -78,9 +78,9 @@ int64_t fx_chanq_cons_poll(fx_chanq_cons *c);
 /* Look at the keeper's view and start adopting the departed consumers' parts it names (jobs; no
  * I/O here). Only when the front-end can deliver now (a consumer that could not would only hold
  * the backlog). */
-void fx_chanq_cons_adopt(fx_chanq_cons *c);
+void fx_chanq_cons_inherit(fx_chanq_cons *c);
 /* Adopted parts held now (they need a poll every ~20 ms even with nothing new). */
-size_t fx_chanq_cons_adopted(const fx_chanq_cons *c);
+size_t fx_chanq_cons_inherited(const fx_chanq_cons *c);
 
 /* Up to max deliveries without waiting: the adopted parts first (round robin), then its own.
  * counts[i]: attempts made before (durable record; 0 without attempts). FX_OK with *n >= 1, or

@@ -396,8 +396,6 @@ static bool can_publish(cst *s)
 }
 
 /* Engine op: before a round that publishes: persist the attempt counts the round will make, and
- * read our sub-MPSC's backlog from the last view (JetStream's "pending" of the ack subjects). */
-/* Engine op: before a round that publishes: persist the attempt counts the round will make, and
  * read the fencing and backlog once (fx_chanq_cons_round). */
 static void op_round(void *ctx)
 {
@@ -768,7 +766,7 @@ static int64_t claim_turn_inner(cst *s)
     if (stop_requested(s)) return -1;
     drain_events(s);
     flush(s);
-    int64_t pw = fx_chanq_cons_poll(s->cq); /* open, reopen, adopted backlog taken or let go */
+    int64_t pw = fx_chanq_cons_poll(s->cq); /* open, reopen, inherited backlog taken or let go */
     if (pw >= 0) {
         if (atomic_load(&s->d->stopping)) return -1;
         return pw;
@@ -782,7 +780,7 @@ static int64_t claim_turn_inner(cst *s)
     if (fx_chanq_cons_lost(s->cq)) return 0; /* the next poll releases and reopens */
     if (stop_requested(s)) return -1;
     /* Backlog a departed consumer left (the keeper's view): taken only while we can deliver it */
-    if (can_publish(s)) fx_chanq_cons_adopt(s->cq);
+    if (can_publish(s)) fx_chanq_cons_inherit(s->cq);
     int64_t next = fx_dlv_next_due(&s->q);
     bool can_fetch = fx_dlv_room(&s->q) > 0 && can_publish(s);
     size_t want = fx_dlv_room(&s->q);
@@ -808,9 +806,9 @@ static int64_t claim_turn_inner(cst *s)
     if (e == FX_ETIMEDOUT) {
         if (s->cl->pull) pull_nowait(s);
         /* Nothing stored for us: new messages kick the claim (claim_notify); the turn comes back
-         * anyway after 20 ms while deliveries are in flight or adopted backlog is held, else
+         * anyway after 20 ms while deliveries are in flight or inherited backlog is held, else
          * after FX_DM_IDLE_GET_MS (a thousand idle claims: 4,000 cheap turns/s). */
-        int64_t cap = s->q.t.n_used || fx_chanq_cons_adopted(s->cq) ? 20 : FX_DM_IDLE_GET_MS;
+        int64_t cap = s->q.t.n_used || fx_chanq_cons_inherited(s->cq) ? 20 : FX_DM_IDLE_GET_MS;
         if (s->q.n_send && cap > 2) cap = 2; /* deliveries wait for their attempt record */
         return next < cap ? next : cap;
     }
@@ -1562,7 +1560,7 @@ void dm_on_nr(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
 
 /* ---- interest thread --------------------------------------------------------------------------- */
 
-/* fluxon_claims: claims that hold a sub-MPSC (consumer open) and are not being released. */
+/* fluxon_claims: claims whose consumer is open and are not being released. */
 static size_t count_live(dm_chan *ch)
 {
     size_t n = 0;
