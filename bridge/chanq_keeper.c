@@ -23,6 +23,8 @@ typedef struct lane {
 
 struct fx_chanq_keeper {
     fx_mq_client *mq;
+    void (*on_reclaim)(void *arg, const char *name);
+    void *arg;
     pthread_mutex_t mu; /* chans, kick, stop */
     pthread_cond_t cv;  /* the keeper thread (monotonic) */
     fx__chanq_chan **chans;
@@ -269,6 +271,7 @@ static void reclaim(fx_chanq_keeper *k, fx__chanq_chan *ch, int64_t mpmc, const 
         pthread_mutex_lock(&ch->mu);
         ch->reclaimed++;
         pthread_mutex_unlock(&ch->mu);
+        if (k->on_reclaim) k->on_reclaim(k->arg, ch->name);
         FX_INF("channel %s: reclaimed idle sub-MPSC %" PRId64 " (no consumer, no backlog)",
                ch->name, idle[i]);
     }
@@ -420,12 +423,15 @@ static void *keeper_main(void *arg)
 
 /* ---- API ------------------------------------------------------------------------------------------ */
 
-fx_err fx_chanq_keeper_new(fx_mq_client *mq, fx_chanq_keeper **out)
+fx_err fx_chanq_keeper_new(fx_mq_client *mq, void (*on_reclaim)(void *arg, const char *name),
+                           void *arg, fx_chanq_keeper **out)
 {
     *out = NULL;
     fx_chanq_keeper *k = calloc(1, sizeof *k);
     if (!k) return fx_seterr(FX_ENOMEM, "keeper");
     k->mq = mq;
+    k->on_reclaim = on_reclaim;
+    k->arg = arg;
     pthread_mutex_init(&k->mu, NULL);
     fx_cond_init_monotonic(&k->cv);
     atomic_init(&k->stopping, false);

@@ -48,8 +48,10 @@
 
 typedef struct fx_chanq_keeper fx_chanq_keeper;
 
-/* Start the keeper's threads. */
-fx_err fx_chanq_keeper_new(fx_mq_client *mq, fx_chanq_keeper **out);
+/* Start the keeper's threads. on_reclaim (may be NULL): called on the keeper thread, with no
+ * keeper lock held, after each idle part of channel `name` it reclaimed; it must not block. */
+fx_err fx_chanq_keeper_new(fx_mq_client *mq, void (*on_reclaim)(void *arg, const char *name),
+                           void *arg, fx_chanq_keeper **out);
 /* Stop: the queued closes run to their end, the threads are joined, the release watch stops.
  * NULL is a no-op. No consumer may be open (a WRN line names one that is: it is leaked). */
 void fx_chanq_keeper_free(fx_chanq_keeper *k);

@@ -371,6 +371,16 @@ static fx_err redis_persistence_check(fx_daemon *d)
     return FX_OK;
 }
 
+/* The keeper reclaimed an idle sub-MPSC of channel `name` (keeper thread). */
+static void on_reclaim(void *arg, const char *name)
+{
+    fx_daemon *d = arg;
+    pthread_rwlock_rdlock(&d->reg);
+    dm_chan *ch = dm_find_chan_locked(d, name);
+    if (ch) fx_metric_inc(ch->m.reclaimed, 1);
+    pthread_rwlock_unlock(&d->reg);
+}
+
 static fx_err mq_setup(fx_daemon *d)
 {
     const fx_config *c = d->cfg;
@@ -378,7 +388,7 @@ static fx_err mq_setup(fx_daemon *d)
     mq_options(c, &o);
     fx_err e = fx_mq_client_new(&o, &d->mq);
     if (e) return e;
-    if ((e = fx_chanq_keeper_new(d->mq, &d->keeper))) {
+    if ((e = fx_chanq_keeper_new(d->mq, on_reclaim, d, &d->keeper))) {
         fx_mq_client_free(d->mq);
         d->mq = NULL;
         return e;
@@ -580,8 +590,8 @@ static void hk_stats(fx_daemon *d)
     pthread_rwlock_unlock(&d->reg);
 }
 
-/* The channels' backlog gauges and reclaim counters from the keeper's views (bridge/chanq_keeper.h),
- * and the channels it keeps: every configured one. */
+/* The channels' backlog gauges from the keeper's views (bridge/chanq_keeper.h), and the channels
+ * it keeps: every configured one. */
 static void hk_views(fx_daemon *d)
 {
     const char *names[256];
@@ -593,10 +603,6 @@ static void hk_views(fx_daemon *d)
         fx_chanq_chan_stats st;
         if (!fx_chanq_keeper_stats(d->keeper, ch->name, &st) || !st.known) continue;
         fx_metric_set(ch->m.backlog, st.backlog);
-        if (st.reclaimed > ch->reclaimed_seen) {
-            fx_metric_inc(ch->m.reclaimed, (int64_t)(st.reclaimed - ch->reclaimed_seen));
-            ch->reclaimed_seen = st.reclaimed;
-        }
     }
     fx_chanq_keeper_set_channels(d->keeper, names, n);
     pthread_rwlock_unlock(&d->reg);

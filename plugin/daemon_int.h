@@ -169,8 +169,6 @@ struct dm_chan {
     atomic_bool attached;
     char attach_err[320];
 
-    uint64_t reclaimed_seen; /* the keeper's reclaim count already in m.reclaimed (house-keeping) */
-
     dm_claim *claims; /* under d->reg */
     atomic_bool draining;
 };
