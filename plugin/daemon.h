@@ -30,13 +30,16 @@
  *          sub-MPSC (fx_mpmc_put_hold: one segment, one etcd txn) -> PubAck replies /
  *          dead-letter completions; with one ready sub-MPSC the producer thread stores it.
  *   claim workers (FX_DM_CLAIM_WORKERS per process): a claim has no thread of its own; these
- *          run every claim's steps, one worker at a time per claim (fx_mpmc_get -> delivery
- *          engine -> publish; acks, redelivery, dead letters). A claim owns its MPMC consumer.
- *   attempt writers (FX_DM_ATTW_THREADS per process, while an explicit-ack claim runs): write
- *          the claims' delivery-attempt records.
+ *          run every claim's steps, one worker at a time per claim (fx_chanq_cons_get -> delivery
+ *          engine -> publish; acks, redelivery, dead letters); a step never blocks on etcd. A
+ *          claim owns its channel consumer (bridge/chanq_cons.h).
+ *   keeper (bridge/chanq_keeper.h, one per MQ client, owned by the daemon): a thread for the
+ *          channels' views (backlog, departed consumers' backlog, reclaim of idle parts) and the
+ *          release watch; job lanes for the consumers' opens, inheritances and closes
+ *          (FX_CHANQ_SLOW_THREADS) and their attempt-record writes (FX_CHANQ_WRITE_THREADS).
  *   interest (one): polls /subsz, opens and releases claims.
- *   house-keeping (one): etcd status probe (health), backlog/claims/etcd/lease metrics, the
- *          sub-MPSC views and the release watch.
+ *   house-keeping (one): etcd status probe (health), backlog/claims/etcd/lease metrics (the
+ *          backlog gauges from the keeper's views).
  *   admin (one): answers $FLUXON.API.* requests (etcd reads).
  *   jsapi (one): answers the JetStream API subset (jsapi.h: $JS.API.* or $JS.<domain>.API.*).
  *   control (one): reload and drain, so main keeps handling signals.
