@@ -1,5 +1,5 @@
 /* chanq_cons.c -- a channel consumer: its own part (an MPMC consumer), the departed consumers'
- * parts it adopts, their attempt records and writers; blocking work as keeper jobs.
+ * parts it adopts, their attempt records and writers; blocking work as executor jobs.
  * Contract: chanq_cons.h; jobs and channel entries: chanq_int.h.
  *
  * A "part" below is one sub-MPSC the consumer reads: its own (bound by fx_mpmc_consumer_open,
@@ -9,8 +9,8 @@
  * Lifetime: the consumer is reference counted: the owner holds one reference until
  * fx_chanq_cons_close, every job in flight one. The last reference frees it (after its parts
  * were closed by the jobs that held them), kicking the keeper's view of the channel.
- * Lock order: the MQ's internal locks (a notify hook), then c->mu; then a writer's mu; then a
- * lane's lock. Nothing calls into the MQ with c->mu held.
+ * Lock order: the MQ's internal locks (a notify hook), then c->mu; then a writer's mu; then the
+ * executor's lock. Nothing calls into the MQ with c->mu held.
  */
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -25,22 +25,22 @@
 #include "fx_time.h"
 
 /* ---- attempt-record writers -----------------------------------------------------------------------
- * One writer per part's record: a job of the keeper's write lane that puts the newest record
- * built (records built while a put is in flight are coalesced into the next put), so one part's
- * puts stay in order and a slow part holds one lane thread at most. A failed put is retried
- * (newest record) after 200 ms, except a fenced refusal (FX_ELEASE_LOST: the consumer no longer
- * owns the part, so its deliveries must not go out; the consumer finds the lost lease on its
- * next call). */
+ * One writer per part's record: a strand of the executor's write kind (FX_EXEC_K_WRITE) whose
+ * step puts the newest record built (records built while a put is in flight are coalesced into
+ * the next put), so one part's puts stay in order and a slow part holds one write thread at most.
+ * A failed put is retried (newest record) after 200 ms (a timed kick), except a fenced refusal
+ * (FX_ELEASE_LOST: the consumer no longer owns the part, so its deliveries must not go out; the
+ * consumer finds the lost lease on its next call). */
 typedef struct attw {
-    fx__chanq_job job; /* first */
+    fx_exec_strand *strand;
     struct fx_chanq_cons *c;
     pthread_mutex_t mu;
-    pthread_cond_t cv; /* durable moved, or the job left (monotonic) */
+    pthread_cond_t cv; /* durable moved, or the step left (monotonic) */
     uint8_t *val;      /* pending record (gen > 0) */
     size_t len, cap;
     fx_attempts_dest dest;
     uint64_t gen;
-    bool pending; /* posted, or running: the job still uses it */
+    bool pending; /* kicked, or running: a put is still to come */
     bool stop;
     atomic_uint_fast64_t durable;
     fx_log_slot slot;
@@ -131,9 +131,9 @@ static void cons_unref(fx_chanq_cons *c)
     free(c);
 }
 
-static void attw_run(fx__chanq_job *j)
+static void attw_run(void *arg)
 {
-    attw *w = (attw *)j;
+    attw *w = arg;
     fx_chanq_cons *c = w->c;
     pthread_mutex_lock(&w->mu);
     if (w->stop || !w->gen) {
@@ -146,8 +146,7 @@ static void attw_run(fx__chanq_job *j)
     size_t len = w->len;
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf) {
-        w->job.not_before = fx_now_ms() + 200;
-        fx__chanq_post(c->k, FX__CHANQ_WRITE, &w->job);
+        fx_exec_strand_kick(w->strand, fx_now_ms() + 200);
         pthread_mutex_unlock(&w->mu);
         return;
     }
@@ -169,12 +168,9 @@ static void attw_run(fx__chanq_job *j)
     if (e == FX_ELEASE_LOST) w->gen = 0;      /* fenced: never retried */
     else if (e && !w->gen) w->gen = g;        /* nothing newer: retry this one */
     if (e && fx__chanq_stopping(c->k)) w->gen = 0; /* the keeper stops: no retry */
-    bool again = !w->stop && w->gen;
-    if (again) {
-        w->job.not_before = e ? fx_now_ms() + 200 : 0;
-        again = fx__chanq_post(c->k, FX__CHANQ_WRITE, &w->job);
-    }
-    if (!again) w->pending = false;
+    bool again = !w->stop && w->gen && !fx_exec_stopping(fx__chanq_exec(c->k));
+    if (again) fx_exec_strand_kick(w->strand, e ? fx_now_ms() + 200 : 0);
+    else w->pending = false;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
 }
@@ -183,7 +179,10 @@ static attw *attw_new(fx_chanq_cons *c)
 {
     attw *w = calloc(1, sizeof *w);
     if (!w) return NULL;
-    w->job.fn = attw_run;
+    if (fx_exec_strand_new(fx__chanq_exec(c->k), FX_EXEC_K_WRITE, attw_run, w, &w->strand)) {
+        free(w);
+        return NULL;
+    }
     w->c = c;
     pthread_mutex_init(&w->mu, NULL);
     fx_cond_init_monotonic(&w->cv);
@@ -194,14 +193,11 @@ static attw *attw_new(fx_chanq_cons *c)
 static void attw_free(fx_chanq_cons *c, attw *w)
 {
     if (!w) return;
+    (void)c;
     pthread_mutex_lock(&w->mu);
     w->stop = true;
-    if (fx__chanq_unpost(c->k, FX__CHANQ_WRITE, &w->job)) w->pending = false;
-    while (w->pending) {
-        struct timespec ts = fx_deadline_ts(fx_now_ms() + 1000);
-        pthread_cond_timedwait(&w->cv, &w->mu, &ts);
-    }
     pthread_mutex_unlock(&w->mu);
+    fx_exec_strand_free(w->strand); /* drops a pending step, waits for a running one */
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     free(w->val);
@@ -225,16 +221,17 @@ static bool attw_submit(fx_chanq_cons *c, attw *w, fx_attempts *att, const uint8
     w->len = len;
     fx_attempts_dest_of(att, &w->dest);
     w->gen = gen;
+    (void)c;
     if (!w->pending) {
-        w->job.not_before = 0;
-        w->pending = fx__chanq_post(c->k, FX__CHANQ_WRITE, &w->job);
+        w->pending = true;
+        fx_exec_strand_kick(w->strand, 0);
     }
     pthread_mutex_unlock(&w->mu);
     return true;
 }
 
 /* Wait (bounded) until record gen is durable: before a part is let go, so its next consumer
- * reads it. On a slow-lane job (the write lane never waits for the slow lane). */
+ * reads it. On a slow job (a write step never waits for a slow job). */
 static void attw_sync(fx_chanq_cons *c, const part *p, int64_t ms)
 {
     attw *w = p->as.w;
@@ -251,7 +248,7 @@ static void attw_sync(fx_chanq_cons *c, const part *p, int64_t ms)
                " were not recorded within %" PRId64 " ms", c->o.label, p->chan, ms);
 }
 
-/* ---- closing parts (on slow-lane jobs) --------------------------------------------------------- */
+/* ---- closing parts (on slow jobs) --------------------------------------------------------- */
 
 /* drained: its last record and its acks are made durable first. */
 static void part_close(fx_chanq_cons *c, part *p, bool drained, bool adopted)
@@ -311,12 +308,12 @@ static bool post_close(fx_chanq_cons *c, close_job *cj)
     cj->job.fn = close_run;
     cj->c = c;
     cons_ref(c);
-    if (fx__chanq_post(c->k, FX__CHANQ_SLOW, &cj->job)) return true;
-    close_run(&cj->job); /* the keeper stops: here (bounded) */
+    if (fx__chanq_post(c->k, &cj->job)) return true;
+    close_run(&cj->job); /* refused by the executor: here (bounded) */
     return true;
 }
 
-/* ---- open and adoption (slow-lane jobs) -------------------------------------------------------- */
+/* ---- open and adoption (slow jobs) ---------------------------------------------------------------- */
 
 typedef struct open_job {
     fx__chanq_job job; /* first */
@@ -402,7 +399,7 @@ static bool post_open(fx_chanq_cons *c, int64_t chan, int64_t mpmc)
     oj->chan = chan;
     oj->mpmc = mpmc;
     cons_ref(c);
-    if (fx__chanq_post(c->k, FX__CHANQ_SLOW, &oj->job)) return true;
+    if (fx__chanq_post(c->k, &oj->job)) return true;
     free(oj);
     cons_unref(c);
     return false;

@@ -13,7 +13,7 @@
  *    go once it stayed empty FX_CHANQ_ADOPT_IDLE_MS with nothing of it held by the front-end
  *    (closed as a job: last attempt record durable, acks committed);
  *  - attempt records (explicit acks, bridge/attempts.h): fx_chanq_cons_count builds the record
- *    of each part and hands it to the keeper's write lane; fx_chanq_cons_durable tells whether a
+ *    of each part and hands it to its writer (a strand of the executor's write kind); fx_chanq_cons_durable tells whether a
  *    delivery's count is durable (a delivery must not go out before).
  *
  * Delivery handles: a delivery's fx_mq_msg_id is its handle (opaque: pass it back to ack, count,
@@ -21,7 +21,8 @@
  * front-end which handles to forget.
  *
  * Threads: every call but fx_chanq_cons_close's effect runs on the owner's thread, one call at a
- * time (the claim's steps); none blocks: etcd work runs on the keeper's lanes. The callbacks:
+ * time (the claim's steps); none blocks: etcd work runs as jobs on the keeper's executor
+ * (chanq_int.h). The callbacks:
  *  - notify(arg): something may be ready (new messages, an open or adoption finished, an attempt
  *    record became durable); any thread, with internal locks held: only wake the owner. Never
  *    called once fx_chanq_cons_close returned.
@@ -103,7 +104,7 @@ typedef struct fx_chanq_attempt {
     uint64_t gen;
 } fx_chanq_attempt;
 /* Record the attempt counts of every delivery the front-end holds (all of them: a record
- * replaces the previous one). No I/O: the records go to the write lane. No-op without
+ * replaces the previous one). No I/O: the records go to the writers. No-op without
  * opts.attempts. */
 void fx_chanq_cons_count(fx_chanq_cons *c, fx_chanq_attempt *items, size_t n);
 /* Is record generation gen of the part of id durable (true without attempts)? */

@@ -1,15 +1,16 @@
 /* chanq_int.h -- between the keeper (chanq_keeper.c) and the channel consumers (chanq_cons.c):
- * the job lanes and the per-channel entry. Not part of the API.
+ * the consumers' jobs and the per-channel entry. Not part of the API.
  *
- * Job lanes. A job is an intrusive node of a live object (a consumer, an adoption, an attempt
- * stream), queued at most once at a time, so a lane's queue is bounded by the objects alive; a
- * job may carry a not-before time (a retry). A lane's threads run jobs in queue order (the first
- * whose time has come). fn runs without any lane lock held and may post jobs (to any lane).
- * Lanes: FX__CHANQ_SLOW (opens, adoptions, closes: each bounded by its etcd deadlines) and
- * FX__CHANQ_WRITE (attempt-record puts). A job of the slow lane may wait for the write lane,
- * never the reverse. At the keeper's free the slow lane runs every queued job (ignoring
- * not-before times) before its threads exit, then the write lane does the same; a job can tell
- * (fx__chanq_stopping) and must then not post itself again with a not-before time.
+ * Jobs run on the keeper's executor (bridge/executor.h, borrowed from the daemon):
+ *  - slow jobs (opens, adoptions, closes: each bounded by its etcd deadlines) are one-shot jobs
+ *    of kind FX_EXEC_K_CHANQ, posted with fx__chanq_post; fn runs without any lock held and may
+ *    post more. The keeper counts them: fx_chanq_keeper_free waits until every one posted has
+ *    run (a close must finish: last attempt record durable, acks committed). A job the executor
+ *    cancels (it was freed first) runs in the freeing thread instead.
+ *  - attempt-record writes are steps of one strand per record (kind FX_EXEC_K_WRITE, chanq_cons.c):
+ *    one record's puts in order, a retry as a timed kick. A slow job may wait for a write, never
+ *    the reverse (the write kind has its own threads).
+ * fx__chanq_stopping turns true when the keeper is being freed: a job then must not retry.
  *
  * Channel entries live until the keeper is freed (their pointers are stable). Fields under the
  * keeper's mutex unless said otherwise.
@@ -22,22 +23,19 @@
 #include <stdint.h>
 
 #include "chanq_keeper.h"
-
-enum { FX__CHANQ_SLOW = 0, FX__CHANQ_WRITE = 1, FX__CHANQ_LANES = 2 };
+#include "executor.h"
 
 typedef struct fx__chanq_job {
     void (*fn)(struct fx__chanq_job *j);
-    int64_t not_before; /* fx_now_ms clock; 0: now */
-    bool queued;        /* under the lane's lock */
-    struct fx__chanq_job *next;
+    fx_chanq_keeper *k; /* set by fx__chanq_post */
 } fx__chanq_job;
 
-/* Queue j (no-op while it is queued). false: the keeper is stopped (j not queued). */
-bool fx__chanq_post(fx_chanq_keeper *k, int lane, fx__chanq_job *j);
-/* Unlink j if it is queued (it will not run). true: it was. */
-bool fx__chanq_unpost(fx_chanq_keeper *k, int lane, fx__chanq_job *j);
+/* Submit slow job j. false: the executor refused it (stopping, or its queue is full; logged):
+ * nothing was queued, the caller runs it in place or retries later. */
+bool fx__chanq_post(fx_chanq_keeper *k, fx__chanq_job *j);
 bool fx__chanq_stopping(fx_chanq_keeper *k);
 fx_mq_client *fx__chanq_mq(fx_chanq_keeper *k);
+fx_exec *fx__chanq_exec(fx_chanq_keeper *k);
 
 typedef struct fx__chanq_chan {
     char *name;

@@ -1,5 +1,5 @@
 /* chanq_keeper.c -- the keeper of the consumed channels: views, reclaim of idle parts, release
- * watch, resolve cache and the job lanes. Contract: chanq_keeper.h, chanq_int.h. */
+ * watch, resolve cache and the consumers' slow jobs (on the executor). Contract: chanq_keeper.h, chanq_int.h. */
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -9,17 +9,6 @@
 #include "fx_log.h"
 #include "fx_time.h"
 #include "inspect.h"
-
-typedef struct lane {
-    pthread_mutex_t mu;
-    pthread_cond_t cv; /* monotonic */
-    fx__chanq_job *head, *tail;
-    bool stop;  /* run what is queued, then exit */
-    bool closed; /* no more posts */
-    pthread_t thr[FX_CHANQ_SLOW_THREADS > FX_CHANQ_WRITE_THREADS ? FX_CHANQ_SLOW_THREADS
-                                                                  : FX_CHANQ_WRITE_THREADS];
-    size_t n_thr;
-} lane;
 
 struct fx_chanq_keeper {
     fx_mq_client *mq;
@@ -32,145 +21,55 @@ struct fx_chanq_keeper {
     bool kick, stop;
     pthread_t thr;
     bool started;
-    lane lanes[FX__CHANQ_LANES];
+    fx_exec *ex;        /* borrowed */
+    size_t jobs;        /* slow jobs submitted, not done (under mu) */
+    pthread_cond_t jobs_cv; /* jobs reached 0 (monotonic) */
     atomic_bool stopping;
 };
 
-/* ---- lanes -------------------------------------------------------------------------------------- */
+/* ---- slow jobs ------------------------------------------------------------------------------------ */
 
-typedef struct lane_arg {
-    fx_chanq_keeper *k;
-    int lane;
-} lane_arg;
-
-static fx__chanq_job *lane_pop_locked(lane *l, int64_t *until)
+static void job_end(fx_chanq_keeper *k)
 {
-    int64_t now = fx_now_ms();
-    *until = now + 1000;
-    fx__chanq_job *prev = NULL;
-    for (fx__chanq_job *j = l->head; j; prev = j, j = j->next) {
-        if (l->stop || j->not_before <= now) {
-            if (prev) prev->next = j->next;
-            else l->head = j->next;
-            if (l->tail == j) l->tail = prev;
-            j->queued = false;
-            j->next = NULL;
-            return j;
-        }
-        if (j->not_before < *until) *until = j->not_before;
-    }
-    return NULL;
+    pthread_mutex_lock(&k->mu);
+    if (--k->jobs == 0) pthread_cond_broadcast(&k->jobs_cv);
+    pthread_mutex_unlock(&k->mu);
 }
 
-static void *lane_main(void *arg)
+/* fn may free j: the keeper is read first. */
+static void job_work(void *arg)
 {
-    lane_arg *a = arg;
-    lane *l = &a->k->lanes[a->lane];
-    free(a);
-    pthread_mutex_lock(&l->mu);
-    for (;;) {
-        int64_t until = 0;
-        fx__chanq_job *j = lane_pop_locked(l, &until);
-        if (!j) {
-            if (l->stop) break;
-            struct timespec ts = fx_deadline_ts(until);
-            pthread_cond_timedwait(&l->cv, &l->mu, &ts);
-            continue;
-        }
-        pthread_mutex_unlock(&l->mu);
-        j->fn(j);
-        pthread_mutex_lock(&l->mu);
-    }
-    pthread_mutex_unlock(&l->mu);
-    return NULL;
+    fx__chanq_job *j = arg;
+    fx_chanq_keeper *k = j->k;
+    j->fn(j);
+    job_end(k);
 }
 
-bool fx__chanq_post(fx_chanq_keeper *k, int ln, fx__chanq_job *j)
+static void job_done(void *arg, bool cancelled)
 {
-    lane *l = &k->lanes[ln];
-    pthread_mutex_lock(&l->mu);
-    bool ok = !l->closed;
-    if (ok && !j->queued) {
-        j->queued = true;
-        j->next = NULL;
-        if (l->tail) l->tail->next = j;
-        else l->head = j;
-        l->tail = j;
-        pthread_cond_signal(&l->cv);
-    }
-    pthread_mutex_unlock(&l->mu);
-    return ok;
+    if (cancelled) job_work(arg); /* the executor was freed first: the job runs here (bounded) */
 }
 
-bool fx__chanq_unpost(fx_chanq_keeper *k, int ln, fx__chanq_job *j)
+bool fx__chanq_post(fx_chanq_keeper *k, fx__chanq_job *j)
 {
-    lane *l = &k->lanes[ln];
-    pthread_mutex_lock(&l->mu);
-    bool was = j->queued;
-    if (was) {
-        fx__chanq_job *prev = NULL, *x = l->head;
-        while (x && x != j) {
-            prev = x;
-            x = x->next;
-        }
-        if (x) {
-            if (prev) prev->next = j->next;
-            else l->head = j->next;
-            if (l->tail == j) l->tail = prev;
-        }
-        j->queued = false;
-        j->next = NULL;
-    }
-    pthread_mutex_unlock(&l->mu);
-    return was;
+    j->k = k;
+    pthread_mutex_lock(&k->mu);
+    k->jobs++;
+    pthread_mutex_unlock(&k->mu);
+    fx_err e = fx_exec_submit(k->ex, FX_EXEC_K_CHANQ, job_work, job_done, j);
+    if (!e) return true;
+    job_end(k);
+    static fx_log_slot slot;
+    fx_log_ratelimited(&slot, 10000, FX_LOG_WRN, "keeper: a consumer job was refused by the "
+                       "executor (%s): run in place or retried", fx_strerror(e));
+    return false;
 }
 
 bool fx__chanq_stopping(fx_chanq_keeper *k) { return atomic_load(&k->stopping); }
 
 fx_mq_client *fx__chanq_mq(fx_chanq_keeper *k) { return k->mq; }
 
-static bool lane_start(fx_chanq_keeper *k, int ln, size_t n)
-{
-    lane *l = &k->lanes[ln];
-    pthread_mutex_init(&l->mu, NULL);
-    fx_cond_init_monotonic(&l->cv);
-    for (size_t i = 0; i < n; i++) {
-        lane_arg *a = malloc(sizeof *a);
-        if (!a) break;
-        a->k = k;
-        a->lane = ln;
-        if (pthread_create(&l->thr[l->n_thr], NULL, lane_main, a) != 0) {
-            free(a);
-            break;
-        }
-        l->n_thr++;
-    }
-    return l->n_thr > 0;
-}
-
-/* Run what is queued (not-before times ignored), then join. */
-static void lane_stop(fx_chanq_keeper *k, int ln)
-{
-    lane *l = &k->lanes[ln];
-    pthread_mutex_lock(&l->mu);
-    l->stop = true;
-    pthread_cond_broadcast(&l->cv);
-    pthread_mutex_unlock(&l->mu);
-    for (size_t i = 0; i < l->n_thr; i++) pthread_join(l->thr[i], NULL);
-    pthread_mutex_lock(&l->mu);
-    l->closed = true;
-    l->n_thr = 0;
-    fx__chanq_job *rest = l->head; /* posted after the threads left: dropped (none expected) */
-    l->head = l->tail = NULL;
-    pthread_mutex_unlock(&l->mu);
-    for (; rest; rest = rest->next) rest->queued = false;
-}
-
-static void lane_destroy(lane *l)
-{
-    pthread_mutex_destroy(&l->mu);
-    pthread_cond_destroy(&l->cv);
-}
+fx_exec *fx__chanq_exec(fx_chanq_keeper *k) { return k->ex; }
 
 /* ---- channel entries ------------------------------------------------------------------------------ */
 
@@ -423,25 +322,26 @@ static void *keeper_main(void *arg)
 
 /* ---- API ------------------------------------------------------------------------------------------ */
 
-fx_err fx_chanq_keeper_new(fx_mq_client *mq, void (*on_reclaim)(void *arg, const char *name),
-                           void *arg, fx_chanq_keeper **out)
+fx_err fx_chanq_keeper_new(fx_mq_client *mq, fx_exec *ex,
+                           void (*on_reclaim)(void *arg, const char *name), void *arg,
+                           fx_chanq_keeper **out)
 {
     *out = NULL;
     fx_chanq_keeper *k = calloc(1, sizeof *k);
     if (!k) return fx_seterr(FX_ENOMEM, "keeper");
     k->mq = mq;
+    k->ex = ex;
     k->on_reclaim = on_reclaim;
     k->arg = arg;
     pthread_mutex_init(&k->mu, NULL);
     fx_cond_init_monotonic(&k->cv);
+    fx_cond_init_monotonic(&k->jobs_cv);
     atomic_init(&k->stopping, false);
-    bool ok = lane_start(k, FX__CHANQ_SLOW, FX_CHANQ_SLOW_THREADS);
-    ok = lane_start(k, FX__CHANQ_WRITE, FX_CHANQ_WRITE_THREADS) && ok;
-    if (ok) ok = pthread_create(&k->thr, NULL, keeper_main, k) == 0;
+    bool ok = pthread_create(&k->thr, NULL, keeper_main, k) == 0;
     k->started = ok;
     if (!ok) {
         fx_chanq_keeper_free(k);
-        return fx_seterr(FX_ENOMEM, "cannot start the keeper's threads");
+        return fx_seterr(FX_ENOMEM, "cannot start the keeper's thread");
     }
     *out = k;
     return FX_OK;
@@ -456,8 +356,13 @@ void fx_chanq_keeper_free(fx_chanq_keeper *k)
     pthread_mutex_unlock(&k->mu);
     if (k->started) pthread_join(k->thr, NULL);
     atomic_store(&k->stopping, true);
-    lane_stop(k, FX__CHANQ_SLOW); /* closes may wait for their last attempt writes */
-    lane_stop(k, FX__CHANQ_WRITE);
+    /* the queued closes run to their end (each bounded by its etcd deadlines) */
+    pthread_mutex_lock(&k->mu);
+    while (k->jobs > 0) {
+        struct timespec ts = fx_deadline_ts(fx_now_ms() + 1000);
+        pthread_cond_timedwait(&k->jobs_cv, &k->mu, &ts);
+    }
+    pthread_mutex_unlock(&k->mu);
     for (size_t i = 0; i < k->n_chans; i++) {
         fx__chanq_chan *ch = k->chans[i];
         if (ch->consumers > 0)
@@ -468,9 +373,9 @@ void fx_chanq_keeper_free(fx_chanq_keeper *k)
         free(ch);
     }
     free(k->chans);
-    for (int l = 0; l < FX__CHANQ_LANES; l++) lane_destroy(&k->lanes[l]);
     pthread_mutex_destroy(&k->mu);
     pthread_cond_destroy(&k->cv);
+    pthread_cond_destroy(&k->jobs_cv);
     free(k);
 }
 

@@ -11,22 +11,24 @@
  *  - the release watch (fx_mq_release_watch_start): a consumer released anywhere kicks the view
  *    of its channel, so its backlog is adopted at once instead of at the next refresh;
  *  - the cache of each channel's MPMC id (fx_mpmc_resolve), shared by its consumers;
- *  - the job lanes (bridge/chanq_int.h) that run the consumers' blocking work off their owners'
- *    threads: FX_CHANQ_SLOW_THREADS threads for opens, adoptions and closes, and
- *    FX_CHANQ_WRITE_THREADS threads for attempt-record writes.
+ *  - the consumers' blocking work, run off their owners' threads on the executor it borrows
+ *    (bridge/executor.h, docs/EXECUTOR.md; details in bridge/chanq_int.h): opens, adoptions and
+ *    closes as jobs of kind FX_EXEC_K_CHANQ, attempt-record writes as strands of kind
+ *    FX_EXEC_K_WRITE.
  *
  * The channels it keeps: those named by fx_chanq_keeper_set_channels (the daemon names every
  * configured channel) and those with an open consumer.
  *
- * Threads: one keeper thread (views, release watch) plus the lanes' threads, all started by
- * fx_chanq_keeper_new and stopped by fx_chanq_keeper_free. Every call may come from any thread.
+ * Threads: one keeper thread (views, release watch), started by fx_chanq_keeper_new and joined
+ * by fx_chanq_keeper_free; the jobs run on the executor's threads of their kinds. Every call may come from any thread.
  * Every etcd call it makes has a deadline (the client's op_timeout_ms, the release watch's
  * FX_CHANQ_WATCH_START_MS).
  *
- * Ownership: the keeper borrows the client (which must outlive it). Whoever created it frees it
+ * Ownership: the keeper borrows the client and the executor (both must outlive it; the executor
+ * registers FX_EXEC_K_CHANQ and FX_EXEC_K_WRITE, as fx_exec_cfg_defaults does). Whoever created it frees it
  * after every consumer of it was closed (fx_chanq_cons_close) and before fx_mq_client_close:
- * fx_chanq_keeper_free runs every queued close to its end (bounded by the closes' own deadlines),
- * then stops and joins its threads.
+ * fx_chanq_keeper_free stops and joins its thread, then waits until every job it submitted ran
+ * (a queued close runs to its end, bounded by its own deadlines).
  */
 #ifndef FX_BRIDGE_CHANQ_KEEPER_H
 #define FX_BRIDGE_CHANQ_KEEPER_H
@@ -35,6 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "executor.h"
 #include "fluxon_mq.h"
 
 #define FX_CHANQ_VIEW_MS 2000         /* refresh of every kept channel's view */
@@ -43,16 +46,15 @@
 #define FX_CHANQ_RECLAIM_SWEEP 4      /* idle parts (dead processes') reclaimed per refresh */
 #define FX_CHANQ_HELD_MAX 256         /* consumed parts whose backlog the view keeps */
 #define FX_CHANQ_WATCH_START_MS 2000  /* deadline of a release-watch start (retried each second) */
-#define FX_CHANQ_SLOW_THREADS 6       /* opens, adoptions, closes running at once */
-#define FX_CHANQ_WRITE_THREADS 4      /* attempt-record writes running at once */
 
 typedef struct fx_chanq_keeper fx_chanq_keeper;
 
-/* Start the keeper's threads. on_reclaim (may be NULL): called on the keeper thread, with no
+/* Start the keeper's thread; its jobs run on ex. on_reclaim (may be NULL): called on the keeper thread, with no
  * keeper lock held, after each idle part of channel `name` it reclaimed; it must not block. */
-fx_err fx_chanq_keeper_new(fx_mq_client *mq, void (*on_reclaim)(void *arg, const char *name),
-                           void *arg, fx_chanq_keeper **out);
-/* Stop: the queued closes run to their end, the threads are joined, the release watch stops.
+fx_err fx_chanq_keeper_new(fx_mq_client *mq, fx_exec *ex,
+                           void (*on_reclaim)(void *arg, const char *name), void *arg,
+                           fx_chanq_keeper **out);
+/* Stop: the thread is joined, the release watch stops, the submitted jobs run to their end.
  * NULL is a no-op. No consumer may be open (a WRN line names one that is: it is leaked). */
 void fx_chanq_keeper_free(fx_chanq_keeper *k);
 

@@ -4,8 +4,9 @@
  * operations (op_*: publish over NATS or the leaf, commit through the MQ, queue a dead letter,
  * answer an AckSync). Contract: daemon_int.h.
  *
- * Claims have no thread of their own: FX_DM_CLAIM_WORKERS scheduler threads run each claim in
- * steps (claim_step: one turn of the claim's loop, never waiting except in the bounded release), one worker at a time per claim, so "the claim thread" below
+ * Claims have no thread of their own: each is a strand of the daemon's executor (kind
+ * FX_EXEC_K_CLAIM) that runs it in steps (claim_step: one turn of the claim's loop, never waiting
+ * except in the bounded release), one step at a time per claim, so "the claim thread" below
  * means "the claim's steps". A step is due when the claim is kicked (ack or no-responders event,
  * dead-letter completion, stop, durable attempt record) or when the wait it asked for is over.
  *
@@ -1007,152 +1008,71 @@ static int64_t claim_step(dm_claim *cl)
 }
 
 /* ---- the claim scheduler ------------------------------------------------------------------------
- * FX_DM_CLAIM_WORKERS threads per process run the steps of every claim (not one thread per
- * claim). A claim is in the run queue when it was kicked or its wait is over; one
- * worker runs it at a time (a kick during its step queues it again right after). Waiting claims
- * are found by a scan of the claim list when the earliest known wait is over. The workers start
- * with the first claim and stay until dm_claims_sched_stop() (daemon free, no claim left).
- * Lock order: a claim's mu, then sched.mu. */
-static struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;     /* workers (monotonic) */
-    pthread_cond_t fin_cv; /* a claim finished (monotonic) */
-    bool init;
-    uint64_t gen;      /* bumped when the pool stops: threads of older generations exit */
-    size_t users;      /* claims scheduled */
-    dm_claim *rq_head, *rq_tail;
-    dm_claim *all;     /* every scheduled claim (sq_all_next) */
-    int64_t min_due;   /* no waiting claim is due before this */
-    pthread_t thr[FX_DM_CLAIM_WORKERS];
-    size_t n_thr;
-} sched = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-static void sched_push_locked(dm_claim *cl)
-{
-    cl->sq_queued = true;
-    cl->sq_due = 0;
-    cl->sq_next = NULL;
-    if (sched.rq_tail) sched.rq_tail->sq_next = cl;
-    else sched.rq_head = cl;
-    sched.rq_tail = cl;
-    pthread_cond_signal(&sched.cv);
-}
+ * Each claim is a strand of the daemon's executor (bridge/executor.h, kind FX_EXEC_K_CLAIM): its
+ * steps run one at a time, on the kind's threads, shared fairly with the other claims. A kick
+ * (ack, no-responders status, dead-letter completion, stop, consumer notify) runs the next step
+ * at once; the wait a step asks for is a timed kick. A kick during a step runs it once more
+ * after (no lost wake-up). The last step takes the claim out (sq_on false, the strand freed when
+ * that step returns), marks it finished and drops the scheduler's reference.
+ * The daemon's dm_sched (d->sched) counts the claims scheduled and wakes dm_claims_stop_all when
+ * one finished. Lock order: a claim's mu, then its sq_mu, then the executor's lock; d->sched.mu
+ * is taken alone. */
 
 static void sched_kick(dm_claim *cl)
 {
-    pthread_mutex_lock(&sched.mu);
-    if (cl->sq_on) {
-        if (cl->sq_running) cl->sq_kicked = true;
-        else if (!cl->sq_queued) sched_push_locked(cl);
-    }
-    pthread_mutex_unlock(&sched.mu);
+    pthread_mutex_lock(&cl->sq_mu);
+    if (cl->sq_on) fx_exec_strand_kick(cl->strand, 0);
+    pthread_mutex_unlock(&cl->sq_mu);
 }
 
-/* Waiting claims whose time has come go to the run queue; recomputes min_due. */
-static void sched_scan_locked(int64_t now)
+/* A strand step: one step of the claim, then its next kick, or its way out. */
+static void sched_step(void *arg)
 {
-    int64_t min = now + 1000;
-    for (dm_claim *x = sched.all; x; x = x->sq_all_next) {
-        if (x->sq_queued || x->sq_running || !x->sq_due) continue;
-        if (x->sq_due <= now) sched_push_locked(x);
-        else if (x->sq_due < min) min = x->sq_due;
+    dm_claim *cl = arg;
+    int64_t w = claim_step(cl);
+    if (w >= 0) {
+        fx_exec_strand_kick(cl->strand, w == 0 ? 0 : fx_now_ms() + w);
+        return;
     }
-    sched.min_due = min;
-}
-
-static void *sched_main(void *arg)
-{
-    uint64_t my = (uint64_t)(uintptr_t)arg;
-    pthread_mutex_lock(&sched.mu);
-    while (sched.gen == my) {
-        int64_t now = fx_now_ms();
-        if (now >= sched.min_due) sched_scan_locked(now);
-        dm_claim *cl = sched.rq_head;
-        if (!cl) {
-            struct timespec ts = fx_deadline_ts(sched.min_due);
-            pthread_cond_timedwait(&sched.cv, &sched.mu, &ts);
-            continue;
-        }
-        sched.rq_head = cl->sq_next;
-        if (!sched.rq_head) sched.rq_tail = NULL;
-        cl->sq_queued = false;
-        cl->sq_running = true;
-        cl->sq_kicked = false;
-        pthread_mutex_unlock(&sched.mu);
-        int64_t w = claim_step(cl);
-        pthread_mutex_lock(&sched.mu);
-        cl->sq_running = false;
-        if (w < 0) { /* ended: out of the scheduler, then finished */
-            cl->sq_on = false;
-            dm_claim **pp = &sched.all;
-            while (*pp && *pp != cl) pp = &(*pp)->sq_all_next;
-            if (*pp) *pp = cl->sq_all_next;
-            sched.users--;
-            atomic_store(&cl->finished, true);
-            pthread_cond_broadcast(&sched.fin_cv);
-            pthread_mutex_unlock(&sched.mu);
-            dm_claim_unref(cl);
-            pthread_mutex_lock(&sched.mu);
-            continue;
-        }
-        if (cl->sq_kicked || w == 0) {
-            sched_push_locked(cl);
-        } else {
-            cl->sq_due = fx_now_ms() + w;
-            if (cl->sq_due < sched.min_due) sched.min_due = cl->sq_due;
-        }
-    }
-    pthread_mutex_unlock(&sched.mu);
+    fx_daemon *d = cl->ch->d;
+    pthread_mutex_lock(&cl->sq_mu);
+    cl->sq_on = false; /* no kick reaches the strand from now on */
+    fx_exec_strand *st = cl->strand;
+    cl->strand = NULL;
+    pthread_mutex_unlock(&cl->sq_mu);
+    fx_exec_strand_free(st); /* from its own step: freed when this step returns */
+    pthread_mutex_lock(&d->sched.mu);
+    d->sched.users--;
+    atomic_store(&cl->finished, true);
+    pthread_cond_broadcast(&d->sched.fin_cv);
+    pthread_mutex_unlock(&d->sched.mu);
     nats_ReleaseThreadMemory();
-    return NULL;
+    dm_claim_unref(cl);
 }
 
-void dm_claims_sched_stop(void)
+bool dm_claims_sched_stop(fx_daemon *d)
 {
-    pthread_mutex_lock(&sched.mu);
-    pthread_t thr[FX_DM_CLAIM_WORKERS];
-    size_t n = 0;
-    if (sched.users == 0) {
-        sched.gen++;
-        pthread_cond_broadcast(&sched.cv);
-        n = sched.n_thr;
-        memcpy(thr, sched.thr, n * sizeof thr[0]);
-        sched.n_thr = 0;
-    } else {
-        FX_WRN("claim scheduler: %zu claim(s) still scheduled at daemon free; workers kept",
-               sched.users);
-    }
-    pthread_mutex_unlock(&sched.mu);
-    for (size_t i = 0; i < n; i++) pthread_join(thr[i], NULL);
+    pthread_mutex_lock(&d->sched.mu);
+    size_t users = d->sched.users;
+    pthread_mutex_unlock(&d->sched.mu);
+    if (users)
+        FX_WRN("claim scheduler: %zu claim(s) still scheduled at daemon free; the executor is "
+               "kept", users);
+    return users == 0;
 }
 
 /* Hand a new claim to the scheduler (its first step runs at once). */
 static bool sched_add(dm_claim *cl)
 {
-    pthread_mutex_lock(&sched.mu);
-    if (!sched.init) {
-        fx_cond_init_monotonic(&sched.cv);
-        fx_cond_init_monotonic(&sched.fin_cv);
-        sched.init = true;
-    }
-    if (sched.n_thr == 0) {
-        for (size_t i = 0; i < FX_DM_CLAIM_WORKERS; i++) {
-            if (pthread_create(&sched.thr[sched.n_thr], NULL, sched_main,
-                               (void *)(uintptr_t)sched.gen) != 0)
-                break;
-            sched.n_thr++;
-        }
-    }
-    if (sched.n_thr == 0) {
-        pthread_mutex_unlock(&sched.mu);
-        return false;
-    }
-    sched.users++;
+    fx_daemon *d = cl->ch->d;
+    if (fx_exec_strand_new(d->exec, FX_EXEC_K_CLAIM, sched_step, cl, &cl->strand)) return false;
+    pthread_mutex_lock(&d->sched.mu);
+    d->sched.users++;
+    pthread_mutex_unlock(&d->sched.mu);
+    pthread_mutex_lock(&cl->sq_mu);
     cl->sq_on = true;
-    cl->sq_all_next = sched.all;
-    sched.all = cl;
-    sched_push_locked(cl);
-    pthread_mutex_unlock(&sched.mu);
+    fx_exec_strand_kick(cl->strand, 0);
+    pthread_mutex_unlock(&cl->sq_mu);
     return true;
 }
 
@@ -1175,6 +1095,7 @@ void dm_claim_unref(dm_claim *cl)
     if (cl->pull) free(cl->pull->wq);
     free(cl->pull);
     pthread_mutex_destroy(&cl->mu);
+    pthread_mutex_destroy(&cl->sq_mu);
     pthread_cond_destroy(&cl->cv);
     free(cl);
 }
@@ -1263,6 +1184,7 @@ static dm_claim *claim_new2(dm_chan *ch, const char *token, const dm_pull_cfg *p
         return NULL;
     }
     pthread_mutex_init(&cl->mu, NULL);
+    pthread_mutex_init(&cl->sq_mu, NULL);
     fx_cond_init_monotonic(&cl->cv);
     atomic_init(&cl->refs, 2); /* the registry and the scheduler */
     atomic_init(&cl->stop, STOP_NONE);
@@ -1744,12 +1666,12 @@ void dm_claims_stop_all(fx_daemon *d, dm_chan *ch, int mode)
     /* Only this thread changes ch->claims now (the interest thread is stopped or ch is retired). */
     for (dm_claim *cl = ch->claims; cl; cl = cl->next) {
         /* run by the scheduler: wait for its last step (its release is bounded) */
-        pthread_mutex_lock(&sched.mu);
+        pthread_mutex_lock(&d->sched.mu);
         while (!atomic_load(&cl->finished)) {
             struct timespec ts = fx_deadline_ts(fx_now_ms() + 1000);
-            pthread_cond_timedwait(&sched.fin_cv, &sched.mu, &ts);
+            pthread_cond_timedwait(&d->sched.fin_cv, &d->sched.mu, &ts);
         }
-        pthread_mutex_unlock(&sched.mu);
+        pthread_mutex_unlock(&d->sched.mu);
     }
     pthread_rwlock_wrlock(&d->reg);
     dm_claim *list = ch->claims;

@@ -384,11 +384,15 @@ static void on_reclaim(void *arg, const char *name)
 static fx_err mq_setup(fx_daemon *d)
 {
     const fx_config *c = d->cfg;
+    fx_exec_cfg xc;
+    fx_exec_cfg_defaults(&xc);
+    xc.name = "daemon";
+    fx_err e = fx_exec_new(&xc, &d->exec);
+    if (e) return e;
     fx_mq_client_opts o;
     mq_options(c, &o);
-    fx_err e = fx_mq_client_new(&o, &d->mq);
-    if (e) return e;
-    if ((e = fx_chanq_keeper_new(d->mq, on_reclaim, d, &d->keeper))) {
+    if ((e = fx_mq_client_new(&o, &d->mq))) return e;
+    if ((e = fx_chanq_keeper_new(d->mq, d->exec, on_reclaim, d, &d->keeper))) {
         fx_mq_client_free(d->mq);
         d->mq = NULL;
         return e;
@@ -1053,6 +1057,8 @@ fx_err fx_daemon_new(fx_config *cfg, const char *cfg_path, fx_daemon **out)
     fx_cond_init_monotonic(&d->cv);
     pthread_mutex_init(&d->health_mu, NULL);
     pthread_rwlock_init(&d->reg, NULL);
+    pthread_mutex_init(&d->sched.mu, NULL);
+    fx_cond_init_monotonic(&d->sched.fin_cv);
     snprintf(d->etcd_err, sizeof d->etcd_err, "not probed yet");
     atomic_init(&d->max_payload, 0);
     *out = d;
@@ -1193,7 +1199,8 @@ void fx_daemon_free(fx_daemon *d)
     fx_metrics_free(d->metrics);
     fx_config_unref(d->cfg);
     fx_config_unref(d->cfg_start);
-    dm_claims_sched_stop(); /* every claim has ended: the claim workers go */
+    if (d->exec && dm_claims_sched_stop(d)) fx_exec_free(d->exec); /* after the keeper and mq */
+    d->exec = NULL;
     if (d->nats_opened) {
         /* cnats' own threads (delivery pool, flusher, reconnect) end here; one still running
          * after the wait may hold a message it had not delivered (a sanitizer build reports it
@@ -1208,6 +1215,8 @@ void fx_daemon_free(fx_daemon *d)
     pthread_cond_destroy(&d->cv);
     pthread_mutex_destroy(&d->health_mu);
     pthread_rwlock_destroy(&d->reg);
+    pthread_mutex_destroy(&d->sched.mu);
+    pthread_cond_destroy(&d->sched.fin_cv);
     free(d->cfg_path);
     free(d);
 }

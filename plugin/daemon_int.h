@@ -15,11 +15,11 @@
  *  - fx_config: the current one is shared (fx_config_share); readers that use it outside cfg_mu
  *    take a reference (dm_cfg_get), so a replaced config is freed when its last reader is done.
  *  - dm_claim: reference counted (registry, the claim scheduler, each dead-letter item in a
- *    producer queue). It has no thread: the scheduler's workers (claim.c, FX_DM_CLAIM_WORKERS per
- *    process) run its steps, one worker at a time. Its event queue is written by the ack
+ *    producer queue). It has no thread: it is a strand of the daemon's executor (claim.c, kind
+ *    FX_EXEC_K_CLAIM), which runs its steps one at a time. Its event queue is written by the ack
  *    callbacks (bounded, full -> dropped and counted; the message is redelivered after ack_wait)
  *    and read by its steps; completed dead letters come back through `dlq_done` (never dropped;
- *    bounded by the in-flight table). Lock order: claim.mu -> the scheduler's lock.
+ *    bounded by the in-flight table). Lock order: claim.mu -> claim.sq_mu -> the executor's lock.
  *
  * Stored message form: bridge/flatdict.h fx_mq_msg; its "headers" entry is the header block of
  * hdr.h. The producer queue (its items, bounds and lock) is pqueue.h. Both are included here.
@@ -73,7 +73,6 @@
 #define FX_DM_DRAIN_LINGER_MS 1000         /* drain: wait this long for outstanding acks */
 #define FX_DM_DLQ_WAIT_MS 5000             /* release: wait for dead letters being stored */
 #define FX_DM_IDLE_GET_MS 250             /* an idle claim's get wait (stop noticed within it) */
-#define FX_DM_CLAIM_WORKERS 8              /* threads that run every claim's steps (per process) */
 #define FX_DM_KEEPER_MS 1000               /* producer thread: re-check its producer when idle */
 
 #define FX_DM_HDR_CHANNEL "Fluxon-Channel"
@@ -218,10 +217,11 @@ struct dm_claim {
     pq_item *dlq_done;
     bool dlq_closed; /* its last step has run: completions are freed by the producer side */
 
-    /* claim scheduler (claim.c): sq_* under its lock; st and phase touched by its steps only */
-    bool sq_on, sq_queued, sq_running, sq_kicked;
-    int64_t sq_due; /* waiting until (0: not waiting) */
-    dm_claim *sq_next, *sq_all_next;
+    /* claim scheduler (claim.c): the claim's strand; sq_on and strand under sq_mu (strand is
+     * also read by its own steps); st and phase touched by its steps only */
+    pthread_mutex_t sq_mu;
+    bool sq_on;
+    fx_exec_strand *strand;
     void *st;       /* the claim's state (cst) */
     int phase;
     struct dm_pull *pull; /* a pull consumer (pull.h; its requests under mu); NULL: push claim */
@@ -249,6 +249,15 @@ struct fx_daemon {
     struct fx_jsapi *jsapi; /* JetStream API subset (jsapi.h); NULL when off */
     atomic_int_fast64_t max_payload;
 
+    /* The daemon's executor (bridge/executor.h, docs/EXECUTOR.md): every claim's steps (a strand
+     * each) and the keeper's jobs run on it. Created by mq_setup before the MQ client and the
+     * keeper, freed by fx_daemon_free after both, once no claim is scheduled. */
+    fx_exec *exec;
+    struct dm_sched {
+        pthread_mutex_t mu;
+        pthread_cond_t fin_cv; /* a claim finished (monotonic) */
+        size_t users;          /* claims scheduled (their strands alive) */
+    } sched;
     fx_mq_client *mq;
     fx_chanq_keeper *keeper; /* the consumed channels' keeper (bridge/chanq_keeper.h), with mq */
     fx_metrics *metrics;
@@ -317,8 +326,9 @@ void *dm_interest_main(void *arg);
 /* Ask every claim of ch to stop (mode STOP_*) and wait for them; removes them from ch->claims.
  * Caller holds no lock; ch must no longer be in the active list (or stopping must be set). */
 void dm_claims_stop_all(fx_daemon *d, dm_chan *ch, int mode);
-/* Stop and join the claim scheduler's workers (claim.c) once no claim is left (daemon free). */
-void dm_claims_sched_stop(void);
+/* At daemon free: true when no claim is scheduled any more (the executor may be freed); false:
+ * some claim still runs (logged; the executor must be kept). */
+bool dm_claims_sched_stop(fx_daemon *d);
 /* Only ask (no wait): lets a drain stop the claims of every channel in parallel. */
 void dm_claims_request_stop(fx_daemon *d, dm_chan *ch, int mode);
 void dm_claim_unref(dm_claim *cl);

@@ -1,6 +1,7 @@
 /* test_chanq.c -- the channel consumer (bridge/chanq_cons.h) and its keeper against a real etcd:
- * backlog a departed consumer left is inherited with its delivery counts; acks commit and what
- * was not acked goes to the next consumer. Channel TTL 3 s. */
+ * backlog a departed consumer left (closed, or its member lease lost) is inherited with its
+ * delivery counts; acks commit and what was not acked goes to the next consumer. The keepers'
+ * jobs run on one executor (bridge/executor.h), as in the daemon. Channel TTL 3 s. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,8 +16,11 @@
 #include <time.h>
 
 #include "chanq.h"
+#include "etcd.h"
+#include "executor.h"
 #include "fluxon_mq.h"
 #include "fx_log.h"
+#include "keys.h"
 #include "tests/support/fxt.h"
 
 #define OP_MS 3000
@@ -26,6 +30,8 @@
 static struct {
     fxt_etcd etcd;
     const char *eps[1];
+    fx_etcd *raw; /* direct etcd access (revoke a lease) */
+    fx_exec *ex;  /* the keepers' jobs */
 } G;
 
 #define CHECK(call)                                                                              \
@@ -48,12 +54,22 @@ static int group_setup(void **state)
     if (!getenv("FX_LOG_LEVEL")) fx_log_set_level(FX_LOG_ERR);
     if (fxt_etcd_start(&G.etcd) != 0) return -1;
     G.eps[0] = G.etcd.endpoint;
+    fx_etcd_opts o = {.endpoints = G.eps, .n_endpoints = 1};
+    fx_exec_cfg xc;
+    fx_exec_cfg_defaults(&xc);
+    if (fx_etcd_new(&o, &G.raw) != FX_OK || fx_exec_new(&xc, &G.ex) != FX_OK) {
+        fx_etcd_free(G.raw);
+        fxt_etcd_destroy(&G.etcd);
+        return -1;
+    }
     return 0;
 }
 
 static int group_teardown(void **state)
 {
     (void)state;
+    fx_exec_free(G.ex);
+    fx_etcd_free(G.raw);
     fxt_etcd_destroy(&G.etcd);
     return 0;
 }
@@ -193,8 +209,8 @@ static void chanq_consumer_adopts_departed_backlog(void **state)
     (void)state;
     fx_mq_client *mq = client_new("/t_chanq_adopt");
     fx_chanq_keeper *ka = NULL, *kb = NULL;
-    CHECK(fx_chanq_keeper_new(mq, NULL, NULL, &ka));
-    CHECK(fx_chanq_keeper_new(mq, NULL, NULL, &kb));
+    CHECK(fx_chanq_keeper_new(mq, G.ex, NULL, NULL, &ka));
+    CHECK(fx_chanq_keeper_new(mq, G.ex, NULL, NULL, &kb));
     fe f1 = {0}, f2 = {0};
     fx_chanq_cons *c1 = cons_open(ka, "c1", &f1);
     int64_t part1 = -1;
@@ -230,6 +246,82 @@ static void chanq_consumer_adopts_departed_backlog(void **state)
     fx_mq_client_free(mq);
 }
 
+/* The lease of consumer member `member` of MPMC `mpmc` under root. */
+static int64_t member_lease(const char *root, int64_t mpmc, int64_t member)
+{
+    fx_mq_keys keys;
+    CHECK(fx_mq_keys_init(&keys, root));
+    fx_mq_key role;
+    CHECK(fx_mq_key_mpmc_role(&keys, FX_MQ_ROLE_CONSUMER, mpmc, member, &role));
+    fx_kv kv = {0};
+    CHECK(fx_etcd_get(G.raw, FX_SLICE_STR(role.s), &kv, OP_MS));
+    int64_t lease = kv.lease;
+    fx_kv_free(&kv);
+    return lease;
+}
+
+/* The same departure by a lost member lease (revoked in etcd: what an expiry does) instead of a
+ * close: the consumer, still polled by its front-end, tells it to forget every delivery it holds
+ * and opens a new part; the consumer beside it inherits the backlog with its delivery counts. */
+static void chanq_consumer_adopts_lost_lease_backlog(void **state)
+{
+    (void)state;
+    const char *root = "/t_chanq_lost";
+    fx_mq_client *mq = client_new(root);
+    fx_chanq_keeper *ka = NULL, *kb = NULL;
+    CHECK(fx_chanq_keeper_new(mq, G.ex, NULL, NULL, &ka));
+    CHECK(fx_chanq_keeper_new(mq, G.ex, NULL, NULL, &kb));
+    fe f1 = {0}, f2 = {0};
+    fx_chanq_cons *c1 = cons_open(ka, "c1", &f1);
+    int64_t mpmc = -1, part1 = -1, member1 = -1;
+    fx_chanq_cons_ids(c1, &mpmc, &part1, &member1);
+    fx_mpmc_producer *p = prod_open(mq);
+    put_n(p, 5);
+    fx_mq_msg_id ids[16];
+    uint64_t counts[16];
+    get_n(c1, 5, ids, counts);
+    count_durable(c1, ids, 5, 2); /* two attempts each, none acked */
+
+    fx_chanq_cons *c2 = cons_open(kb, "c2", &f2);
+    int64_t part2 = -1;
+    fx_chanq_cons_ids(c2, NULL, &part2, NULL);
+    assert_true(part2 != part1);
+    f1.held = 5;
+    CHECK(fx_etcd_lease_revoke(G.raw, member_lease(root, mpmc, member1), OP_MS));
+
+    /* c1's front-end goes on polling: it is told to forget what it holds, once */
+    int64_t deadline = fxt_now_ms() + WAIT_MS;
+    while (f1.released_all == 0) {
+        if (fxt_now_ms() > deadline) fail_msg("c1 was not told that its consumer was lost");
+        if (fx_chanq_cons_poll(c1) < 0) {
+            fx_mq_delivery dv[4];
+            uint64_t cn[4];
+            size_t n = 0;
+            fx_chanq_cons_get(c1, dv, cn, 4, &n);
+            if (n) fail_msg("c1 delivered %zu message(s) after its lease was revoked", n);
+        }
+        nap_ms(20);
+    }
+    f1.held = 0;
+    assert_int_equal(f1.released_all, 1);
+
+    fx_mq_msg_id ids2[16];
+    uint64_t counts2[16];
+    get_n(c2, 5, ids2, counts2);
+    for (size_t i = 0; i < 5; i++) {
+        assert_int_equal(ids2[i].chan, part1); /* the lost consumer's part */
+        assert_int_equal(counts2[i], 2);       /* delivery counts intact */
+    }
+    get_none(c2, 500);
+    assert_int_equal(f1.released_all, 1);
+    fx_chanq_cons_close(c1);
+    fx_chanq_cons_close(c2);
+    fx_mpmc_producer_free(p);
+    fx_chanq_keeper_free(kb);
+    fx_chanq_keeper_free(ka);
+    fx_mq_client_free(mq);
+}
+
 /* Acks commit: the next consumer gets exactly what was not acked; the own part's pending (from
  * the keeper's view) counts what is stored. */
 static void chanq_consumer_ack_pending(void **state)
@@ -237,7 +329,7 @@ static void chanq_consumer_ack_pending(void **state)
     (void)state;
     fx_mq_client *mq = client_new("/t_chanq_ack");
     fx_chanq_keeper *k = NULL;
-    CHECK(fx_chanq_keeper_new(mq, NULL, NULL, &k));
+    CHECK(fx_chanq_keeper_new(mq, G.ex, NULL, NULL, &k));
     fe f = {0};
     fx_chanq_cons *c = cons_open(k, "c", &f);
     fx_mpmc_producer *p = prod_open(mq);
@@ -259,7 +351,7 @@ static void chanq_consumer_ack_pending(void **state)
     fx_chanq_cons_close(c); /* commits the acks (bounded) */
     fx_chanq_keeper_free(k);  /* the close has run */
 
-    CHECK(fx_chanq_keeper_new(mq, NULL, NULL, &k));
+    CHECK(fx_chanq_keeper_new(mq, G.ex, NULL, NULL, &k));
     fe g = {0};
     fx_chanq_cons *c2 = cons_open(k, "c2", &g);
     fx_mq_msg_id got[16];
@@ -281,6 +373,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(chanq_consumer_adopts_departed_backlog),
+        cmocka_unit_test(chanq_consumer_adopts_lost_lease_backlog),
         cmocka_unit_test(chanq_consumer_ack_pending),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
