@@ -176,7 +176,7 @@ static fx_mpmc_producer *prod_open(fx_mq_client *mq)
 static void put_n(fx_mpmc_producer *p, size_t n)
 {
     fx_slice v[16];
-    char buf[16][16];
+    char buf[16][24];
     for (size_t i = 0; i < n; i++) {
         snprintf(buf[i], sizeof buf[i], "m%zu", i);
         v[i] = FX_SLICE_STR(buf[i]);
