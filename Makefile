@@ -48,7 +48,7 @@ PLUGIN_INC := -Iplugin -Ibridge -Ilease
 LEASE_TESTS  := fxt fxt_proxy test_b64 test_etcd_json test_fx_err test_lease_registry test_url test_etcd test_kv \
                 test_kv_redis test_lease etcd_bench payload_bench fuzz_etcd_json
 BRIDGE_TESTS := test_bridge_flatdict test_bridge_keys test_bridge_lifecycle test_bridge_meta test_bridge_segment \
-                test_inspect test_jsext test_mpmc test_mpsc test_mq_accept test_mq_edges mq_bench \
+                test_chanq test_inspect test_jsext test_mpmc test_mpsc test_mq_accept test_mq_edges mq_bench \
                 fuzz_flatdict fuzz_segment test_claim_table test_delivery_engine test_delay test_executor \
                 test_commit_pool
 test_layer = $(if $(filter $(LEASE_TESTS),$(1)),lease,$(if $(filter $(BRIDGE_TESTS),$(1)),bridge,plugin))

@@ -65,7 +65,8 @@ enum {
     FX_EXEC_K_CLAIM = 2,  /* a claim's steps: one strand per claim */
     FX_EXEC_K_WRITE = 3,  /* attempt records and other per-channel etcd writes */
     FX_EXEC_K_PUT = 4,    /* pipelined producer puts */
-    FX_EXEC_K__PROJECT = 5
+    FX_EXEC_K_CHANQ = 5,  /* channel consumers' opens, adoptions, closes (bridge/chanq_keeper) */
+    FX_EXEC_K__PROJECT = 6
 };
 
 typedef struct fx_exec fx_exec;

@@ -938,7 +938,6 @@ dm_chan *dm_chan_new(fx_daemon *d, const fx_chan_config *cc)
     for (size_t i = 0; ok && i < cc->n_subjects; i++) ok = (ch->subjects[i] = dupstr(cc->subjects[i]));
     pthread_mutex_init(&ch->mu, NULL);
     atomic_init(&ch->attached, false);
-    atomic_init(&ch->view_due, false);
     snprintf(ch->attach_err, sizeof ch->attach_err, "attaching");
     dm_pq_init(&ch->q);
     ch->mpmc = -1;

@@ -4,13 +4,15 @@
  * operations (op_*: publish over NATS or the leaf, commit through the MQ, queue a dead letter,
  * answer an AckSync). Contract: daemon_int.h.
  *
- * Claims have no thread of their own: FX_DM_CLAIM_WORKERS scheduler threads run each claim in
- * steps (claim_step: one turn of the claim's loop, never waiting except in the bounded release), one worker at a time per claim, so "the claim thread" below
+ * Claims have no thread of their own: each is a strand of the daemon's executor (kind
+ * FX_EXEC_K_CLAIM) that runs it in steps (claim_step: one turn of the claim's loop, never waiting
+ * except in the bounded release), one step at a time per claim, so "the claim thread" below
  * means "the claim's steps". A step is due when the claim is kicked (ack or no-responders event,
  * dead-letter completion, stop, durable attempt record) or when the wait it asked for is over.
  *
- * A claim owns its fx_mpmc_consumer and a delivery engine whose in-flight table holds at most
- * max_ack_pending entries (each a message handed out by fx_mpmc_get and not yet committed).
+ * A claim owns its channel consumer (bridge/chanq_cons.h: open, backlog a departed consumer left,
+ * attempt records, all below) and a delivery engine whose in-flight table holds at most
+ * max_ack_pending entries (each a delivery handed out by fx_chanq_cons_get, not yet committed).
  * Entry states (bridge/claim_table.h, moved by the engine):
  *   WAIT_SEND  due for (re)publication at `due` (new, NAKed, expired, publish failed)
  *   WAIT_ACK   published; `due` is the ack deadline (explicit) or the no-responders grace (none)
@@ -21,7 +23,7 @@
  * earlier attempt) are ignored.
  *
  * Interest: while the last interest poll did not see the claim's subject, the claim publishes
- * nothing (no new deliveries, no redeliveries), fetches nothing and adopts no stranded backlog;
+ * nothing (no new deliveries, no redeliveries) and fetches nothing;
  * after release_after it is released. A delivery counts as an attempt only when a subscriber
  * could have received it: every delivery has a reply subject (the ack subject,
  * FX_DM_ACK_PREFIX, or with ack none "_FLUXON.NR.<bridge>.<channel>.<claim>.<claim seq>.<nonce>"),
@@ -53,7 +55,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "attempts.h"
+#include "chanq.h"
 #include "daemon_int.h"
 #include "delivery.h"
 #include "flatdict.h"
@@ -64,53 +66,26 @@
 #include "pull.h"
 #include "subject.h"
 
-typedef ctab_ent ent; /* an in-flight entry (claim_table.h, owned by the delivery engine) */
 
-/* The persisted attempt record of one sub-MPSC the claim consumes (explicit ack): the record,
- * its writer thread and the generation of the last record built. */
-typedef struct att_stream {
-    fx_attempts *att;
-    struct attw *w;
-    uint64_t att_gen;
-} att_stream;
+typedef ctab_ent ent; /* an in-flight entry (claim_table.h, owned by the delivery engine) */
 
 typedef struct cst {
     dm_claim *cl;
     dm_chan *ch;
     fx_daemon *d;
-    fx_mpmc_consumer *cons;
-    /* Drain consumers bound to stranded sub-MPSCs (left by a released claim or a dead bridge),
-     * drained next to `cons` until each stays empty, then closed (adopt_stranded). Each has its
-     * own attempt record (explicit ack). */
-    struct adopted {
-        fx_mpmc_consumer *c;
-        int64_t chan;
-        int64_t empty_since; /* 0: its last get returned messages */
-        bool lost;           /* its consumer turned out closed (op_commit): close it */
-        uint64_t got, gets;  /* messages and get calls (log) */
-        att_stream as;
-    } adopt[FX_DM_ADOPT_MAX];
-    size_t n_adopt;
-    size_t adopt_rr; /* next slot fetch_adopted tries first */
-    att_stream own;   /* explicit ack: persisted attempts of the sub-MPSC of cons */
-    fx_attempt *attbuf;
+    fx_chanq_cons *cq; /* the channel consumer (bridge/chanq_cons.h) */
+    bool opened;       /* cq was open at the last turn (log, fluxon_claims) */
+    fx_chanq_attempt *attbuf; /* one item per table entry (fx_chanq_cons_count) */
+    uint64_t *counts;         /* attempts made before, per delivery fetched */
     bool explicit_ack;
     bool use_leaf; /* explicit ack and d->leaf: deliveries over the leaf connection */
     fx_dlv q; /* the delivery engine (bridge/delivery.h): in flight, due, dead letters, acks */
     fx_mq_delivery *getbuf;
     char *hbuf; /* delivery header block (leaf path), reused */
     size_t hcap;
-    int64_t open_backoff_ms;
-    uint64_t view_gen; /* last sub-MPSC view acted on (adopt_stranded) */
-    int64_t backlog;   /* stored messages of our sub-MPSC at the last view (-1: unknown) */
-    /* fencing, read once per round (op_round): our sub-MPSC, and whether it and each adopted
-     * one are fenced (fx_mpmc_consumer_fenced) */
-    int64_t fence_chan;
-    bool fence_own;
-    bool fence_adopt[FX_DM_ADOPT_MAX];
-    bool lost; /* consumer closed under us */
     int64_t last_ev_ms; /* last ack event handled (a pull claim's activity) */
-    fx_log_slot slot_get, slot_pub, slot_open, slot_ack, slot_att, slot_nak_held;
+    fx_log_slot slot_get, slot_pub;
+    fx_log_slot slot_nak_held;
 } cst;
 
 /* ---- in-flight table (owned by the engine) ----------------------------------------------------- */
@@ -119,7 +94,7 @@ typedef struct cst {
 static bool op_grow(void *ctx, uint32_t nn)
 {
     cst *s = ctx;
-    fx_attempt *nab = realloc(s->attbuf, nn * sizeof *nab);
+    fx_chanq_attempt *nab = realloc(s->attbuf, nn * sizeof *nab);
     if (!nab) return false;
     s->attbuf = nab;
     return true;
@@ -167,475 +142,96 @@ static bool stop_requested(cst *s)
 
 static void set_holding(cst *s, bool h);
 static void sched_kick(dm_claim *cl);
-static void adopt_close(cst *s, size_t i, bool lost);
-static void attw_sync(cst *s, att_stream *st, int64_t ms);
 
-static void consumer_drop(cst *s)
-{
-    attw_sync(s, &s->own, 2000);
-    while (s->n_adopt) adopt_close(s, s->n_adopt - 1, true);
-    fx_dlv_release_all(&s->q); /* unacked messages stay for the next consumer */
-    fx_attempts_free(s->own.att);
-    s->own.att = NULL;
-    if (s->cons) {
-        set_holding(s, false);
-        fx_mpmc_consumer_set_notify(s->cons, NULL, NULL);
-        fx_mpmc_consumer_close(s->cons);
-        fx_mpmc_consumer_free(s->cons);
-        s->cons = NULL;
-    }
-    s->lost = false;
-}
-
-/* Consumer opens running at once (FX_DM_OPEN_MAX per process, fewer than the workers, so the
- * steps of open claims keep running while a burst of names opens): an open blocks its worker for
- * its etcd round trips. The sub-MPSC creations of concurrent opens run in parallel; only their
- * short publish step is taken in turn (mpmc.c). A claim that finds no free slot tries again after
- * FX_DM_OPEN_POLL_MS. */
-static atomic_int open_running;
-
-static bool open_slot_try(void)
-{
-    int cur = atomic_load(&open_running);
-    while (cur < FX_DM_OPEN_MAX)
-        if (atomic_compare_exchange_weak(&open_running, &cur, cur + 1)) return true;
-    return false;
-}
-
-/* New messages for one of the claim's consumers (the client's watch thread): its next step now. */
+/* Channel consumer callbacks (chanq_cons.h): wake the claim; forget the deliveries of a lost
+ * source; count those of a source still held. */
 static void claim_notify(void *arg) { sched_kick(arg); }
 
-/* One attempt to open the claim's consumer: -1 when open, else the ms to wait before the next. */
-static int64_t open_once(cst *s)
+static void cq_release(void *arg, int64_t src)
 {
-    if (!open_slot_try()) return FX_DM_OPEN_POLL_MS;
-    int64_t id = -1;
-    fx_err e = dm_chan_resolve(s->ch, false, &id);
-    if (!e) e = fx_mpmc_consumer_open(s->d->mq, id, &s->cons);
-    atomic_fetch_sub(&open_running, 1);
-    if (!e) {
-        s->open_backoff_ms = 0;
-        fx_mpmc_consumer_set_notify(s->cons, claim_notify, s->cl);
-        set_holding(s, true);
-        FX_INF("claim %s: consumer open (MPMC %" PRId64 ", sub-MPSC %" PRId64 ", member %" PRId64
-               ")",
-               s->cl->subject, id, fx_mpmc_consumer_chan(s->cons), fx_mpmc_consumer_member(s->cons));
-        return -1;
+    cst *s = ((dm_claim *)arg)->st;
+    if (src == FX_CHANQ_ALL) {
+        fx_dlv_release_all(&s->q); /* unacked messages stay for the next consumer */
+        set_holding(s, false);
+        s->opened = false;
+    } else {
+        fx_dlv_release_chan(&s->q, src);
     }
-    s->cons = NULL;
-    if (e != FX_EEXISTS) dm_chan_forget_mpmc(s->ch);
-    fx_log_ratelimited(&s->slot_open, 5000, FX_LOG_WRN, "claim %s: cannot open consumer: %s (%s)",
-                       s->cl->subject, fx_strerror(e), fx_err_detail());
-    s->open_backoff_ms = s->open_backoff_ms ? s->open_backoff_ms * 2 : 200;
-    if (s->open_backoff_ms > 5000) s->open_backoff_ms = 5000;
-    return s->open_backoff_ms;
 }
 
-/* ---- persisted attempts (bridge/attempts.h) -------------------------------------------------- */
-
-/* Read the attempt record of the claimed sub-MPSC. With explicit acks nothing is fetched until
- * it is read (a message's attempts must be known before it is delivered again). */
-static bool attempts_ready(cst *s)
+static size_t cq_held(void *arg, int64_t src)
 {
-    if (!s->explicit_ack || s->own.att) return true;
-    if (!s->cons) return false;
-    fx_err e = fx_attempts_open(s->d->mq, fx_mpmc_consumer_chan(s->cons), s->cons, 5000,
-                                &s->own.att);
-    if (e) {
-        s->own.att = NULL;
-        fx_log_ratelimited(&s->slot_att, 5000, FX_LOG_WRN,
-                           "claim %s: cannot read the delivery attempts of sub-MPSC %" PRId64
-                           ": %s (%s): retrying",
-                           s->cl->subject, fx_mpmc_consumer_chan(s->cons), fx_strerror(e),
-                           fx_err_detail());
-        return false;
-    }
-    return true;
-}
-
-/* The record writers: a pool of FX_DM_ATTW_THREADS threads per process (not one per claim and
- * per adopted sub-MPSC: 1,000 claims stay on a bounded number of threads) puts the newest record built by each claim (rounds
- * built while a put is in flight are coalesced into the next put). Each attw is one record stream
- * (a sub-MPSC's record); it is queued in the pool while it has a record to put and no pool thread
- * is putting it, so one stream's puts stay in order and a slow stream holds one pool thread at
- * most. A delivery waits until the record that holds its attempt count is durable (`durable` >=
- * the entry's rec_gen), so a crash can never forget an attempt that a subscriber may have seen;
- * meanwhile the claim thread keeps fetching and handling acks. A failed put is retried (newest
- * record) after 200 ms (the stream goes back to the tail of the queue with a not-before time),
- * except a fenced refusal (FX_ELEASE_LOST: the claim's consumer no longer owns the sub-MPSC, so
- * its deliveries must not go out; the claim finds the lost lease on its next call).
- * The pool's threads start with the first stream and stop with the last one. */
-typedef struct attw {
-    /* under pool.mu */
-    bool queued, busy, stop;
-    int64_t not_before;
-    struct attw *qnext;
-    uint8_t *val; /* pending record (gen > 0) */
-    size_t len, cap;
-    fx_attempts_dest dest; /* key, lease and the writer's fence */
-    uint64_t gen;
-    atomic_uint_fast64_t durable;
-    dm_claim *cl;
-    fx_mq_client *mq;
-    fx_log_slot slot;
-} attw;
-
-static struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;      /* pool threads (monotonic) */
-    pthread_cond_t done_cv; /* attw_stop waiting for a busy stream (monotonic) */
-    bool init;
-    uint64_t gen;           /* bumped when the pool stops: threads of older generations exit */
-    size_t users;           /* streams alive */
-    attw *head, *tail;
-    pthread_t thr[FX_DM_ATTW_THREADS];
-    size_t n_thr;
-} pool = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-static void pool_push_locked(attw *w)
-{
-    w->queued = true;
-    w->qnext = NULL;
-    if (pool.tail) pool.tail->qnext = w;
-    else pool.head = w;
-    pool.tail = w;
-    pthread_cond_signal(&pool.cv);
-}
-
-/* The first queued stream whose not-before time has come (unlinked), or NULL and *until: the
- * earliest not-before time of the queue. */
-static attw *pool_pop_ready_locked(int64_t *until)
-{
-    int64_t now = fx_now_ms();
-    *until = now + 1000;
-    attw *prev = NULL;
-    for (attw *w = pool.head; w; prev = w, w = w->qnext) {
-        if (w->not_before <= now) {
-            if (prev) prev->qnext = w->qnext;
-            else pool.head = w->qnext;
-            if (pool.tail == w) pool.tail = prev;
-            w->queued = false;
-            return w;
-        }
-        if (w->not_before < *until) *until = w->not_before;
-    }
-    return NULL;
-}
-
-static void *attw_main(void *arg)
-{
-    uint64_t my = (uint64_t)(uintptr_t)arg;
-    uint8_t *buf = NULL;
-    size_t bcap = 0;
-    pthread_mutex_lock(&pool.mu);
-    for (;;) {
-        attw *w = NULL;
-        int64_t until = 0;
-        while (pool.gen == my && !(w = pool_pop_ready_locked(&until))) {
-            struct timespec ts = fx_deadline_ts(until);
-            pthread_cond_timedwait(&pool.cv, &pool.mu, &ts);
-        }
-        if (pool.gen != my) break;
-        if (w->stop || !w->gen) continue;
-        uint64_t g = w->gen;
-        size_t len = w->len;
-        if (len > bcap) {
-            uint8_t *nb = realloc(buf, len);
-            if (!nb) {
-                w->not_before = fx_now_ms() + 200;
-                pool_push_locked(w);
-                continue;
-            }
-            buf = nb;
-            bcap = len;
-        }
-        memcpy(buf, w->val, len);
-        fx_attempts_dest d = w->dest;
-        w->gen = 0;
-        w->busy = true;
-        pthread_mutex_unlock(&pool.mu);
-        fx_err e = fx_attempts_put(w->mq, &d, buf, len, 5000);
-        if (!e) {
-            atomic_store(&w->durable, g);
-            pthread_mutex_lock(&w->cl->mu); /* wake the claim: deliveries may go */
-            pthread_cond_broadcast(&w->cl->cv);
-            pthread_mutex_unlock(&w->cl->mu);
-            sched_kick(w->cl);
-        } else {
-            fx_log_ratelimited(&w->slot, 5000, FX_LOG_WRN,
-                               "claim %s: delivery attempts not recorded: %s (%s): retrying",
-                               w->cl->subject, fx_strerror(e), fx_err_detail());
-        }
-        pthread_mutex_lock(&pool.mu);
-        w->busy = false;
-        if (e == FX_ELEASE_LOST) w->gen = 0; /* fenced: never retried */
-        else if (e && !w->gen) w->gen = g; /* nothing newer: retry this one */
-        if (w->stop) {
-            pthread_cond_broadcast(&pool.done_cv);
-        } else if (w->gen) {
-            w->not_before = e ? fx_now_ms() + 200 : 0;
-            pool_push_locked(w);
-        }
-    }
-    pthread_mutex_unlock(&pool.mu);
-    free(buf);
-    nats_ReleaseThreadMemory();
-    return NULL;
-}
-
-static attw *attw_start(dm_claim *cl, fx_mq_client *mq)
-{
-    attw *w = calloc(1, sizeof *w);
-    if (!w) return NULL;
-    atomic_init(&w->durable, 0);
-    w->cl = cl;
-    w->mq = mq;
-    pthread_mutex_lock(&pool.mu);
-    if (!pool.init) {
-        fx_cond_init_monotonic(&pool.cv);
-        fx_cond_init_monotonic(&pool.done_cv);
-        pool.init = true;
-    }
-    if (pool.users == 0 && pool.n_thr == 0) {
-        for (size_t i = 0; i < FX_DM_ATTW_THREADS; i++) {
-            if (pthread_create(&pool.thr[pool.n_thr], NULL, attw_main,
-                               (void *)(uintptr_t)pool.gen) != 0)
-                break;
-            pool.n_thr++;
-        }
-    }
-    if (pool.n_thr == 0) {
-        pthread_mutex_unlock(&pool.mu);
-        free(w);
-        return NULL;
-    }
-    pool.users++;
-    pthread_mutex_unlock(&pool.mu);
-    return w;
-}
-
-static void attw_stop(attw *w)
-{
-    if (!w) return;
-    pthread_mutex_lock(&pool.mu);
-    w->stop = true;
-    if (w->queued) { /* unlink */
-        attw **pp = &pool.head, *prev = NULL;
-        while (*pp && *pp != w) {
-            prev = *pp;
-            pp = &(*pp)->qnext;
-        }
-        if (*pp) {
-            *pp = w->qnext;
-            if (pool.tail == w) pool.tail = prev;
-        }
-        w->queued = false;
-    }
-    while (w->busy) {
-        struct timespec ts = fx_deadline_ts(fx_now_ms() + 1000);
-        pthread_cond_timedwait(&pool.done_cv, &pool.mu, &ts);
-    }
-    pthread_t thr[FX_DM_ATTW_THREADS];
+    cst *s = ((dm_claim *)arg)->st;
     size_t n = 0;
-    if (--pool.users == 0) { /* the last stream: the pool stops */
-        pool.gen++;
-        pthread_cond_broadcast(&pool.cv);
-        n = pool.n_thr;
-        memcpy(thr, pool.thr, n * sizeof thr[0]);
-        pool.n_thr = 0;
-    }
-    pthread_mutex_unlock(&pool.mu);
-    for (size_t i = 0; i < n; i++) pthread_join(thr[i], NULL);
-    free(w->val);
-    free(w);
+    for (uint32_t i = 0; i < s->q.t.n_ents; i++)
+        if (s->q.t.ents[i].state != E_FREE && s->q.t.ents[i].dv.id.chan == src) n++;
+    return n;
 }
 
-/* Hand the record of generation gen to the writers (replacing one they have not started). */
-static bool attw_submit(attw *w, fx_attempts *att, const uint8_t *val, size_t len, uint64_t gen)
-{
-    pthread_mutex_lock(&pool.mu);
-    if (len > w->cap) {
-        uint8_t *nb = realloc(w->val, len);
-        if (!nb) {
-            pthread_mutex_unlock(&pool.mu);
-            return false;
-        }
-        w->val = nb;
-        w->cap = len;
-    }
-    memcpy(w->val, val, len);
-    w->len = len;
-    fx_attempts_dest_of(att, &w->dest);
-    w->gen = gen;
-    if (!w->queued && !w->busy) {
-        w->not_before = 0;
-        pool_push_locked(w);
-    }
-    pthread_mutex_unlock(&pool.mu);
-    return true;
-}
+/* ---- persisted attempts (chanq_cons.h fx_chanq_cons_count) ------------------------------------- */
 
-/* The attempt stream of sub-MPSC chan: the claim's own or an adopted one's (NULL: neither). */
-static att_stream *stream_of(cst *s, int64_t chan)
+/* The attempt counts of every entry (planned: the count it will have once this round is out);
+ * planned entries remember the record generation that holds their count (op_ready waits). */
+static void persist_counts(cst *s)
 {
-    if (s->cons && fx_mpmc_consumer_chan(s->cons) == chan) return &s->own;
-    for (size_t i = 0; i < s->n_adopt; i++)
-        if (s->adopt[i].chan == chan) return &s->adopt[i].as;
-    return NULL;
-}
-
-/* Wait (bounded) until the last record built is durable: before the sub-MPSC is let go, so the
- * next consumer reads it. */
-static void attw_sync(cst *s, att_stream *st, int64_t ms)
-{
-    if (!st->w || !st->att_gen) return;
-    int64_t deadline = fx_now_ms() + ms;
-    while (atomic_load(&st->w->durable) < st->att_gen && fx_ms_left(deadline) > 0) {
-        pthread_mutex_lock(&s->cl->mu);
-        if (atomic_load(&st->w->durable) < st->att_gen) {
-            struct timespec ts = fx_deadline_ts(fx_now_ms() + 20);
-            pthread_cond_timedwait(&s->cl->cv, &s->cl->mu, &ts);
-        }
-        pthread_mutex_unlock(&s->cl->mu);
-    }
-    if (atomic_load(&st->w->durable) < st->att_gen)
-        FX_WRN("claim %s: the last delivery attempts were not recorded within %" PRId64 " ms",
-               s->cl->subject, ms);
-}
-
-/* The record of one sub-MPSC (chan): its in-flight messages with the attempt count each will have
- * once the round is out; handed to its writer when it changed. Planned entries of that sub-MPSC
- * remember the generation that holds their count (op_ready waits for it). */
-static void persist_one(cst *s, att_stream *st, int64_t chan)
-{
-    if (!st->att || !st->w) return;
+    if (!s->explicit_ack) return;
     size_t k = 0;
     for (uint32_t i = 0; i < s->q.t.n_ents; i++) {
         ent *e = &s->q.t.ents[i];
-        if (e->state == E_FREE || e->dv.id.chan != chan) continue;
+        if (e->state == E_FREE) continue;
         uint64_t n = e->delivered + (e->planned ? 1 : 0);
-        s->attbuf[k++] = (fx_attempt){e->dv.id.pidx, e->dv.id.msg, n > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)n};
+        s->attbuf[k++] = (fx_chanq_attempt){e->dv.id, n > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)n, 0};
     }
-    const uint8_t *val = NULL;
-    size_t len = 0;
-    if (fx_attempts_build(st->att, s->attbuf, k, &val, &len)) {
-        if (attw_submit(st->w, st->att, val, len, st->att_gen + 1)) st->att_gen++;
-    }
+    fx_chanq_cons_count(s->cq, s->attbuf, k);
+    k = 0;
     for (uint32_t i = 0; i < s->q.t.n_ents; i++) {
         ent *e = &s->q.t.ents[i];
-        if (!e->planned || e->dv.id.chan != chan) continue;
+        if (e->state == E_FREE) continue;
+        uint64_t gen = s->attbuf[k++].gen;
+        if (!e->planned) continue;
         e->planned = false;
         uint32_t n = (uint32_t)(e->delivered + 1);
         if (e->rec_n != n || !e->rec_gen) {
             e->rec_n = n;
-            e->rec_gen = st->att_gen;
+            e->rec_gen = gen;
         }
     }
 }
 
-/* Before a round of deliveries: persist the attempt records of the claim's own sub-MPSC and of
- * every adopted one. */
+/* Before a round of deliveries: the records with the counts the round will make. */
 static void persist_attempts(cst *s)
 {
-    if (!s->own.w) return;
     ctab *t = &s->q.t;
     for (uint32_t i = 0; i < s->q.n_send; i++)
         if (t->ents[s->q.sendq[i]].state == E_WAIT_SEND) t->ents[s->q.sendq[i]].planned = true;
-    if (s->cons) persist_one(s, &s->own, fx_mpmc_consumer_chan(s->cons));
-    for (size_t a = 0; a < s->n_adopt; a++) persist_one(s, &s->adopt[a].as, s->adopt[a].chan);
+    persist_counts(s);
     for (uint32_t i = 0; i < t->n_ents; i++) t->ents[i].planned = false;
-}
-
-/* Before the claim lets its sub-MPSCs go: records with the attempts actually published. A round's
- * record counts its planned deliveries before they go out; those that did not go (the subscriber
- * left, a publish failed) or that found no subscriber (no-responders) are not attempts. */
-static void persist_actual(cst *s)
-{
-    if (!s->own.w) return;
-    if (s->cons) persist_one(s, &s->own, fx_mpmc_consumer_chan(s->cons));
-    for (size_t a = 0; a < s->n_adopt; a++) persist_one(s, &s->adopt[a].as, s->adopt[a].chan);
 }
 
 /* May this entry be published now (its attempt count durable)? */
 static bool attempt_durable(cst *s, const ent *e)
 {
-    att_stream *st = stream_of(s, e->dv.id.chan);
-    if (!st || !st->att || !st->w) return true;
-    return e->rec_n == e->delivered + 1 && e->rec_gen <= atomic_load(&st->w->durable);
+    if (!s->explicit_ack) return true;
+    return e->rec_n == e->delivered + 1 && e->rec_gen &&
+           fx_chanq_cons_durable(s->cq, e->dv.id, e->rec_gen);
 }
 
-/* Ack ids [0, n) through consumer c. *closed: c turned out closed. Returns FX_OK or the error. */
-static fx_err ack_through(cst *s, fx_mpmc_consumer *c, const fx_mq_msg_id *ids, size_t n,
-                         const char *what, bool *closed)
-{
-    fx_err e = fx_mpmc_ack(c, ids, n);
-    *closed = e == FX_ECLOSED || e == FX_ELEASE_LOST;
-    if (*closed)
-        FX_WRN("claim %s: %s consumer closed (%s): %zu acks lost", s->cl->subject, what,
-               fx_strerror(e), n);
-    else if (e)
-        fx_log_ratelimited(&s->slot_ack, 5000, FX_LOG_ERR, "claim %s: ack of %zu failed: %s (%s)",
-                           s->cl->subject, n, fx_strerror(e), fx_err_detail());
-    return e;
-}
-
-/* Engine op: commit the acks gathered (reordered in place): those of each adopted sub-MPSC
- * through its drain consumer, the rest through the claim's own. true: every ack was applied. A
- * drain consumer found closed is marked and closed by flush() once the engine returned. */
+/* Engine op: commit the acks gathered. true: every ack was applied. */
 static bool op_commit(void *ctx, fx_mq_msg_id *acks, size_t n)
 {
     cst *s = ctx;
-    bool ok = n > 0, closed = false;
-    for (size_t a = s->n_adopt; a-- > 0 && n;) {
-        size_t j = n; /* move this sub-MPSC's acks to [j, n) */
-        for (size_t i = 0; i < j;) {
-            if (acks[i].chan == s->adopt[a].chan) {
-                fx_mq_msg_id t = acks[i];
-                acks[i] = acks[--j];
-                acks[j] = t;
-            } else {
-                i++;
-            }
-        }
-        if (n > j) {
-            if (ack_through(s, s->adopt[a].c, acks + j, n - j, "adopted", &closed)) ok = false;
-            if (closed) s->adopt[a].lost = true;
-        }
-        n = j;
-    }
-    if (n) {
-        if (!s->cons) {
-            ok = false;
-        } else {
-            if (ack_through(s, s->cons, acks, n, "own", &closed)) ok = false;
-            if (closed) s->lost = true;
-        }
-    }
-    return ok;
+    return fx_chanq_cons_ack(s->cq, acks, n);
 }
 
-/* Commit the gathered acks and answer their AckSync replies (ok only when every ack was
- * applied); then close the drain consumers that turned out closed. */
-static void flush(cst *s)
-{
-    fx_dlv_flush(&s->q);
-    for (size_t a = s->n_adopt; a-- > 0;)
-        if (s->adopt[a].lost) adopt_close(s, a, true);
-}
+static void flush(cst *s) { fx_dlv_flush(&s->q); }
 
 /* ---- delivery ----------------------------------------------------------------------------------- */
 
 /* Engine op: publish entry e (its claim seq and nonce set by the engine) as attempt
  * delivered + 1. true: it went out. On the leaf path the subscriber may have left during the
- * round: no publish then (the engine retries it, uncounted). */
-/* Is e's sub-MPSC held by a fenced consumer (this round's reading, op_round)? */
-static bool ent_fenced(const cst *s, const ent *e)
-{
-    if (s->fence_own && e->dv.id.chan == s->fence_chan) return true;
-    for (size_t a = 0; a < s->n_adopt; a++)
-        if (s->fence_adopt[a] && e->dv.id.chan == s->adopt[a].chan) return true;
-    return false;
-}
+ * round: no publish then (the engine retries it, uncounted). A delivery whose consumer is fenced
+ * (this round's reading, op_round) waits. */
+static bool ent_fenced(const cst *s, const ent *e) { return fx_chanq_cons_fenced(s->cq, e->dv.id); }
 
 static bool send_to(cst *s, const ent *e, const char *to);
 
@@ -710,8 +306,8 @@ static bool send_to(cst *s, const ent *e, const char *to)
         /* JetStream's metadata timestamp is the time the message was stored */
         meta.ts_ns = e->msg.publish_ns > 0 ? e->msg.publish_ns : fx_wall_ns();
         /* JetStream's pending: stored, not yet handed to this claim (house-keeping view) */
-        int64_t used = (int64_t)s->q.t.n_used;
-        meta.pending = s->backlog > used ? (uint64_t)(s->backlog - used) : 0;
+        int64_t used = (int64_t)s->q.t.n_used, backlog = fx_chanq_cons_pending(s->cq);
+        meta.pending = backlog > used ? (uint64_t)(backlog - used) : 0;
         meta.nonce = e->nonce;
         char js[FX_JSACK_SUBJECT_MAX];
         if (fx_ack_subject_build(&meta, js, sizeof js) < 0 ||
@@ -813,26 +409,12 @@ static bool can_publish(cst *s)
 }
 
 /* Engine op: before a round that publishes: persist the attempt counts the round will make, and
- * read our sub-MPSC's backlog from the last view (JetStream's "pending" of the ack subjects). */
+ * read the fencing and backlog once (fx_chanq_cons_round). */
 static void op_round(void *ctx)
 {
     cst *s = ctx;
     persist_attempts(s);
-    if (s->cons) {
-        int64_t own = fx_mpmc_consumer_chan(s->cons);
-        s->backlog = -1;
-        pthread_mutex_lock(&s->ch->mu);
-        for (size_t i = 0; i < s->ch->n_held; i++)
-            if (s->ch->held[i] == own) s->backlog = s->ch->held_backlog[i];
-        pthread_mutex_unlock(&s->ch->mu);
-    }
-    /* Fencing: a consumer whose member lease etcd has not confirmed for its TTL may have lost
-     * its sub-MPSC to another member; its messages wait (fx_mpmc_consumer_fenced, op_send).
-     * Read once per round. */
-    s->fence_chan = s->cons ? fx_mpmc_consumer_chan(s->cons) : -1;
-    s->fence_own = s->cons && fx_mpmc_consumer_fenced(s->cons);
-    for (size_t a = 0; a < s->n_adopt; a++)
-        s->fence_adopt[a] = fx_mpmc_consumer_fenced(s->adopt[a].c);
+    fx_chanq_cons_round(s->cq);
 }
 
 /* Engine op: may this entry be published now (its attempt count durable)? The writer kicks the
@@ -1071,156 +653,9 @@ static void accept_msgs(cst *s, size_t got)
             fx_dlv_drop(&s->q, dv);
             continue;
         }
-        att_stream *st = stream_of(s, dv->id.chan);
-        uint64_t delivered = st && st->att ? fx_attempts_take(st->att, dv->id.pidx, dv->id.msg) : 0;
-        if (fx_dlv_accept(&s->q, dv, &msg, delivered) != FX_OK) /* we never fetch past the window */
+        if (fx_dlv_accept(&s->q, dv, &msg, s->counts[i]) != FX_OK) /* we never fetch past the window */
             fx_mq_delivery_free(dv);
     }
-}
-
-/* ---- stranded backlog ---------------------------------------------------------------------------- */
-
-/* Entries in flight that came from sub-MPSC `chan`. */
-static size_t count_chan(cst *s, int64_t chan)
-{
-    size_t n = 0;
-    for (uint32_t i = 0; i < s->q.t.n_ents; i++)
-        if (s->q.t.ents[i].state != E_FREE && s->q.t.ents[i].dv.id.chan == chan) n++;
-    return n;
-}
-
-/* Close adopted slot i. lost: its consumer closed under us (its entries are dropped: the
- * messages stay unacked in the sub-MPSC for its next consumer; dead letters in progress finish).
- * Else it was drained: its acks are committed first. */
-static void adopt_close(cst *s, size_t i, bool lost)
-{
-    struct adopted a = s->adopt[i];
-    s->adopt[i] = s->adopt[--s->n_adopt];
-    if (lost) {
-        fx_dlv_release_chan(&s->q, a.chan);
-    } else {
-        attw_sync(s, &a.as, 2000); /* its next consumer reads the attempts */
-        fx_err e = fx_mpmc_flush(a.c, 2000);
-        if (e && e != FX_ECLOSED && e != FX_ELEASE_LOST)
-            FX_WRN("claim %s: adopted sub-MPSC %" PRId64 ": ack flush: %s", s->cl->subject, a.chan,
-                   fx_strerror(e));
-    }
-    attw_stop(a.as.w);
-    fx_attempts_free(a.as.att);
-    fx_mpmc_consumer_set_notify(a.c, NULL, NULL);
-    fx_mpmc_consumer_close(a.c);
-    fx_mpmc_consumer_free(a.c);
-    FX_INF("claim %s: %s adopted sub-MPSC %" PRId64 " (%" PRIu64 " message(s) in %" PRIu64
-           " fetches)", s->cl->subject, lost ? "lost" : "drained", a.chan, a.got, a.gets);
-}
-
-static bool is_adopted(const cst *s, int64_t chan)
-{
-    for (size_t i = 0; i < s->n_adopt; i++)
-        if (s->adopt[i].chan == chan) return true;
-    return false;
-}
-
-/* A claim adopts the unready sub-MPSCs that still hold messages (left by a released claim or a
- * killed bridge whose member lease expired) as soon as the sub-MPSC view shows them, busy or not:
- * it opens a drain consumer on each (bound without a ready key, so producers route nothing new
- * there) and drains them next to its own sub-MPSC (adopted messages first) until each stays
- * empty, so no delivery waits on a departed claim. At most FX_DM_ADOPT_MAX at a time per claim;
- * another claim, here or on another bridge, may hold one (FX_EEXISTS: the next). */
-static void adopt_stranded(cst *s)
-{
-    dm_chan *ch = s->ch;
-    int64_t stranded[FX_DM_SWEEP_MAX];
-    size_t ns;
-    uint64_t gen;
-    pthread_mutex_lock(&ch->mu);
-    gen = ch->view_gen;
-    ns = ch->n_stranded;
-    memcpy(stranded, ch->stranded, ns * sizeof *stranded);
-    pthread_mutex_unlock(&ch->mu);
-    if (!ns || gen == s->view_gen || !s->cons || s->n_adopt >= FX_DM_ADOPT_MAX) return;
-    /* A claim whose subscriber is gone (its release timer runs) or that is being released takes
-     * no stranded backlog: it could not deliver it, and would only hold it until its release.
-     * The view is looked at again once the subscriber is back. */
-    if (stop_requested(s) || !can_publish(s)) return;
-    s->view_gen = gen;
-    int64_t own = fx_mpmc_consumer_chan(s->cons);
-    int64_t mpmc = -1;
-    if (dm_chan_resolve(ch, false, &mpmc)) return;
-    for (size_t i = 0; i < ns && s->n_adopt < FX_DM_ADOPT_MAX && !stop_requested(s); i++) {
-        if (stranded[i] == own || is_adopted(s, stranded[i])) continue;
-        fx_mpmc_consumer *c = NULL;
-        fx_err e = fx_mpmc_consumer_open_drain(s->d->mq, mpmc, stranded[i], &c);
-        if (e == FX_EEXISTS || e == FX_ENOTFOUND) continue;
-        if (e) {
-            fx_log_ratelimited(&s->slot_open, 5000, FX_LOG_WRN,
-                               "claim %s: cannot adopt sub-MPSC %" PRId64 ": %s (%s)",
-                               s->cl->subject, stranded[i], fx_strerror(e), fx_err_detail());
-            return;
-        }
-        struct adopted ad = {.c = c, .chan = stranded[i]};
-        if (s->explicit_ack) { /* its messages keep their delivery counts (own record) */
-            e = fx_attempts_open(s->d->mq, stranded[i], c, 5000, &ad.as.att);
-            if (!e && !(ad.as.w = attw_start(s->cl, s->d->mq)))
-                e = fx_seterr(FX_ENOMEM, "cannot start an attempt writer");
-            if (e) {
-                fx_log_ratelimited(&s->slot_att, 5000, FX_LOG_WRN,
-                                   "claim %s: cannot adopt sub-MPSC %" PRId64 ": attempts: %s (%s)",
-                                   s->cl->subject, stranded[i], fx_strerror(e), fx_err_detail());
-                fx_attempts_free(ad.as.att);
-                fx_mpmc_consumer_close(c);
-                fx_mpmc_consumer_free(c);
-                return;
-            }
-        }
-        fx_mpmc_consumer_set_notify(c, claim_notify, s->cl);
-        s->adopt[s->n_adopt++] = ad;
-        FX_INF("claim %s: adopted sub-MPSC %" PRId64 " with stranded backlog (next to its own "
-               "sub-MPSC %" PRId64 ")", s->cl->subject, stranded[i], own);
-    }
-}
-
-/* Fetch from the adopted sub-MPSCs (without waiting), round robin. true when messages were
- * accepted. A drain consumer empty for FX_DM_ADOPT_IDLE_MS with nothing of it in flight is
- * closed (nothing new is routed to it). */
-static bool fetch_adopted(cst *s, size_t want)
-{
-    for (size_t k = 0; k < s->n_adopt; k++) {
-        size_t i = (s->adopt_rr + k) % s->n_adopt;
-        struct adopted *a = &s->adopt[i];
-        size_t got = 0;
-        fx_err e = fx_mpmc_get(a->c, s->getbuf, want, &got, 0);
-        a->gets++;
-        a->got += got;
-        if (e == FX_OK && got) {
-            a->empty_since = 0;
-            s->adopt_rr = i + 1;
-            accept_msgs(s, got);
-            return true;
-        }
-        if (e == FX_ECLOSED || e == FX_ELEASE_LOST) {
-            adopt_close(s, i, true);
-            return false; /* slots moved: next turn */
-        }
-        if (e != FX_ETIMEDOUT && e != FX_OK) {
-            fx_log_ratelimited(&s->slot_get, 5000, FX_LOG_WRN,
-                               "claim %s: get (adopted) failed: %s (%s)", s->cl->subject,
-                               fx_strerror(e), fx_err_detail());
-            continue;
-        }
-        int64_t now = fx_now_ms();
-        if (!a->empty_since) a->empty_since = now;
-        if (now - a->empty_since >= FX_DM_ADOPT_IDLE_MS && count_chan(s, a->chan) == 0) {
-            flush(s);
-            for (size_t j = 0; j < s->n_adopt; j++)
-                if (s->adopt[j].chan == a->chan) {
-                    adopt_close(s, j, false);
-                    break;
-                }
-            return false;
-        }
-    }
-    return false;
 }
 
 /* ---- the claim thread -------------------------------------------------------------------------- */
@@ -1350,25 +785,23 @@ static void dlv_run(cst *s)
 static int64_t claim_turn_inner(cst *s)
 {
     if (stop_requested(s)) return -1;
-    if (!s->cons) {
-        if (atomic_load(&s->d->stopping)) return -1;
-        int64_t w = open_once(s);
-        if (w >= 0) return w;
-    }
     drain_events(s);
     flush(s);
-    if (s->lost) {
-        consumer_drop(s);
-        return 0;
+    int64_t pw = fx_chanq_cons_poll(s->cq); /* open, reopen, inherited backlog taken or let go */
+    if (pw >= 0) {
+        if (atomic_load(&s->d->stopping)) return -1;
+        return pw;
+    }
+    if (!s->opened) {
+        s->opened = true;
+        set_holding(s, true);
     }
     dlv_run(s);
     flush(s);
-    if (s->lost) {
-        consumer_drop(s);
-        return 0;
-    }
+    if (fx_chanq_cons_lost(s->cq)) return 0; /* the next poll releases and reopens */
     if (stop_requested(s)) return -1;
-    adopt_stranded(s); /* no RPC unless the view shows stranded backlog not adopted yet */
+    /* Backlog a departed consumer left (the keeper's view): taken only while we can deliver it */
+    if (can_publish(s)) fx_chanq_cons_inherit(s->cq);
     int64_t next = fx_dlv_next_due(&s->q);
     bool can_fetch = fx_dlv_room(&s->q) > 0 && can_publish(s);
     size_t want = fx_dlv_room(&s->q);
@@ -1380,36 +813,28 @@ static int64_t claim_turn_inner(cst *s)
         if (!want) can_fetch = false;
     }
     if (!can_fetch) {
-        if (s->cl->pull && s->cons) pull_nowait(s);
+        if (s->cl->pull) pull_nowait(s);
         int64_t cap = s->q.n_send ? 2 : 50; /* deliveries waiting for their record */
         return next < cap ? next : cap;
     }
-    if (!attempts_ready(s)) return 200;
-    if (fetch_adopted(s, want)) {
-        dlv_run(s);
-        return 0;
-    }
-    if (s->lost) return 0;
     size_t got = 0;
-    fx_err e = fx_mpmc_get(s->cons, s->getbuf, want, &got, 0);
+    fx_err e = fx_chanq_cons_get(s->cq, s->getbuf, s->counts, want, &got);
     if (e == FX_OK && got) {
         accept_msgs(s, got);
         dlv_run(s);
         return 0;
     }
-    if (e == FX_OK || e == FX_ETIMEDOUT) {
+    if (e == FX_ETIMEDOUT) {
         if (s->cl->pull) pull_nowait(s);
         /* Nothing stored for us: new messages kick the claim (claim_notify); the turn comes back
-         * anyway after 20 ms while deliveries are in flight or backlog is adopted, else after
-         * FX_DM_IDLE_GET_MS (a thousand idle claims: 4,000 cheap turns/s), which also adopts
-         * stranded backlog if the view shows some. */
-        int64_t cap = s->q.t.n_used || s->n_adopt ? 20 : FX_DM_IDLE_GET_MS;
+         * anyway after 20 ms while deliveries are in flight or inherited backlog is held, else
+         * after FX_DM_IDLE_GET_MS (a thousand idle claims: 4,000 cheap turns/s). */
+        int64_t cap = s->q.t.n_used || fx_chanq_cons_inherited(s->cq) ? 20 : FX_DM_IDLE_GET_MS;
         if (s->q.n_send && cap > 2) cap = 2; /* deliveries wait for their attempt record */
         return next < cap ? next : cap;
     }
     if (e == FX_ECLOSED || e == FX_ELEASE_LOST) {
         FX_WRN("claim %s: consumer closed (%s): reopening", s->cl->subject, fx_strerror(e));
-        consumer_drop(s);
         return 0;
     }
     fx_log_ratelimited(&s->slot_get, 5000, FX_LOG_WRN, "claim %s: get failed: %s (%s)",
@@ -1420,12 +845,13 @@ static int64_t claim_turn_inner(cst *s)
 static void claim_release(cst *s)
 {
     dm_claim *cl = s->cl;
-    if (s->cons) {
+    if (s->opened && !fx_chanq_cons_lost(s->cq)) {
         int mode = atomic_load(&cl->stop);
         if (mode == STOP_DRAIN && s->explicit_ack && atomic_load(&cl->present) &&
             !atomic_load(&cl->noresp)) {
             int64_t deadline = fx_now_ms() + FX_DM_DRAIN_LINGER_MS;
-            while (fx_dlv_count(&s->q, E_WAIT_ACK) > 0 && fx_ms_left(deadline) > 0 && !s->lost) {
+            while (fx_dlv_count(&s->q, E_WAIT_ACK) > 0 && fx_ms_left(deadline) > 0 &&
+                   !fx_chanq_cons_lost(s->cq)) {
                 size_t handled = drain_events(s);
                 s->q.n_send = 0; /* nothing is (re)published while draining */
                 if (!handled) {
@@ -1455,19 +881,19 @@ static void claim_release(cst *s)
         drain_events(s); /* acks and no-responders statuses that came meanwhile */
         s->q.n_send = 0;
         flush(s);
-        if (!s->lost) persist_actual(s);
-        while (s->n_adopt) adopt_close(s, s->n_adopt - 1, false);
-        if (!s->lost) {
-            fx_err e = fx_mpmc_flush(s->cons, 2000);
-            if (e && e != FX_ECLOSED && e != FX_ELEASE_LOST)
-                FX_WRN("claim %s: ack flush: %s", cl->subject, fx_strerror(e));
-        }
-        size_t unacked = s->q.t.n_used;
-        consumer_drop(s);
+        /* the records with the attempts actually published (a round's record counted planned
+         * deliveries that did not go out or found no subscriber) */
+        if (!fx_chanq_cons_lost(s->cq)) persist_counts(s);
         FX_INF("claim %s: released (%zu unacked message(s) left for the next consumer)",
-               cl->subject, unacked);
+               cl->subject, (size_t)s->q.t.n_used);
     }
+    if (s->opened) set_holding(s, false);
+    s->opened = false;
     fx_dlv_release_all(&s->q);
+    /* the consumer's close (last records, acks committed, parts closed) runs as a job; the
+     * keeper's view is kicked then, so another claim takes the backlog left at once */
+    fx_chanq_cons_close(s->cq);
+    s->cq = NULL;
 }
 
 /* First turn: the claim's state (owned by its turns from now on). false: out of memory. */
@@ -1481,7 +907,6 @@ static bool claim_start(dm_claim *cl)
     s->d = cl->ch->d;
     s->explicit_ack = cl->ch->s.ack == FX_ACK_EXPLICIT;
     s->use_leaf = s->explicit_ack && s->d->leaf != NULL;
-    if (s->explicit_ack) s->own.w = attw_start(cl, s->d->mq);
     const fx_chan_settings *cs = &cl->ch->s;
     fx_dlv_cfg cfg = {.explicit_ack = s->explicit_ack,
                       .is_dlq = cl->ch->is_dlq,
@@ -1515,7 +940,16 @@ static bool claim_start(dm_claim *cl)
                                    .done = op_done,
                                    .grow = op_grow};
     s->getbuf = calloc(FX_DM_FETCH_MAX, sizeof *s->getbuf);
-    return fx_dlv_init(&s->q, &cfg, &ops, s) && s->getbuf && (!s->explicit_ack || s->own.w);
+    s->counts = calloc(FX_DM_FETCH_MAX, sizeof *s->counts);
+    fx_chanq_cons_opts co = {.channel = cl->ch->name,
+                             .cfg = {.capacity = cs->capacity,
+                                     .ttl_s = cs->ttl_seconds,
+                                     .retention_s = (cs->retention_ms + 999) / 1000},
+                             .label = cl->subject,
+                             .attempts = s->explicit_ack};
+    fx_chanq_cons_cb cb = {.notify = claim_notify, .release = cq_release, .held = cq_held, .arg = cl};
+    if (fx_chanq_cons_new(s->d->keeper, &co, &cb, &s->cq)) return false;
+    return fx_dlv_init(&s->q, &cfg, &ops, s) && s->getbuf && s->counts;
 }
 
 /* Last turn: release (bounded waits, on the worker) and free the claim's state. The caller then
@@ -1536,7 +970,6 @@ static void claim_end(dm_claim *cl, bool ran)
     }
     if (ran) {
         claim_release(s);
-        dm_view_kick(s->d, s->ch); /* its sub-MPSC may hold stranded backlog now: adopt it at once */
     } else {
         FX_ERR("claim %s: out of memory", cl->subject);
     }
@@ -1564,8 +997,8 @@ static void claim_end(dm_claim *cl, bool ran)
     }
     fx_dlv_free(&s->q);
     free(s->attbuf);
-    fx_attempts_free(s->own.att);
-    attw_stop(s->own.w);
+    fx_chanq_cons_close(s->cq); /* not ran: nothing was opened */
+    free(s->counts);
     for (size_t i = 0; s->getbuf && i < FX_DM_FETCH_MAX; i++) fx_mq_delivery_free(&s->getbuf[i]);
     free(s->getbuf);
     free(s->hbuf);
@@ -1596,152 +1029,71 @@ static int64_t claim_step(dm_claim *cl)
 }
 
 /* ---- the claim scheduler ------------------------------------------------------------------------
- * FX_DM_CLAIM_WORKERS threads per process run the steps of every claim (not one thread per
- * claim). A claim is in the run queue when it was kicked or its wait is over; one
- * worker runs it at a time (a kick during its step queues it again right after). Waiting claims
- * are found by a scan of the claim list when the earliest known wait is over. The workers start
- * with the first claim and stay until dm_claims_sched_stop() (daemon free, no claim left).
- * Lock order: a claim's mu, then sched.mu. */
-static struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;     /* workers (monotonic) */
-    pthread_cond_t fin_cv; /* a claim finished (monotonic) */
-    bool init;
-    uint64_t gen;      /* bumped when the pool stops: threads of older generations exit */
-    size_t users;      /* claims scheduled */
-    dm_claim *rq_head, *rq_tail;
-    dm_claim *all;     /* every scheduled claim (sq_all_next) */
-    int64_t min_due;   /* no waiting claim is due before this */
-    pthread_t thr[FX_DM_CLAIM_WORKERS];
-    size_t n_thr;
-} sched = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-static void sched_push_locked(dm_claim *cl)
-{
-    cl->sq_queued = true;
-    cl->sq_due = 0;
-    cl->sq_next = NULL;
-    if (sched.rq_tail) sched.rq_tail->sq_next = cl;
-    else sched.rq_head = cl;
-    sched.rq_tail = cl;
-    pthread_cond_signal(&sched.cv);
-}
+ * Each claim is a strand of the daemon's executor (bridge/executor.h, kind FX_EXEC_K_CLAIM): its
+ * steps run one at a time, on the kind's threads, shared fairly with the other claims. A kick
+ * (ack, no-responders status, dead-letter completion, stop, consumer notify) runs the next step
+ * at once; the wait a step asks for is a timed kick. A kick during a step runs it once more
+ * after (no lost wake-up). The last step takes the claim out (sq_on false, the strand freed when
+ * that step returns), marks it finished and drops the scheduler's reference.
+ * The daemon's dm_sched (d->sched) counts the claims scheduled and wakes dm_claims_stop_all when
+ * one finished. Lock order: a claim's mu, then its sq_mu, then the executor's lock; d->sched.mu
+ * is taken alone. */
 
 static void sched_kick(dm_claim *cl)
 {
-    pthread_mutex_lock(&sched.mu);
-    if (cl->sq_on) {
-        if (cl->sq_running) cl->sq_kicked = true;
-        else if (!cl->sq_queued) sched_push_locked(cl);
-    }
-    pthread_mutex_unlock(&sched.mu);
+    pthread_mutex_lock(&cl->sq_mu);
+    if (cl->sq_on) fx_exec_strand_kick(cl->strand, 0);
+    pthread_mutex_unlock(&cl->sq_mu);
 }
 
-/* Waiting claims whose time has come go to the run queue; recomputes min_due. */
-static void sched_scan_locked(int64_t now)
+/* A strand step: one step of the claim, then its next kick, or its way out. */
+static void sched_step(void *arg)
 {
-    int64_t min = now + 1000;
-    for (dm_claim *x = sched.all; x; x = x->sq_all_next) {
-        if (x->sq_queued || x->sq_running || !x->sq_due) continue;
-        if (x->sq_due <= now) sched_push_locked(x);
-        else if (x->sq_due < min) min = x->sq_due;
+    dm_claim *cl = arg;
+    int64_t w = claim_step(cl);
+    if (w >= 0) {
+        fx_exec_strand_kick(cl->strand, w == 0 ? 0 : fx_now_ms() + w);
+        return;
     }
-    sched.min_due = min;
-}
-
-static void *sched_main(void *arg)
-{
-    uint64_t my = (uint64_t)(uintptr_t)arg;
-    pthread_mutex_lock(&sched.mu);
-    while (sched.gen == my) {
-        int64_t now = fx_now_ms();
-        if (now >= sched.min_due) sched_scan_locked(now);
-        dm_claim *cl = sched.rq_head;
-        if (!cl) {
-            struct timespec ts = fx_deadline_ts(sched.min_due);
-            pthread_cond_timedwait(&sched.cv, &sched.mu, &ts);
-            continue;
-        }
-        sched.rq_head = cl->sq_next;
-        if (!sched.rq_head) sched.rq_tail = NULL;
-        cl->sq_queued = false;
-        cl->sq_running = true;
-        cl->sq_kicked = false;
-        pthread_mutex_unlock(&sched.mu);
-        int64_t w = claim_step(cl);
-        pthread_mutex_lock(&sched.mu);
-        cl->sq_running = false;
-        if (w < 0) { /* ended: out of the scheduler, then finished */
-            cl->sq_on = false;
-            dm_claim **pp = &sched.all;
-            while (*pp && *pp != cl) pp = &(*pp)->sq_all_next;
-            if (*pp) *pp = cl->sq_all_next;
-            sched.users--;
-            atomic_store(&cl->finished, true);
-            pthread_cond_broadcast(&sched.fin_cv);
-            pthread_mutex_unlock(&sched.mu);
-            dm_claim_unref(cl);
-            pthread_mutex_lock(&sched.mu);
-            continue;
-        }
-        if (cl->sq_kicked || w == 0) {
-            sched_push_locked(cl);
-        } else {
-            cl->sq_due = fx_now_ms() + w;
-            if (cl->sq_due < sched.min_due) sched.min_due = cl->sq_due;
-        }
-    }
-    pthread_mutex_unlock(&sched.mu);
+    fx_daemon *d = cl->ch->d;
+    pthread_mutex_lock(&cl->sq_mu);
+    cl->sq_on = false; /* no kick reaches the strand from now on */
+    fx_exec_strand *st = cl->strand;
+    cl->strand = NULL;
+    pthread_mutex_unlock(&cl->sq_mu);
+    fx_exec_strand_free(st); /* from its own step: freed when this step returns */
+    pthread_mutex_lock(&d->sched.mu);
+    d->sched.users--;
+    atomic_store(&cl->finished, true);
+    pthread_cond_broadcast(&d->sched.fin_cv);
+    pthread_mutex_unlock(&d->sched.mu);
     nats_ReleaseThreadMemory();
-    return NULL;
+    dm_claim_unref(cl);
 }
 
-void dm_claims_sched_stop(void)
+bool dm_claims_sched_stop(fx_daemon *d)
 {
-    pthread_mutex_lock(&sched.mu);
-    pthread_t thr[FX_DM_CLAIM_WORKERS];
-    size_t n = 0;
-    if (sched.users == 0) {
-        sched.gen++;
-        pthread_cond_broadcast(&sched.cv);
-        n = sched.n_thr;
-        memcpy(thr, sched.thr, n * sizeof thr[0]);
-        sched.n_thr = 0;
-    } else {
-        FX_WRN("claim scheduler: %zu claim(s) still scheduled at daemon free; workers kept",
-               sched.users);
-    }
-    pthread_mutex_unlock(&sched.mu);
-    for (size_t i = 0; i < n; i++) pthread_join(thr[i], NULL);
+    pthread_mutex_lock(&d->sched.mu);
+    size_t users = d->sched.users;
+    pthread_mutex_unlock(&d->sched.mu);
+    if (users)
+        FX_WRN("claim scheduler: %zu claim(s) still scheduled at daemon free; the executor is "
+               "kept", users);
+    return users == 0;
 }
 
 /* Hand a new claim to the scheduler (its first step runs at once). */
 static bool sched_add(dm_claim *cl)
 {
-    pthread_mutex_lock(&sched.mu);
-    if (!sched.init) {
-        fx_cond_init_monotonic(&sched.cv);
-        fx_cond_init_monotonic(&sched.fin_cv);
-        sched.init = true;
-    }
-    if (sched.n_thr == 0) {
-        for (size_t i = 0; i < FX_DM_CLAIM_WORKERS; i++) {
-            if (pthread_create(&sched.thr[sched.n_thr], NULL, sched_main,
-                               (void *)(uintptr_t)sched.gen) != 0)
-                break;
-            sched.n_thr++;
-        }
-    }
-    if (sched.n_thr == 0) {
-        pthread_mutex_unlock(&sched.mu);
-        return false;
-    }
-    sched.users++;
+    fx_daemon *d = cl->ch->d;
+    if (fx_exec_strand_new(d->exec, FX_EXEC_K_CLAIM, sched_step, cl, &cl->strand)) return false;
+    pthread_mutex_lock(&d->sched.mu);
+    d->sched.users++;
+    pthread_mutex_unlock(&d->sched.mu);
+    pthread_mutex_lock(&cl->sq_mu);
     cl->sq_on = true;
-    cl->sq_all_next = sched.all;
-    sched.all = cl;
-    sched_push_locked(cl);
-    pthread_mutex_unlock(&sched.mu);
+    fx_exec_strand_kick(cl->strand, 0);
+    pthread_mutex_unlock(&cl->sq_mu);
     return true;
 }
 
@@ -1764,6 +1116,7 @@ void dm_claim_unref(dm_claim *cl)
     if (cl->pull) free(cl->pull->wq);
     free(cl->pull);
     pthread_mutex_destroy(&cl->mu);
+    pthread_mutex_destroy(&cl->sq_mu);
     pthread_cond_destroy(&cl->cv);
     free(cl);
 }
@@ -1852,6 +1205,7 @@ static dm_claim *claim_new2(dm_chan *ch, const char *token, const dm_pull_cfg *p
         return NULL;
     }
     pthread_mutex_init(&cl->mu, NULL);
+    pthread_mutex_init(&cl->sq_mu, NULL);
     fx_cond_init_monotonic(&cl->cv);
     atomic_init(&cl->refs, 2); /* the registry and the scheduler */
     atomic_init(&cl->stop, STOP_NONE);
@@ -2153,7 +1507,7 @@ void dm_on_nr(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
 
 /* ---- interest thread --------------------------------------------------------------------------- */
 
-/* fluxon_claims: claims that hold a sub-MPSC (consumer open) and are not being released. */
+/* fluxon_claims: claims whose consumer is open and are not being released. */
 static size_t count_live(dm_chan *ch)
 {
     size_t n = 0;
@@ -2337,12 +1691,12 @@ void dm_claims_stop_all(fx_daemon *d, dm_chan *ch, int mode)
     /* Only this thread changes ch->claims now (the interest thread is stopped or ch is retired). */
     for (dm_claim *cl = ch->claims; cl; cl = cl->next) {
         /* run by the scheduler: wait for its last step (its release is bounded) */
-        pthread_mutex_lock(&sched.mu);
+        pthread_mutex_lock(&d->sched.mu);
         while (!atomic_load(&cl->finished)) {
             struct timespec ts = fx_deadline_ts(fx_now_ms() + 1000);
-            pthread_cond_timedwait(&sched.fin_cv, &sched.mu, &ts);
+            pthread_cond_timedwait(&d->sched.fin_cv, &d->sched.mu, &ts);
         }
-        pthread_mutex_unlock(&sched.mu);
+        pthread_mutex_unlock(&d->sched.mu);
     }
     pthread_rwlock_wrlock(&d->reg);
     dm_claim *list = ch->claims;

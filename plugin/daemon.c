@@ -399,16 +399,38 @@ static fx_err redis_persistence_check(fx_daemon *d)
     return FX_OK;
 }
 
+/* The keeper reclaimed an idle sub-MPSC of channel `name` (keeper thread). */
+static void on_reclaim(void *arg, const char *name)
+{
+    fx_daemon *d = arg;
+    pthread_rwlock_rdlock(&d->reg);
+    dm_chan *ch = dm_find_chan_locked(d, name);
+    if (ch) fx_metric_inc(ch->m.reclaimed, 1);
+    pthread_rwlock_unlock(&d->reg);
+}
+
 static fx_err mq_setup(fx_daemon *d)
 {
     const fx_config *c = d->cfg;
+    fx_exec_cfg xc;
+    fx_exec_cfg_defaults(&xc);
+    xc.name = "daemon";
+    fx_err e = fx_exec_new(&xc, &d->exec);
+    if (e) return e;
     fx_mq_client_opts o;
     mq_options(c, &o);
-    fx_err e = fx_mq_client_new(&o, &d->mq);
-    if (e) return e;
+    o.exec = d->exec; /* one executor per bridge: commits and revokes run on it too */
+    if ((e = fx_mq_client_new(&o, &d->mq))) return e;
+    if ((e = fx_chanq_keeper_new(d->mq, d->exec, on_reclaim, d, &d->keeper))) {
+        fx_mq_client_free(d->mq);
+        d->mq = NULL;
+        return e;
+    }
     FX_INF("etcd: %zu endpoint(s), prefix %s; payload plane: %s", c->etcd.n_endpoints,
            c->etcd.prefix ? c->etcd.prefix : "/fluxon", fx_mq_client_plane(d->mq));
     if (c->kv.url && (e = redis_persistence_check(d))) {
+        fx_chanq_keeper_free(d->keeper);
+        d->keeper = NULL;
         fx_mq_client_free(d->mq);
         d->mq = NULL;
     }
@@ -601,96 +623,22 @@ static void hk_stats(fx_daemon *d)
     pthread_rwlock_unlock(&d->reg);
 }
 
-/* Reclaim up to FX_DM_RECLAIM_SWEEP idle sub-MPSCs of a channel (unready, no consumer, no
- * backlog): those a bridge that died left behind (a consumer's own close reclaims its sub-MPSC,
- * a killed one cannot). fx_mpmc_reclaim re-checks everything in one txn and keeps a sub-MPSC the
- * remaining consumers need, so a stale view only costs a read. */
-static void hk_reclaim(fx_daemon *d, dm_chan *ch, int64_t mpmc, const int64_t *idle, size_t n)
+/* The channels' backlog gauges from the keeper's views (bridge/chanq_keeper.h), and the channels
+ * it keeps: every configured one. */
+static void hk_views(fx_daemon *d)
 {
-    for (size_t i = 0; i < n; i++) {
-        bool removed = false;
-        fx_err e = fx_mpmc_reclaim(d->mq, mpmc, idle[i], &removed);
-        if (e) {
-            static fx_log_slot slot;
-            fx_log_ratelimited(&slot, 30000, FX_LOG_WRN, "channel %s: reclaim of idle sub-MPSC %"
-                               PRId64 ": %s (%s)", ch->name, idle[i], fx_strerror(e),
-                               fx_err_detail());
-            return;
-        }
-        if (!removed) return; /* kept: the rest is needed too (or changed meanwhile) */
-        fx_metric_inc(ch->m.reclaimed, 1);
-        FX_INF("channel %s: reclaimed idle sub-MPSC %" PRId64 " (no consumer, no backlog)",
-               ch->name, idle[i]);
-    }
-}
-
-/* Backlog gauge and the sub-MPSC view of one channel (bridge/inspect.h, one etcd revision):
- * stranded sub-MPSCs (unready, no consumer, backlog: adopted by an idle claim), claimed ones and
- * their backlog, and idle ones left by dead bridges (reclaimed here). */
-static void hk_chan_view(fx_daemon *d, dm_chan *ch)
-{
-    fx_mq_channel_info info;
-    if (fx_mq_inspect_channel(d->mq, ch->name, &info)) return; /* etcd down: keep the old view */
-    if (!info.mapped) fx_metric_set(ch->m.backlog, 0);
-    if (!info.mapped || !info.has_meta) {
-        fx_mq_channel_info_free(&info);
-        return;
-    }
-    fx_metric_set(ch->m.backlog, info.backlog);
-    int64_t stranded[FX_DM_SWEEP_MAX], idle[FX_DM_RECLAIM_SWEEP];
-    int64_t held[FX_DM_HELD_MAX], held_bl[FX_DM_HELD_MAX];
-    size_t ns = 0, nh = 0, ni = 0;
-    for (size_t i = 0; i < info.n_subs; i++) {
-        const fx_mq_sub_mpsc_info *sm = &info.subs[i];
-        if (sm->ready && nh < FX_DM_HELD_MAX) {
-            held[nh] = sm->chan_id;
-            held_bl[nh++] = sm->backlog;
-        }
-        /* Stranded: unready, no consumer bound, messages waiting. (An unready one with a consumer
-         * is being drained by a claim that adopted it.) */
-        if (sm->ready || sm->consumers > 0) continue;
-        if (sm->backlog > 0 && ns < FX_DM_SWEEP_MAX) stranded[ns++] = sm->chan_id;
-        if (sm->backlog == 0 && ni < FX_DM_RECLAIM_SWEEP) idle[ni++] = sm->chan_id;
-    }
-    /* Idle ones beyond what the consumers need (one stays for store-and-forward). */
-    size_t need = info.n_consumers > 0 ? info.n_consumers : 1;
-    bool sweep = !info.truncated && info.n_subs > need;
-    int64_t mpmc = info.mpmc_id;
-    fx_mq_channel_info_free(&info);
-    pthread_mutex_lock(&ch->mu);
-    bool changed = ns != ch->n_stranded ||
-                   memcmp(stranded, ch->stranded, ns * sizeof *stranded) != 0;
-    memcpy(ch->stranded, stranded, ns * sizeof *stranded);
-    ch->n_stranded = ns;
-    memcpy(ch->held, held, nh * sizeof *held);
-    memcpy(ch->held_backlog, held_bl, nh * sizeof *held_bl);
-    ch->n_held = nh;
-    if (changed || ns) ch->view_gen++;
-    pthread_mutex_unlock(&ch->mu);
-    if (sweep && ni) hk_reclaim(d, ch, mpmc, idle, ni);
-}
-
-/* Refresh the sub-MPSC views: every channel (all), or only those kicked since (view_due). */
-static void hk_backlog(fx_daemon *d, bool all)
-{
-    dm_chan *list[256];
+    const char *names[256];
     size_t n = 0;
     pthread_rwlock_rdlock(&d->reg);
-    for (size_t c = 0; c < d->n_chans && n < 256; c++) {
-        bool due = atomic_exchange(&d->chans[c]->view_due, false);
-        if (all || due) list[n++] = dm_chan_ref(d->chans[c]); /* a reload may retire it */
+    for (size_t c = 0; c < d->n_chans; c++) {
+        dm_chan *ch = d->chans[c];
+        if (n < 256) names[n++] = ch->name;
+        fx_chanq_chan_stats st;
+        if (!fx_chanq_keeper_stats(d->keeper, ch->name, &st) || !st.known) continue;
+        fx_metric_set(ch->m.backlog, st.backlog);
     }
+    fx_chanq_keeper_set_channels(d->keeper, names, n);
     pthread_rwlock_unlock(&d->reg);
-    size_t i = 0;
-    for (; i < n; i++) {
-        hk_chan_view(d, list[i]);
-        dm_chan_unref(list[i]);
-        if (wait_flag(d, &d->stop_late, 0)) {
-            i++;
-            break;
-        }
-    }
-    for (; i < n; i++) dm_chan_unref(list[i]);
 }
 
 fx_config *dm_cfg_get(fx_daemon *d)
@@ -701,78 +649,16 @@ fx_config *dm_cfg_get(fx_daemon *d)
     return c;
 }
 
-void dm_view_kick(fx_daemon *d, dm_chan *ch)
-{
-    atomic_store(&ch->view_due, true);
-    pthread_mutex_lock(&d->mu);
-    d->view_kick = true;
-    pthread_cond_broadcast(&d->cv);
-    pthread_mutex_unlock(&d->mu);
-}
-
-/* A ready key of MPMC `mpmc` was deleted (any bridge): refresh the view of that channel now. */
-static void on_release_event(void *arg, int64_t mpmc)
-{
-    fx_daemon *d = arg;
-    pthread_rwlock_rdlock(&d->reg);
-    for (size_t i = 0; i < d->n_chans; i++) {
-        dm_chan *ch = d->chans[i];
-        pthread_mutex_lock(&ch->mu);
-        bool hit = ch->have_mpmc && ch->mpmc == mpmc;
-        pthread_mutex_unlock(&ch->mu);
-        if (hit) dm_view_kick(d, ch);
-    }
-    pthread_rwlock_unlock(&d->reg);
-}
-
 static void *hk_main(void *arg)
 {
     fx_daemon *d = arg;
     bool etcd_was_ok = true;
-    int64_t next_backlog = 0, next_probe = 0, last_kick = 0;
-    bool kicked = false;
-    fx_mq_release_watch *rw = NULL;
     for (;;) {
-        if (fx_now_ms() >= next_probe) {
-            hk_probe_etcd(d, &etcd_was_ok);
-            hk_stats(d);
-            /* Released claims (ready keys deleted, on any bridge) kick a view refresh at once. */
-            if (!rw && etcd_was_ok &&
-                fx_mq_release_watch_start(d->mq, on_release_event, d, 2000, &rw) != FX_OK) {
-                static fx_log_slot slot;
-                fx_log_ratelimited(&slot, 30000, FX_LOG_WRN, "release watch: %s (retrying; the "
-                                   "sub-MPSC view is refreshed every %d ms meanwhile)",
-                                   fx_err_detail(), FX_DM_VIEW_MS);
-                rw = NULL;
-            }
-            next_probe = fx_now_ms() + 1000;
-        }
-        if (fx_now_ms() >= next_backlog) {
-            hk_backlog(d, true);
-            next_backlog = fx_now_ms() + FX_DM_VIEW_MS;
-        } else if (kicked && fx_now_ms() >= last_kick + FX_DM_KICK_MIN_MS) {
-            kicked = false;
-            last_kick = fx_now_ms();
-            hk_backlog(d, false);
-        }
-        /* Sleep until the next step, a kick (a claim was released: its backlog is stranded now
-         * and an idle claim should adopt it at once) or stop. */
-        pthread_mutex_lock(&d->mu);
-        int64_t until = next_probe < next_backlog ? next_probe : next_backlog;
-        if (kicked && last_kick + FX_DM_KICK_MIN_MS < until) until = last_kick + FX_DM_KICK_MIN_MS;
-        while (!d->stop_late && !d->view_kick && fx_ms_left(until) > 0) {
-            struct timespec ts = fx_deadline_ts(until);
-            pthread_cond_timedwait(&d->cv, &d->mu, &ts);
-        }
-        bool stop = d->stop_late;
-        if (d->view_kick) { /* at most one kicked refresh per FX_DM_KICK_MIN_MS */
-            d->view_kick = false;
-            kicked = true;
-        }
-        pthread_mutex_unlock(&d->mu);
-        if (stop) break;
+        hk_probe_etcd(d, &etcd_was_ok);
+        hk_stats(d);
+        hk_views(d);
+        if (wait_flag(d, &d->stop_late, 1000)) break;
     }
-    fx_mq_release_watch_stop(rw);
     return NULL;
 }
 
@@ -1136,7 +1022,9 @@ static void drain(fx_daemon *d)
         d->admin_started = false;
     }
     fx_jsapi_stop(d->jsapi);
-    /* 7. endpoints and backends */
+    /* 7. the keeper (queued consumer closes run to their end), endpoints and backends */
+    fx_chanq_keeper_free(d->keeper);
+    d->keeper = NULL;
     if (d->mq) {
         fx_err e = fx_mq_client_close(d->mq);
         if (e) FX_WRN("mq: close: %s (%s)", fx_strerror(e), fx_err_detail());
@@ -1200,6 +1088,8 @@ fx_err fx_daemon_new(fx_config *cfg, const char *cfg_path, fx_daemon **out)
     fx_cond_init_monotonic(&d->cv);
     pthread_mutex_init(&d->health_mu, NULL);
     pthread_rwlock_init(&d->reg, NULL);
+    pthread_mutex_init(&d->sched.mu, NULL);
+    fx_cond_init_monotonic(&d->sched.fin_cv);
     snprintf(d->etcd_err, sizeof d->etcd_err, "not probed yet");
     atomic_init(&d->max_payload, 0);
     *out = d;
@@ -1343,11 +1233,14 @@ void fx_daemon_free(fx_daemon *d)
     d->leaf = NULL;
     if (d->nc) natsConnection_Destroy(d->nc);
     if (d->opts) natsOptions_Destroy(d->opts);
+    fx_chanq_keeper_free(d->keeper);
+    d->keeper = NULL;
     fx_mq_client_free(d->mq);
     fx_metrics_free(d->metrics);
     fx_config_unref(d->cfg);
     fx_config_unref(d->cfg_start);
-    dm_claims_sched_stop(); /* every claim has ended: the claim workers go */
+    if (d->exec && dm_claims_sched_stop(d)) fx_exec_free(d->exec); /* after the keeper and mq */
+    d->exec = NULL;
     if (d->nats_opened) {
         /* cnats' own threads (delivery pool, flusher, reconnect) end here; one still running
          * after the wait may hold a message it had not delivered (a sanitizer build reports it
@@ -1362,6 +1255,8 @@ void fx_daemon_free(fx_daemon *d)
     pthread_cond_destroy(&d->cv);
     pthread_mutex_destroy(&d->health_mu);
     pthread_rwlock_destroy(&d->reg);
+    pthread_mutex_destroy(&d->sched.mu);
+    pthread_cond_destroy(&d->sched.fin_cv);
     free(d->cfg_path);
     free(d);
 }

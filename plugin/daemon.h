@@ -29,14 +29,18 @@
  *          FX_DM_INFLIGHT put workers of the channel (started on demand), each batch to its own
  *          sub-MPSC (fx_mpmc_put_hold: one segment, one etcd txn) -> PubAck replies /
  *          dead-letter completions; with one ready sub-MPSC the producer thread stores it.
- *   claim workers (FX_DM_CLAIM_WORKERS per process): a claim has no thread of its own; these
- *          run every claim's steps, one worker at a time per claim (fx_mpmc_get -> delivery
- *          engine -> publish; acks, redelivery, dead letters). A claim owns its MPMC consumer.
- *   attempt writers (FX_DM_ATTW_THREADS per process, while an explicit-ack claim runs): write
- *          the claims' delivery-attempt records.
+ *   executor (bridge/executor.h, docs/EXECUTOR.md; one per daemon, created at start, freed
+ *          last): a claim has no thread of its own, it is a strand of the executor's "claim"
+ *          kind, which runs its steps one at a time (fx_chanq_cons_get -> delivery engine ->
+ *          publish; acks, redelivery, dead letters); a step never blocks on etcd. A claim owns
+ *          its channel consumer (bridge/chanq_cons.h), whose opens, inheritances and closes run
+ *          as "chanq" jobs and whose attempt-record writes as "write" strands.
+ *   keeper (bridge/chanq_keeper.h, one per MQ client, owned by the daemon): a thread for the
+ *          channels' views (backlog, departed consumers' backlog, reclaim of idle parts) and the
+ *          release watch; its consumers' jobs run on the executor.
  *   interest (one): polls /subsz, opens and releases claims.
- *   house-keeping (one): etcd status probe (health), backlog/claims/etcd/lease metrics, the
- *          sub-MPSC views and the release watch.
+ *   house-keeping (one): etcd status probe (health), backlog/claims/etcd/lease metrics (the
+ *          backlog gauges from the keeper's views).
  *   admin (one): answers $FLUXON.API.* requests (etcd reads).
  *   jsapi (one): answers the JetStream API subset (jsapi.h: $JS.API.* or $JS.<domain>.API.*).
  *   control (one): reload and drain, so main keeps handling signals.

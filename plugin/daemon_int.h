@@ -15,11 +15,11 @@
  *  - fx_config: the current one is shared (fx_config_share); readers that use it outside cfg_mu
  *    take a reference (dm_cfg_get), so a replaced config is freed when its last reader is done.
  *  - dm_claim: reference counted (registry, the claim scheduler, each dead-letter item in a
- *    producer queue). It has no thread: the scheduler's workers (claim.c, FX_DM_CLAIM_WORKERS per
- *    process) run its steps, one worker at a time. Its event queue is written by the ack
+ *    producer queue). It has no thread: it is a strand of the daemon's executor (claim.c, kind
+ *    FX_EXEC_K_CLAIM), which runs its steps one at a time. Its event queue is written by the ack
  *    callbacks (bounded, full -> dropped and counted; the message is redelivered after ack_wait)
  *    and read by its steps; completed dead letters come back through `dlq_done` (never dropped;
- *    bounded by the in-flight table). Lock order: claim.mu -> the scheduler's lock.
+ *    bounded by the in-flight table). Lock order: claim.mu -> claim.sq_mu -> the executor's lock.
  *
  * Stored message form: bridge/flatdict.h fx_mq_msg; its "headers" entry is the header block of
  * hdr.h. The producer queue (its items, bounds and lock) is pqueue.h. Both are included here.
@@ -34,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "chanq.h"
 #include "config.h"
 #include "daemon.h"
 #include "fluxon_mq.h"
@@ -71,19 +72,8 @@
 #define FX_DM_NONE_GRACE_MS 20             /* ack none: wait for a no-responders before acking */
 #define FX_DM_DRAIN_LINGER_MS 1000         /* drain: wait this long for outstanding acks */
 #define FX_DM_DLQ_WAIT_MS 5000             /* release: wait for dead letters being stored */
-#define FX_DM_SWEEP_MAX 16                 /* stranded sub-MPSCs remembered per view refresh */
-#define FX_DM_RECLAIM_SWEEP 4              /* idle sub-MPSCs (dead bridges') reclaimed per refresh */
-#define FX_DM_ADOPT_IDLE_MS 200            /* an adopted sub-MPSC empty this long is let go */
-#define FX_DM_ATTW_THREADS 4               /* delivery-attempt record writers per process */
 #define FX_DM_IDLE_GET_MS 250             /* an idle claim's get wait (stop noticed within it) */
-#define FX_DM_CLAIM_WORKERS 8              /* threads that run every claim's steps (per process) */
-#define FX_DM_OPEN_POLL_MS 50              /* a claim waiting for an open slot tries again */
-#define FX_DM_OPEN_MAX 6                   /* consumer opens running at once per bridge (< workers) */
-#define FX_DM_ADOPT_MAX 4                  /* stranded sub-MPSCs one claim drains at a time */
-#define FX_DM_VIEW_MS 2000                 /* house-keeping refresh of backlog and sub-MPSC views */
-#define FX_DM_KICK_MIN_MS 100             /* kicked view refreshes (released claims): at most 10/s */
 #define FX_DM_KEEPER_MS 1000               /* producer thread: re-check its producer when idle */
-#define FX_DM_HELD_MAX 256                 /* claimed sub-MPSCs whose backlog the view keeps */
 
 #define FX_DM_HDR_CHANNEL "Fluxon-Channel"
 #define FX_DM_HDR_SUBJECT "Fluxon-Subject"
@@ -178,17 +168,6 @@ struct dm_chan {
     atomic_bool attached;
     char attach_err[320];
 
-    /* Sub-MPSC view refreshed by house-keeping (under mu): the "stranded" sub-MPSCs, unready,
-     * with no consumer bound and messages waiting (left by a released or killed claim). A claim
-     * adopts stranded backlog next to its own (claim.c, adopt_stranded). */
-    int64_t stranded[FX_DM_SWEEP_MAX];
-    size_t n_stranded;
-    uint64_t view_gen;
-    atomic_bool view_due; /* refresh this channel's view now (dm_view_kick) */
-    /* Claimed (ready) sub-MPSCs and their backlog, same refresh: a claim's JetStream "pending" */
-    int64_t held[FX_DM_HELD_MAX], held_backlog[FX_DM_HELD_MAX];
-    size_t n_held;
-
     dm_claim *claims; /* under d->reg */
     atomic_bool draining;
 };
@@ -238,10 +217,11 @@ struct dm_claim {
     pq_item *dlq_done;
     bool dlq_closed; /* its last step has run: completions are freed by the producer side */
 
-    /* claim scheduler (claim.c): sq_* under its lock; st and phase touched by its steps only */
-    bool sq_on, sq_queued, sq_running, sq_kicked;
-    int64_t sq_due; /* waiting until (0: not waiting) */
-    dm_claim *sq_next, *sq_all_next;
+    /* claim scheduler (claim.c): the claim's strand; sq_on and strand under sq_mu (strand is
+     * also read by its own steps); st and phase touched by its steps only */
+    pthread_mutex_t sq_mu;
+    bool sq_on;
+    fx_exec_strand *strand;
     void *st;       /* the claim's state (cst) */
     int phase;
     struct dm_pull *pull; /* a pull consumer (pull.h; its requests under mu); NULL: push claim */
@@ -270,7 +250,17 @@ struct fx_daemon {
     struct dm_delayq *dq;   /* delayed messages (delayq.h): set by start, read by capture */
     atomic_int_fast64_t max_payload;
 
+    /* The daemon's executor (bridge/executor.h, docs/EXECUTOR.md): every claim's steps (a strand
+     * each) and the keeper's jobs run on it. Created by mq_setup before the MQ client and the
+     * keeper, freed by fx_daemon_free after both, once no claim is scheduled. */
+    fx_exec *exec;
+    struct dm_sched {
+        pthread_mutex_t mu;
+        pthread_cond_t fin_cv; /* a claim finished (monotonic) */
+        size_t users;          /* claims scheduled (their strands alive) */
+    } sched;
     fx_mq_client *mq;
+    fx_chanq_keeper *keeper; /* the consumed channels' keeper (bridge/chanq_keeper.h), with mq */
     fx_metrics *metrics;
     fx_http *http;
     fx_metric *g_invalid_acks, *g_stale_acks, *g_invalid_control, *g_acks_dropped, *g_lease_ka_fail,
@@ -295,7 +285,6 @@ struct fx_daemon {
 
     /* control (under mu) */
     bool ctl_reload, ctl_stop, ctl_exit;
-    bool view_kick; /* some channel's view_due is set (a claim was released) */
 
     /* health (under health_mu) */
     pthread_mutex_t health_mu;
@@ -338,8 +327,9 @@ void *dm_interest_main(void *arg);
 /* Ask every claim of ch to stop (mode STOP_*) and wait for them; removes them from ch->claims.
  * Caller holds no lock; ch must no longer be in the active list (or stopping must be set). */
 void dm_claims_stop_all(fx_daemon *d, dm_chan *ch, int mode);
-/* Stop and join the claim scheduler's workers (claim.c) once no claim is left (daemon free). */
-void dm_claims_sched_stop(void);
+/* At daemon free: true when no claim is scheduled any more (the executor may be freed); false:
+ * some claim still runs (logged; the executor must be kept). */
+bool dm_claims_sched_stop(fx_daemon *d);
 /* Only ask (no wait): lets a drain stop the claims of every channel in parallel. */
 void dm_claims_request_stop(fx_daemon *d, dm_chan *ch, int mode);
 void dm_claim_unref(dm_claim *cl);
@@ -363,8 +353,6 @@ bool dm_nats_connected(fx_daemon *d);
 fx_err dm_nats_connect_aux(fx_daemon *d, const char *cname, natsConnection **out);
 /* The current config with a reference (release with fx_config_unref). Any thread. */
 fx_config *dm_cfg_get(fx_daemon *d);
-/* Ask house-keeping to refresh the sub-MPSC view of ch now (any thread; holds no lock, or reg). */
-void dm_view_kick(fx_daemon *d, dm_chan *ch);
 uint64_t dm_rand64(void);
 
 #endif
