@@ -886,6 +886,7 @@ static fx_dlv_dlq op_dead_letter(void *ctx, uint32_t idx, const ent *e, const ch
     bool queued = false, no_dlq = false;
     if (!err) {
         it->claim = s->cl;
+        it->done = dm_claim_dlq_complete;
         it->ent_idx = idx;
         it->ent_gen = e->gen;
         atomic_fetch_add(&s->cl->refs, 1);

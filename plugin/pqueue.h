@@ -6,10 +6,11 @@
  *
  * Ownership: dm_pq_push takes the item when it returns true; on false the caller still owns it
  * (and answers or frees it). An item taken from the queue (dm_pq_take_locked) belongs to the
- * taker until it is requeued (dm_pq_requeue_front*: the queue owns it again) or completed. A
- * dead-letter item holds a reference on its claim; whoever ends it hands it back to the claim
- * (dm_claim_dlq_complete, claim.c) instead of dm_pq_item_free. The queue itself never frees an
- * item: its owner (the channel) empties it before dm_pq_destroy.
+ * taker until it is requeued (dm_pq_requeue_front*: the queue owns it again) or completed. An
+ * item with a completion hook (`done`: a dead letter, which holds a reference on its claim and
+ * goes back to it) is ended by dm_pq_item_done, which sets its result and hands it to the hook;
+ * the queue's users never call into whoever queued it. The queue itself never frees an item: its
+ * owner (the channel) empties it before dm_pq_destroy.
  *
  * Threads: `mu` guards every field of dm_pq, and the items while queued (their `next`). Writers:
  * NATS capture callbacks and claims (dead letters) through dm_pq_push, which locks. Reader: the
@@ -54,7 +55,11 @@ typedef struct pq_item {
     dm_claim *claim;     /* reference held while the item lives */
     uint32_t ent_idx;
     uint64_t ent_gen;
-    fx_err result;       /* set by the producer thread */
+    fx_err result;       /* set by the producer thread (dm_pq_item_done) */
+    /* Completion hook (NULL: the item is freed when done). Set by whoever creates the item; runs
+     * on the thread that ends the item (the producer thread, a put worker, or the last
+     * dm_chan_unref), takes the item, must not block and must not push to this queue. */
+    void (*done)(struct pq_item *it);
     uint8_t reopens;     /* put retried after the producer was reopened (at most 2) */
 } pq_item;
 
@@ -75,7 +80,9 @@ void dm_pq_destroy(dm_pq *q);
  * record bytes at it->rec; in_ms is now, the rest zero. NULL when out of memory. Any thread. */
 pq_item *dm_pq_item_new(int kind, const char *reply, size_t rec_len);
 pq_item *dm_pq_item_new_id(int kind, const char *reply, const char *msgid, size_t rec_len);
-void dm_pq_item_free(pq_item *it); /* a capture item (not a dead letter: see above) */
+void dm_pq_item_free(pq_item *it); /* an item without a completion hook */
+/* End an item: result set, then its hook runs (which takes it), or it is freed. Any thread. */
+void dm_pq_item_done(pq_item *it, fx_err result);
 
 /* Queue it at the tail. false when the queue is full or closed (item not taken). Locks mu. */
 bool dm_pq_push(dm_pq *q, pq_item *it);
