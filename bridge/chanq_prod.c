@@ -68,7 +68,7 @@ fx_err fx_chanq_prod_new(fx_mq_client *c, const fx_chanq_prod_cfg *cfg, fx_chanq
     pthread_mutex_init(&p->mu, NULL);
     fx_cond_init_monotonic(&p->cv);
     snprintf(p->open_err, sizeof p->open_err, "attaching");
-    for (unsigned i = 0; i < p->bound; i++) {
+    for (unsigned i = 0; i < FX_CHANQ_INFLIGHT_MAX; i++) {
         p->slots[i].p = p;
         pthread_cond_init(&p->slots[i].cv, NULL);
     }
@@ -295,16 +295,17 @@ fx_err fx_chanq_submit(fx_chanq_prod *p, const fx_slice *values, size_t n, int64
     if (e) return e;
     unsigned limit = limit_now(p);
     pthread_mutex_lock(&p->mu);
-    if (p->n_busy >= limit) {
+    slot *s = NULL;
+    if (p->n_busy < limit) /* the bound; the slots (FX_CHANQ_INFLIGHT_MAX) are never the limit */
+        for (unsigned i = 0; i < FX_CHANQ_INFLIGHT_MAX && !s; i++)
+            if (!p->slots[i].busy) s = &p->slots[i];
+    if (!s) {
         p->refused++;
         unsigned busy = p->n_busy;
         pthread_mutex_unlock(&p->mu);
         return fx_seterr(FX_EFULL, "channel %s: %u batches in flight (bound %u now)", p->name,
                          busy, limit);
     }
-    slot *s = NULL;
-    for (unsigned i = 0; i < p->bound && !s; i++)
-        if (!p->slots[i].busy) s = &p->slots[i];
     s->prod = p->prod;
     s->vals = values;
     s->n = n;
@@ -349,9 +350,9 @@ void fx_chanq_prod_free(fx_chanq_prod *p)
     pthread_mutex_lock(&p->mu);
     while (p->n_busy) pthread_cond_wait(&p->cv, &p->mu); /* never opened: nothing in flight */
     p->quit = true;
-    for (unsigned i = 0; i < p->bound; i++) pthread_cond_signal(&p->slots[i].cv);
+    for (unsigned i = 0; i < FX_CHANQ_INFLIGHT_MAX; i++) pthread_cond_signal(&p->slots[i].cv);
     pthread_mutex_unlock(&p->mu);
-    for (unsigned i = 0; i < p->bound; i++) {
+    for (unsigned i = 0; i < FX_CHANQ_INFLIGHT_MAX; i++) {
         if (p->slots[i].started) pthread_join(p->slots[i].thr, NULL);
         pthread_cond_destroy(&p->slots[i].cv);
     }
