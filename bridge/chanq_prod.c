@@ -1,8 +1,8 @@
-/* chanq_prod.c -- a channel's producer: open and keep attached, batches in flight on put workers,
- * completions in order per stream. Contract: chanq_prod.h.
+/* chanq_prod.c -- a channel's producer: open and keep attached, batches in flight as put jobs of
+ * the executor (bridge/executor.h), completions in order per stream. Contract: chanq_prod.h.
  *
- * Thread rules: `mu` guards every slot's hand-over (busy, inl and the batch fields while a batch
- * is handed over), n_busy, peak, the counters, reopen, quit, stopping, open_err. `prod` is opened
+ * Thread rules: `mu` guards every slot's hand-over (busy and the batch fields while a batch is
+ * handed over), n_busy, peak, the counters, reopen, stopping, open_err. `prod` is opened
  * and closed by the owner only, closed only while no slot is busy; a worker uses the producer it
  * was handed (slot->prod). A slot's batch (vals, ids, done) belongs to whoever stores it from the
  * hand-over until slot_done. */
@@ -14,16 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "executor.h"
 #include "fx_log.h"
 #include "fx_time.h"
 
 typedef struct slot {
     fx_chanq_prod *p;
-    pthread_t thr;
-    bool started;
     bool busy; /* handed a batch, its last completion not run yet */
-    bool inl;  /* busy, stored by the submitting thread itself */
-    pthread_cond_t cv; /* busy set, or quit */
     fx_mpmc_producer *prod;
     const fx_slice *vals;
     size_t n;
@@ -38,13 +35,16 @@ struct fx_chanq_prod {
     char *name;
     fx_chanq_prod_cfg cfg; /* name points to `name` */
     unsigned bound;
+    fx_exec *ex;      /* runs the put jobs: cfg.exec, or own_ex */
+    fx_exec *own_ex;  /* a private one (cfg.exec NULL): kind FX_EXEC_K_PUT, `bound` threads */
+    int kind;
 
     pthread_mutex_t mu;
     pthread_cond_t cv; /* a slot went free; stopping */
     fx_mpmc_producer *prod;
     unsigned n_busy, peak;
     uint64_t submitted, refused, reopens;
-    bool reopen, quit, stopping;
+    bool reopen, stopping;
     int64_t backoff_ms, next_open_ms;
     char open_err[320];
     fx_log_slot put_slot, open_slot;
@@ -65,13 +65,23 @@ fx_err fx_chanq_prod_new(fx_mq_client *c, const fx_chanq_prod_cfg *cfg, fx_chanq
     p->cfg = *cfg;
     p->cfg.name = p->name;
     p->bound = cfg->inflight ? cfg->inflight : FX_CHANQ_INFLIGHT;
+    p->ex = cfg->exec;
+    p->kind = cfg->exec ? cfg->exec_kind : FX_EXEC_K_PUT;
+    if (!p->ex) {
+        fx_exec_cfg ec = {.name = "chanq-put"};
+        ec.kinds[FX_EXEC_K_PUT] = (fx_exec_kind_cfg){"put", p->bound, p->bound};
+        fx_err e = fx_exec_new(&ec, &p->own_ex);
+        if (e) {
+            free(p->name);
+            free(p);
+            return e;
+        }
+        p->ex = p->own_ex;
+    }
     pthread_mutex_init(&p->mu, NULL);
     fx_cond_init_monotonic(&p->cv);
     snprintf(p->open_err, sizeof p->open_err, "attaching");
-    for (unsigned i = 0; i < FX_CHANQ_INFLIGHT_MAX; i++) {
-        p->slots[i].p = p;
-        pthread_cond_init(&p->slots[i].cv, NULL);
-    }
+    for (unsigned i = 0; i < FX_CHANQ_INFLIGHT_MAX; i++) p->slots[i].p = p;
     *out = p;
     return FX_OK;
 }
@@ -236,7 +246,7 @@ static void store(fx_chanq_prod *p, slot *s)
 static void slot_done(fx_chanq_prod *p, slot *s)
 {
     pthread_mutex_lock(&p->mu);
-    s->busy = s->inl = false;
+    s->busy = false;
     s->n = 0;
     s->vals = NULL;
     p->n_busy--;
@@ -245,22 +255,22 @@ static void slot_done(fx_chanq_prod *p, slot *s)
     if (p->cfg.on_room) p->cfg.on_room(p->cfg.room_arg);
 }
 
-static void *worker_main(void *arg)
+/* The put job of a slot, on a thread of the executor's put kind. */
+static void slot_work(void *arg)
 {
     slot *s = arg;
-    fx_chanq_prod *p = s->p;
-    pthread_mutex_lock(&p->mu);
-    for (;;) {
-        while (!(s->busy && !s->inl) && !p->quit) pthread_cond_wait(&s->cv, &p->mu);
-        if (!s->busy || s->inl) break; /* quit, nothing handed */
-        pthread_mutex_unlock(&p->mu);
-        store(p, s);
-        slot_done(p, s);
-        pthread_mutex_lock(&p->mu);
+    store(s->p, s);
+}
+
+/* After slot_work, or instead of it when the executor is freed first: the batch ends unstored. */
+static void slot_job_done(void *arg, bool cancelled)
+{
+    slot *s = arg;
+    if (cancelled) {
+        fx_chanq_done d = {.first = 0, .n = s->n, .e = FX_ECANCELED, .last = true};
+        s->done(s->arg, &d);
     }
-    pthread_mutex_unlock(&p->mu);
-    if (p->cfg.thread_exit) p->cfg.thread_exit();
-    return NULL;
+    slot_done(s->p, s);
 }
 
 /* Owner: batches in flight at once now, one per ready sub-MPSC, at most the bound. */
@@ -318,18 +328,23 @@ fx_err fx_chanq_submit(fx_chanq_prod *p, const fx_slice *values, size_t n, int64
     if (p->n_busy > p->peak) p->peak = p->n_busy;
     /* One batch at most in flight: store it here, no thread hop on the one-at-a-time path. */
     bool here = limit <= 1 && p->n_busy == 1;
-    if (!here && !s->started) {
-        if (pthread_create(&s->thr, NULL, worker_main, s) == 0)
-            s->started = true;
-        else
-            here = true; /* no thread: store it on this one */
-    }
-    s->inl = here;
-    if (!here) pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&p->mu);
     if (here) {
         store(p, s);
         slot_done(p, s);
+        return FX_OK;
+    }
+    e = fx_exec_submit(p->ex, p->kind, slot_work, slot_job_done, s);
+    if (e) { /* the executor's put queue is full, or it is stopping: not taken */
+        pthread_mutex_lock(&p->mu);
+        s->busy = false;
+        s->vals = NULL;
+        p->n_busy--;
+        p->submitted--;
+        if (e == FX_EFULL) p->refused++;
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+        return e;
     }
     return FX_OK;
 }
@@ -349,13 +364,8 @@ void fx_chanq_prod_free(fx_chanq_prod *p)
     prod_close(p);
     pthread_mutex_lock(&p->mu);
     while (p->n_busy) pthread_cond_wait(&p->cv, &p->mu); /* never opened: nothing in flight */
-    p->quit = true;
-    for (unsigned i = 0; i < FX_CHANQ_INFLIGHT_MAX; i++) pthread_cond_signal(&p->slots[i].cv);
     pthread_mutex_unlock(&p->mu);
-    for (unsigned i = 0; i < FX_CHANQ_INFLIGHT_MAX; i++) {
-        if (p->slots[i].started) pthread_join(p->slots[i].thr, NULL);
-        pthread_cond_destroy(&p->slots[i].cv);
-    }
+    fx_exec_free(p->own_ex); /* idle: joins its threads */
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     free(p->name);

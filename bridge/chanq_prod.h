@@ -34,9 +34,14 @@
  *
  * Threads. fx_chanq_prod_new/_free/_keep/_submit/_room/_streams/_member: one owner thread (the
  * dispatcher; in the daemon the channel's producer thread). fx_chanq_prod_stop, _stats_get and
- * _attached: any thread. done and on_room run on a put worker or on the owner thread (inline submits), with
- * no lock of this module held: they may call _stats_get and _attached, nothing owner-only. The put workers are this producer's own threads (at most `inflight`, started on first
- * use, joined by _free); every piece of state lives in the fx_chanq_prod, none in file statics.
+ * _attached: any thread. A batch in flight is a put job of the executor (bridge/executor.h, kind
+ * FX_EXEC_K_PUT: cfg.exec, or a private executor of `inflight` threads); done and on_room run on
+ * that job's thread or on the owner thread (inline submits), with no lock of this module held:
+ * they may call _stats_get and _attached, nothing owner-only. A put job the executor cancels (it
+ * was freed first) ends its batch with FX_ECANCELED, nothing stored. A submit the executor
+ * refuses (its put queue full: FX_EFULL, or stopping: FX_ECLOSED) takes nothing and calls nothing,
+ * like the in-flight bound. Every piece of state lives in the fx_chanq_prod, none in file
+ * statics.
  *
  * Lock order: a caller lock taken around _room (the daemon's producer queue lock) comes before
  * this module's lock; this module never calls out while holding it.
@@ -79,7 +84,10 @@ typedef struct fx_chanq_prod_cfg {
     unsigned inflight;       /* bound on batches in flight; 0: FX_CHANQ_INFLIGHT */
     void (*on_room)(void *arg); /* a slot became free (after a last completion); may be NULL */
     void *room_arg;
-    void (*thread_exit)(void); /* run by each put worker just before it exits; may be NULL */
+    /* The executor that runs the put jobs (borrowed: outlives the producer), on exec_kind. NULL:
+     * the producer makes a private one with kind FX_EXEC_K_PUT, `inflight` threads. */
+    struct fx_exec *exec;
+    int exec_kind;
 } fx_chanq_prod_cfg;
 
 typedef struct fx_chanq_prod_stats {

@@ -519,8 +519,6 @@ static fx_err cap_resolve(void *arg, bool forget, int64_t *out)
     return dm_chan_resolve(ch, false, out);
 }
 
-static void cap_thread_exit(void) { nats_ReleaseThreadMemory(); }
-
 static dm_cap *cap_new(dm_chan *ch)
 {
     dm_cap *cp = calloc(1, sizeof *cp);
@@ -533,8 +531,7 @@ static dm_cap *cap_new(dm_chan *ch)
                              .full_wait_ms = ch->s.full_wait_ms,
                              .inflight = FX_DM_INFLIGHT,
                              .on_room = cap_room,
-                             .room_arg = cp,
-                             .thread_exit = cap_thread_exit};
+                             .room_arg = cp};
     if (fx_chanq_prod_new(ch->d->mq, &cfg, &cp->prod) != FX_OK) {
         free(cp);
         return NULL;

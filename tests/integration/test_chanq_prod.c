@@ -7,11 +7,11 @@
  *   the order they were assigned; every batch gets exactly one last completion; batches were in
  *   flight together (peak >= 2); and every value is delivered under the id its completion
  *   reported (ids and completions agree).
- * chanq_submit_reroute_keeps_order: 3 consumers that do not consume, capacity 40 per sub-MPSC:
- *   batches of 7 no longer fit where they start and are split, the rest rerouted to another
- *   sub-MPSC (several stored runs per batch): still in order per stream, every value delivered
- *   under its reported id; once everything is full, the last completion reports the unstored
- *   range with FX_EFULL.
+ * chanq_submit_reroute_keeps_order: 3 consumers that do not consume, capacity 40 per sub-MPSC,
+ *   one batch at a time (the inline path): batches of 7 no longer fit where they start and are
+ *   split, the rest rerouted to another sub-MPSC (several stored runs per batch): still in order
+ *   per stream, every value delivered under its reported id; once everything is full, the last
+ *   completion reports the unstored range with FX_EFULL.
  * chanq_submit_bound_refuses: bound 2 with 4 ready streams, every put txn held at a proxy: two
  *   submits are in flight, room is 0, a third is refused (FX_EFULL, nothing taken, no callback,
  *   counted in refused); released, both complete, the room hook ran and the room is back.
@@ -351,7 +351,10 @@ static void chanq_submit_reroute_keeps_order(void **state)
     fx_mpmc_consumer *cs[K];
     for (int i = 0; i < K; i++) CHECK(fx_mpmc_consumer_open(c, mpmc, &cs[i]));
     tctx *t = tctx_new();
-    fx_chanq_prod *p = prod_new(c, "reroute", &chan, 0, t);
+    /* One batch at a time (stored on the submitting thread): with several in flight, a batch
+     * whose sub-MPSC fills finds the others reserved and may end FX_EFULL instead of moving on;
+     * the order under many in flight is chanq_submit_order_per_stream's. */
+    fx_chanq_prod *p = prod_new(c, "reroute", &chan, 1, t);
     wait_streams(p, K);
     /* K * CAP = 120 places: 17 batches of 7 = 119 fit in all, but not where they start. */
     const int nb = (K * CAP) / BN;
@@ -420,6 +423,9 @@ static void chanq_submit_bound_refuses(void **state)
         CHECK(submit_when_room(p, t, i));
     }
     assert_true(wait_lasts(t, K, 10000));
+    int64_t dl = fxt_now_ms() + FXT_MS(2000); /* slots go free just after their last completion */
+    while (fx_chanq_prod_room(p) != BOUND && fxt_now_ms() < dl) nap_ms(5);
+    assert_int_equal(fx_chanq_prod_room(p), BOUND);
 
     /* Every put txn held: BOUND batches in flight, the next submit refused. */
     const char *nd[1] = {"request_put"};
@@ -428,7 +434,7 @@ static void chanq_submit_bound_refuses(void **state)
         batch_fill(t, i, 2);
         CHECK(fx_chanq_submit(p, t->b[i].vals, 2, fx_now_ms() + FXT_MS(20000), t_done, &t->b[i]));
     }
-    int64_t dl = fxt_now_ms() + FXT_MS(5000);
+    dl = fxt_now_ms() + FXT_MS(5000);
     while (fxt_proxy_held(px) < BOUND && fxt_now_ms() < dl) nap_ms(10);
     int held = fxt_proxy_held(px);
     unsigned room = fx_chanq_prod_room(p);
@@ -450,14 +456,20 @@ static void chanq_submit_bound_refuses(void **state)
     assert_int_equal(st.in_flight, BOUND);
     assert_int_equal(st.refused, 1);
     assert_true(done);
-    pthread_mutex_lock(&t->mu);
-    int rooms = t->room_calls, lasts = t->lasts;
-    pthread_mutex_unlock(&t->mu);
+    /* the room hook runs just after each slot went free (after the last completion) */
+    dl = fxt_now_ms() + FXT_MS(2000);
+    int rooms = 0, lasts = 0;
+    for (;;) {
+        pthread_mutex_lock(&t->mu);
+        rooms = t->room_calls;
+        lasts = t->lasts;
+        pthread_mutex_unlock(&t->mu);
+        if (rooms - rooms_before >= BOUND || fxt_now_ms() >= dl) break;
+        nap_ms(5);
+    }
     assert_int_equal(lasts, K + BOUND); /* the refused one never completes */
     assert_int_equal(t->b[K + BOUND].lasts, 0);
-    assert_true(rooms - rooms_before >= BOUND); /* warm batches' hooks may still be counted late */
-    dl = fxt_now_ms() + FXT_MS(2000); /* the room hook runs after the slot is free */
-    while (fx_chanq_prod_room(p) != BOUND && fxt_now_ms() < dl) nap_ms(5);
+    assert_int_equal(rooms - rooms_before, BOUND);
     assert_int_equal(fx_chanq_prod_room(p), BOUND);
     for (int i = K; i < K + BOUND; i++) assert_int_equal(t->b[i].stored, 2);
     fx_chanq_prod_free(p);
