@@ -15,6 +15,10 @@
  * chanq_submit_bound_refuses: bound 2 with 4 ready streams, every put txn held at a proxy: two
  *   submits are in flight, room is 0, a third is refused (FX_EFULL, nothing taken, no callback,
  *   counted in refused); released, both complete, the room hook ran and the room is back.
+ * chanq_prod_reopens_after_lease_loss: the producer's member lease revoked behind its back: the
+ *   next submit's last completion hands the whole batch back with FX_ELEASE_LOST, the keeper
+ *   reopens the producer (a new member, reopens 1), the batch submitted again is stored, and
+ *   every value is delivered once under its reported id.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -33,9 +37,12 @@
 #include <time.h>
 
 #include "chanq_prod.h"
+#include "etcd.h"
 #include "fluxon_mq.h"
 #include "fx_log.h"
 #include "fx_time.h"
+#include "keys.h"
+#include "lease_mgr.h"
 #include "tests/support/fxt.h"
 #include "tests/support/fxt_proxy.h"
 
@@ -44,6 +51,7 @@
 
 static struct {
     fxt_etcd etcd;
+    fx_etcd *raw;
     const char *eps[1];
 } G;
 
@@ -67,12 +75,18 @@ static int group_setup(void **state)
     if (!getenv("FX_LOG_LEVEL")) fx_log_set_level(FX_LOG_ERR);
     if (fxt_etcd_start(&G.etcd) != 0) return -1;
     G.eps[0] = G.etcd.endpoint;
+    fx_etcd_opts o = {.endpoints = G.eps, .n_endpoints = 1};
+    if (fx_etcd_new(&o, &G.raw) != FX_OK) {
+        fxt_etcd_destroy(&G.etcd);
+        return -1;
+    }
     return 0;
 }
 
 static int group_teardown(void **state)
 {
     (void)state;
+    fx_etcd_free(G.raw);
     fxt_etcd_destroy(&G.etcd);
     return 0;
 }
@@ -480,12 +494,100 @@ static void chanq_submit_bound_refuses(void **state)
     tctx_free(t);
 }
 
+
+typedef struct expiry_wait {
+    fx_mq_client *c;
+    uint64_t before;
+} expiry_wait;
+
+static bool expiry_seen(void *arg)
+{
+    expiry_wait *w = arg;
+    fx_lease_mgr_stats st;
+    fx_lease_mgr_get_stats(fx_mq_client_leases(w->c), &st);
+    return st.expired > w->before;
+}
+
+static void chanq_prod_reopens_after_lease_loss(void **state)
+{
+    (void)state;
+    const char *root = "/t_cq_reopen";
+    fx_mq_client *c = client_new(G.eps, root);
+    const fx_mq_chan_cfg chan = {.capacity = 1000, .ttl_s = TTL, .weight = 1};
+    int64_t mpmc = -1;
+    CHECK(fx_mpmc_resolve(c, "reopen", &chan, &mpmc));
+    fx_mpmc_consumer *cs[1];
+    CHECK(fx_mpmc_consumer_open(c, mpmc, &cs[0]));
+    tctx *t = tctx_new();
+    fx_chanq_prod *p = prod_new(c, "reopen", &chan, 0, t);
+    batch_fill(t, 0, 2);
+    CHECK(submit_when_room(p, t, 0));
+    assert_true(wait_lasts(t, 1, 10000));
+    assert_int_equal(t->b[0].stored, 2);
+
+    /* Revoke the producer's member lease; wait until its lease manager knows. */
+    int64_t member = fx_chanq_prod_member(p);
+    fx_mq_keys k;
+    CHECK(fx_mq_keys_init(&k, root));
+    fx_mq_key role;
+    CHECK(fx_mq_key_mpmc_role(&k, FX_MQ_ROLE_PRODUCER, mpmc, member, &role));
+    fx_kv kv = {0};
+    CHECK(fx_etcd_get(G.raw, FX_SLICE_STR(role.s), &kv, OP_MS));
+    int64_t lease = kv.lease;
+    fx_kv_free(&kv);
+    expiry_wait ew = {c, 0};
+    fx_lease_mgr_stats lst;
+    fx_lease_mgr_get_stats(fx_mq_client_leases(c), &lst);
+    ew.before = lst.expired;
+    CHECK(fx_etcd_lease_revoke(G.raw, lease, OP_MS));
+    assert_true(fxt_wait_until(expiry_seen, &ew, FXT_MS(6000)));
+
+    batch_fill(t, 1, 3);
+    CHECK(submit_when_room(p, t, 1));
+    assert_true(wait_lasts(t, 2, 10000));
+    const tbatch *b1 = &t->b[1];
+    fprintf(stderr, "  after the revoke: stored %zu, handed back [%zu, +%zu) %s\n", b1->stored,
+            b1->last_first, b1->last_n, fx_errname(b1->last_e));
+    assert_int_equal(b1->stored, 0);
+    assert_int_equal(b1->last_n, 3);
+    assert_true(b1->last_e == FX_ELEASE_LOST || b1->last_e == FX_ECLOSED);
+
+    int64_t dl = fxt_now_ms() + FXT_MS(8000);
+    while (!fx_chanq_prod_keep(p) && fxt_now_ms() < dl) nap_ms(50);
+    fx_chanq_prod_stats st;
+    fx_chanq_prod_stats_get(p, &st);
+    int64_t member2 = fx_chanq_prod_member(p);
+    fprintf(stderr, "  reopened: member %" PRId64 " -> %" PRId64 ", reopens %" PRIu64 "\n", member,
+            member2, st.reopens);
+    assert_true(fx_chanq_prod_attached(p, NULL, 0));
+    assert_int_equal(st.reopens, 1);
+    assert_true(member2 >= 0 && member2 != member);
+
+    pthread_mutex_lock(&t->mu);
+    t->b[1].runs = t->b[1].lasts = 0;
+    pthread_mutex_unlock(&t->mu);
+    CHECK(submit_when_room(p, t, 1));
+    assert_true(wait_lasts(t, 3, 10000));
+    assert_int_equal(t->b[1].stored, 3);
+    assert_int_equal(t->b[1].last_n, 0);
+    check_order_per_stream(t);
+    assert_int_equal(drain_check(t, cs, 1, 5), 5);
+    fx_mq_delivery d[1];
+    size_t got = 0;
+    assert_int_equal(fx_mpmc_get(cs[0], d, 1, &got, 0), FX_ETIMEDOUT); /* nothing twice */
+    fx_chanq_prod_free(p);
+    fx_mpmc_consumer_free(cs[0]);
+    fx_mq_client_free(c);
+    tctx_free(t);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(chanq_submit_order_per_stream),
         cmocka_unit_test(chanq_submit_reroute_keeps_order),
         cmocka_unit_test(chanq_submit_bound_refuses),
+        cmocka_unit_test(chanq_prod_reopens_after_lease_loss),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
