@@ -56,8 +56,9 @@
  * and bytes; the MQ writes it as one segment (<= 4096 msgs, 1 MiB) in one etcd txn. */
 #define FX_DM_BATCH_MSGS 1024
 #define FX_DM_BATCH_BYTES (1u << 20)
-/* Batches of one channel being stored at once, each to a distinct sub-MPSC (fx_mpmc_put_hold),
- * at most one per ready sub-MPSC: a publisher is not bound by one store latency at a time. */
+/* Batches of one channel being stored at once (the in-flight bound of its fx_chanq_prod,
+ * bridge/chanq_prod.h), at most one per ready stream: a publisher is not bound by one store
+ * latency at a time. */
 #define FX_DM_INFLIGHT 4
 /* A burst spreads over the ready sub-MPSCs R (when R > FX_DM_INFLIGHT): a batch takes at most
  * queued / R messages, but not fewer than this (one store round trip per few messages would cost

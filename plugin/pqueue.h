@@ -14,10 +14,11 @@
  *
  * Threads: `mu` guards every field of dm_pq, and the items while queued (their `next`). Writers:
  * NATS capture callbacks and claims (dead letters) through dm_pq_push, which locks. Reader: the
- * channel's producer thread (and its put workers when they give a batch back), through the
- * *_locked calls under mu. `cv` is signalled when the queue turns non-empty; the producer also
- * uses mu and cv for its own flight state (capture.c), so mu is held only briefly, and the lock
- * order is reg -> mu (daemon_int.h); dd_mu (capture.c) before mu.
+ * channel's producer thread (and a batch's completion, which gives back what was not stored),
+ * through the *_locked calls under mu. `cv` is signalled when the queue turns non-empty; the producer also
+ * uses mu and cv for its own batch state (capture.c), so mu is held only briefly, and the lock
+ * order is reg -> mu (daemon_int.h); dd_mu (capture.c) before mu; mu before the lock of the
+ * channel's producer (bridge/chanq_prod.h, taken by fx_chanq_prod_room under mu).
  *
  * Bounds: at most FX_DM_CAPQ_MAX_MSGS items and FX_DM_CAPQ_MAX_BYTES bytes of records
  * (rec_len) per queue. A push that would exceed either is refused (false; capture answers
