@@ -105,8 +105,9 @@ void fx_chanq_prod_stop(fx_chanq_prod *p);
 /* Waits until no batch is in flight, closes the producer, joins the workers, frees. Owner. */
 void fx_chanq_prod_free(fx_chanq_prod *p);
 
-/* Keep attached: reopen a producer that closed itself (no RPC when all is well), open one that is
- * not open yet (once its backoff passed; never while stopping). Returns whether it is open. */
+/* Keep attached: reopen a producer that closed itself or that a put found closed (waits until no
+ * batch is in flight), open one that is not open yet (after waiting out the open backoff, which
+ * _stop interrupts; never while stopping). No RPC when all is well. Returns whether it is open. */
 bool fx_chanq_prod_keep(fx_chanq_prod *p);
 /* Is it open? When not and err is given, why (the last open error, or "attaching"). */
 bool fx_chanq_prod_attached(fx_chanq_prod *p, char *err, size_t cap);

@@ -541,7 +541,8 @@ static dm_cap *cap_new(dm_chan *ch)
     return cp;
 }
 
-/* After the producer thread returned (its chanq producer is freed by then), or never started. */
+/* After the producer thread returned, or when it never started: closes the channel's producer and
+ * joins its put workers (nothing is in flight by then). */
 static void cap_free(dm_cap *cp)
 {
     if (!cp) return;
