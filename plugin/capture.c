@@ -659,6 +659,10 @@ static void *producer_main(void *arg)
         b->busy = false;
         b->n = 0;
         if (has_ids) cp->n_idbusy--;
+        if (refused) { /* no spinning while a shared executor's put queue is full */
+            struct timespec ts = fx_deadline_ts(fx_now_ms() + 10);
+            pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+        }
         pthread_mutex_unlock(&q->mu);
         if (e && !refused && e != FX_ECANCELED && prod_stopping(ch)) atomic_store(&cp->give_up, true);
     }
