@@ -4,7 +4,7 @@
  * how batches in flight are kept apart, is this module's business (over fx_mpmc_put_hold).
  *
  * Submit (fx_chanq_submit): a batch of values and a done callback, as a request and its callback
- * (hiredis redisAsyncCommand). The batch is stored by one put worker (or by the submitting thread
+ * (hiredis redisAsyncCommand). The batch is stored by one put job (or by the submitting thread
  * itself while at most one batch can be in flight), possibly in several runs: a run is a prefix of
  * what is left, stored into one sub-MPSC (the rest did not fit there and goes to another one).
  *
