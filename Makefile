@@ -20,7 +20,8 @@
 #   make fuzz-corpus  rewrite the seed corpora tests/fuzz/corpus/ (after a format change)
 #   make layers   prove the layering (plugin -> bridge -> lease): each layer compiles with only
 #                 its own and lower include paths, includes no header of a higher layer, and
-#                 its library links without the symbols of a higher layer
+#                 its library links without the symbols of a higher layer; and no module cycle
+#                 inside a layer of CYCLES_STRICT (default "lease bridge"; the others are listed)
 #   make install  fluxon-bridge, fluxonctl, systemd units, docs and example configs
 #                 (PREFIX=/usr/local, DESTDIR honoured)
 #   make clean
@@ -48,8 +49,8 @@ LEASE_TESTS  := fxt fxt_proxy test_b64 test_etcd_json test_fx_err test_lease_reg
                 test_kv_redis test_lease etcd_bench payload_bench fuzz_etcd_json
 BRIDGE_TESTS := test_bridge_flatdict test_bridge_keys test_bridge_lifecycle test_bridge_meta test_bridge_segment \
                 test_inspect test_jsext test_mpmc test_mpsc test_mq_accept test_mq_edges mq_bench \
-                fuzz_flatdict fuzz_segment test_claim_table test_delivery_engine test_executor \
-                test_chanq_prod
+                fuzz_flatdict fuzz_segment test_claim_table test_delivery_engine test_delay test_executor \
+                test_commit_pool test_chanq_prod
 test_layer = $(if $(filter $(LEASE_TESTS),$(1)),lease,$(if $(filter $(BRIDGE_TESTS),$(1)),bridge,plugin))
 # The layer of the target being built ($@: an object or a program under $(BUILD)).
 layer_of = $(if $(filter $(BUILD)/lease/%,$@),lease,$(if $(filter $(BUILD)/bridge/%,$@),bridge,$(if \
@@ -188,11 +189,12 @@ check: deps
 # The daemon under TSan: the e2e tests that drive the bridge's threaded core -- capture batching
 # and PubAcks, claims and deliveries, the ack path (ack, ack requests, nak, term, DLQ), SIGHUP
 # reloads, the SIGTERM drain, kill -9 and rolling restarts, departed claims moving to another
-# bridge, interest release, the Redis payload plane -- against the TSan-built fluxon-bridge. A
+# bridge, interest release, the Redis payload plane, delayed messages (writers, mover, counter) and
+# the redrive API thread -- against the TSan-built fluxon-bridge. A
 # report makes the bridge exit (halt_on_error, exitcode 66) and the e2e library fails the test
 # with the report (tests/e2e/lib/stack.mjs). The other e2e tests are reported as skipped (make
 # test and make check run them). About 3 minutes on the 2-core machine.
-TSAN_E2E := ^(e2e_publish_ack_and_consume|e2e_nak_redelivery_and_dlq|e2e_client_ack_path|e2e_ack_request_replies|e2e_sigterm_drain|e2e_settings_change_applies|e2e_admin_and_ops|sighup_reload_memory_flat|e2e_departed_claim_backlog_moves|e2e_bridge_kill9_no_loss|e2e_two_bridges|e2e_rolling_restart_two_bridges|e2e_redis_plane_publish_consume|e2e_store_and_forward|e2e_interest_release|e2e_burst_spreads_in_flight|e2e_dead_bridge_sub_mpscs_reclaimed)$$
+TSAN_E2E := ^(e2e_publish_ack_and_consume|e2e_nak_redelivery_and_dlq|e2e_client_ack_path|e2e_ack_request_replies|e2e_sigterm_drain|e2e_settings_change_applies|e2e_admin_and_ops|sighup_reload_memory_flat|e2e_departed_claim_backlog_moves|e2e_bridge_kill9_no_loss|e2e_two_bridges|e2e_rolling_restart_two_bridges|e2e_redis_plane_publish_consume|e2e_store_and_forward|e2e_interest_release|e2e_burst_spreads_in_flight|e2e_dead_bridge_sub_mpscs_reclaimed|e2e_delayed_delivery|e2e_delayed_survives_restart|e2e_redrive_api)$$
 
 tsan: deps
 	@$(MAKE) --no-print-directory BUILD=build-tsan SAN=thread OPT="-O1 -g" all
@@ -204,10 +206,14 @@ tsan: deps
 valgrind: all
 	@BUILD=$(BUILD) FXT_VALGRIND=1 bash tests/run.sh --slow $$((5 * $(SLOW))) unit
 
-# See scripts/check-layers.sh: includes, per-layer compile, library symbols.
+# See scripts/check-layers.sh: includes, per-layer compile, library symbols. Then
+# scripts/include_cycles.sh: the module dependency cycles of each layer; a cycle in a layer named
+# in CYCLES_STRICT fails (the other layers' cycles are listed only).
+CYCLES_STRICT ?= lease bridge
 layers: $(LIBLEASE) $(if $(BRIDGE_OBJ),$(LIBBRIDGE)) $(if $(PLUGIN_OBJ),$(LIBPLUGIN))
 	@CC="$(CC)" CFLAGS="$(CSTD) $(WARN) -pthread" BUILD="$(BUILD)" LEASE_TESTS="$(LEASE_TESTS)" \
 	  BRIDGE_TESTS="$(BRIDGE_TESTS)" bash scripts/check-layers.sh
+	@BUILD="$(BUILD)" CYCLES_STRICT="$(CYCLES_STRICT)" bash scripts/include_cycles.sh
 
 run: deps all
 	@bash deploy/local/run.sh
@@ -248,7 +254,7 @@ UNIT_SED := -e 's|/usr/local/bin/fluxon-bridge|$(BINDIR)/fluxon-bridge|g' \
             -e 's|/usr/local/share/doc/fluxon|$(DOCDIR)|g' -e 's|/etc/fluxon/|$(SYSCONFDIR)/fluxon/|g'
 
 # fluxon-bridge and fluxonctl to BINDIR; the units of deploy/systemd/ to SYSTEMDUNITDIR; README,
-# docs/ARCHITECTURE.md and deploy/README.md (as DEPLOY.md) to DOCDIR, the example configs to
+# docs/ARCHITECTURE.md, docs/EXECUTOR.md and deploy/README.md (as DEPLOY.md) to DOCDIR, the example configs to
 # DOCDIR/examples; SYSCONFDIR/fluxon/bridge.json from deploy/bridge-single.json unless a config
 # is already there (never overwritten). Creates no user: see deploy/README.md.
 install: $(BINS)
@@ -261,6 +267,7 @@ install: $(BINS)
 	done
 	$(INSTALL) -m 0644 README.md $(DESTDIR)$(DOCDIR)/README.md
 	$(INSTALL) -m 0644 docs/ARCHITECTURE.md $(DESTDIR)$(DOCDIR)/ARCHITECTURE.md
+	$(INSTALL) -m 0644 docs/EXECUTOR.md $(DESTDIR)$(DOCDIR)/EXECUTOR.md
 	$(INSTALL) -m 0644 deploy/README.md $(DESTDIR)$(DOCDIR)/DEPLOY.md
 	$(INSTALL) -m 0644 deploy/*.json deploy/nats-server.conf $(DESTDIR)$(DOCDIR)/examples/
 	$(INSTALL) -d -m 0750 $(DESTDIR)$(SYSCONFDIR)/fluxon

@@ -112,6 +112,10 @@ static fx_err check_opts(const fx_mq_client_opts *o)
     if (o->close_timeout_ms < 0) return fx_seterr(FX_EINVAL, "mq client: close_timeout_ms < 0");
     if (o->kv_redis_url && (!o->kv_redis_url[0] || o->n_kv_endpoints))
         return fx_seterr(FX_EINVAL, "mq client: kv_redis_url: empty, or given with kv_endpoints");
+    if (o->exec && (!fx_exec_kind_name(o->exec, FX_EXEC_K_COMMIT) ||
+                    !fx_exec_kind_name(o->exec, FX_EXEC_K_REVOKE)))
+        return fx_seterr(FX_EINVAL, "mq client: exec: kinds FX_EXEC_K_COMMIT and "
+                                    "FX_EXEC_K_REVOKE must be registered");
     if (o->kv_prefix && !o->kv_prefix[0])
         return fx_seterr(FX_EINVAL, "mq client: kv_prefix: empty (use NULL for the default)");
     if (o->client_id) {
@@ -245,12 +249,27 @@ fx_err fx_mq_client_new(const fx_mq_client_opts *opts, fx_mq_client **out)
     }
     if (e) goto fail;
     if ((e = fx_lease_mgr_new(&opts->lease, &c->leases))) goto fail;
+    if (opts->exec) {
+        c->exec = opts->exec;
+    } else {
+        fx_exec_cfg xc, def;
+        fx_exec_cfg_defaults(&def);
+        memset(&xc, 0, sizeof xc);
+        xc.name = "mq";
+        xc.kinds[FX_EXEC_K_COMMIT] = def.kinds[FX_EXEC_K_COMMIT];
+        xc.kinds[FX_EXEC_K_COMMIT].threads_max = FX_MQ_COMMIT_THREADS;
+        xc.kinds[FX_EXEC_K_REVOKE] = def.kinds[FX_EXEC_K_REVOKE];
+        if ((e = fx_exec_new(&xc, &c->exec))) goto fail;
+        c->exec_owned = true;
+    }
     c->etcd_backend = fx_lease_backend_etcd(c->etcd);
     c->kv_backend = fx_lease_backend_kv(c->kv);
     fx_life_init(&c->life, false);
     *out = c;
     return FX_OK;
 fail:
+    if (c->exec_owned) fx_exec_free(c->exec);
+    c->exec = NULL;
     free_backends(c);
     free_strs(c);
     pthread_cond_destroy(&p->cv);
@@ -262,11 +281,6 @@ fail:
 }
 
 /* ---- registry --------------------------------------------------------------------------------- */
-
-typedef struct saved_detail {
-    fx_err e;
-    char detail[512];
-} saved_detail;
 
 /* An endpoint is on one of two lists: c->endpoints (open) or priv->kept (strong close failure). */
 static void unlink_ep(fx_mq_client *c, fx__mq_endpoint *ep)
@@ -356,7 +370,10 @@ fx_err fx_mq_client_close(fx_mq_client *c)
     pthread_mutex_lock(&c->mu);
     fx_life_closing(&c->life, &p->cv); /* OPEN -> CLOSING (idempotent) */
     fx_err first = FX_OK;
-    saved_detail strong = {FX_OK, ""};
+    /* The first strong failure: its detail is held (fx_err_hold) through the other closes and
+     * goes into the returned error. */
+    fx_err strong = FX_OK;
+    bool held = false;
     /* Retry the endpoints whose close failed strongly last time. */
     while (p->kept) {
         fx__mq_endpoint *ep = p->kept;
@@ -391,17 +408,18 @@ fx_err fx_mq_client_close(fx_mq_client *c)
         pthread_mutex_unlock(&c->mu);
         bool unfinished = false;
         fx_err e = fn_ex ? fn_ex(self, force, &unfinished) : fn(self);
+        /* Under the hold the detail is the strong failure's, not this close's. */
+        const char *why = strong ? "detail not kept" : fx_err_detail();
         if (e && unfinished) {
-            if (!strong.e) {
-                strong.e = e;
-                snprintf(strong.detail, sizeof strong.detail, "%s", fx_err_detail());
-            }
             FX_WRN("mq client close: an endpoint close failed strongly: %s (%s); keeping the "
-                   "backends until a later close succeeds", fx_errname(e), fx_err_detail());
+                   "backends until a later close succeeds", fx_errname(e), why);
+            if (!strong) {
+                strong = e;
+                held = fx_err_hold();
+            }
         } else if (e) {
             if (!first) first = e;
-            FX_WRN("mq client close: an endpoint close failed: %s (%s)", fx_errname(e),
-                   fx_err_detail());
+            FX_WRN("mq client close: an endpoint close failed: %s (%s)", fx_errname(e), why);
         }
         pthread_mutex_lock(&c->mu);
         /* An unfinished endpoint has not unregistered (its unregister waits for `calling` to be
@@ -411,13 +429,14 @@ fx_err fx_mq_client_close(fx_mq_client *c)
         pthread_cond_broadcast(&p->cv);
     }
     if (first && !p->close_err) p->close_err = first;
+    if (strong) fx_err_release(held);
     if (p->kept) {
         /* Strong failure: no backend teardown; state stays "closing" (no new endpoints). */
         pthread_mutex_unlock(&c->mu);
-        return fx_seterr(strong.e ? strong.e : FX_EUNAVAIL,
+        return fx_seterr(strong ? strong : FX_EUNAVAIL,
                          "mq client close: an endpoint close failed and stays retryable (%s); "
                          "backends kept, close again to retry",
-                         strong.e ? strong.detail : "closed by a concurrent client close");
+                         strong ? fx_err_detail() : "closed by a concurrent client close");
     }
     if (c->life.state == FX_LIFE_CLOSING) {
         fx_life_close_done(&c->life, &p->cv, FX_OK); /* no new op references */
@@ -432,12 +451,12 @@ fx_err fx_mq_client_close(fx_mq_client *c)
             c->revoker = NULL;
             fx_pwatch *pw = c->pwatch;
             c->pwatch = NULL;
-            struct fx__cpool *cp = c->cpool;
-            c->cpool = NULL;
+            fx_exec *ex = c->exec_owned ? c->exec : NULL;
+            if (ex) c->exec = NULL;
             pthread_mutex_unlock(&c->mu);
             fx_revoker_free(rv); /* uses the etcd client: stopped first */
             fx_pwatch_free(pw);
-            fx__cpool_free(cp);
+            fx_exec_free(ex); /* every consumer left it: joins the commit threads */
             free_backends(c);
             pthread_mutex_lock(&c->mu);
         }
@@ -454,7 +473,7 @@ bool fx__mq_revoke_member_lease(fx_mq_client *c, int64_t lease, int64_t ttl_s, i
     if (e == FX_OK || e == FX_ENOTFOUND || e == FX_ELEASE_EXPIRED) return true;
     pthread_mutex_lock(&c->mu);
     if (!c->revoker && !priv_of(c)->backends_freed &&
-        fx_revoker_new(c->etcd, &c->revoker) != FX_OK)
+        fx_revoker_new(c->etcd, c->exec, &c->revoker) != FX_OK)
         FX_WRN("member lease %lld: cannot start the revoker (%s); its TTL reclaims it",
                (long long)lease, fx_err_detail());
     if (c->revoker) fx_revoker_add(c->revoker, lease, fx_now_ms() + ttl_s * 1000);
@@ -475,17 +494,26 @@ fx_err fx__mq_pwatch(fx_mq_client *c, fx_pwatch **out)
     return e;
 }
 
-fx_err fx__mq_cpool(fx_mq_client *c, struct fx__cpool **out)
+fx_err fx__mq_exec(fx_mq_client *c, fx_exec **out)
 {
     pthread_mutex_lock(&c->mu);
     fx_err e = FX_OK;
+    *out = NULL;
     if (priv_of(c)->backends_freed)
         e = fx_seterr(FX_ECLOSED, "mq client closed");
-    else if (!c->cpool)
-        e = fx__cpool_new(c, &c->cpool);
-    *out = c->cpool;
+    else
+        *out = c->exec;
     pthread_mutex_unlock(&c->mu);
     return e;
+}
+
+fx_exec *fx_mq_client_exec(fx_mq_client *c)
+{
+    if (!c) return NULL;
+    pthread_mutex_lock(&c->mu);
+    fx_exec *ex = c->exec;
+    pthread_mutex_unlock(&c->mu);
+    return ex;
 }
 
 void fx_mq_client_free(fx_mq_client *c)

@@ -42,10 +42,21 @@
  * except MPMC producer puts, which run at once to distinct sub-MPSCs (fx_mpmc_put).
  * close() may be called from any thread at any time.
  *
- * Callbacks: two run the caller's code, on the MQ's own threads: a consumer's notify hook
- * (fx_mpmc_consumer_set_notify; with the consumer's lock held) and a release watch's fn
- * (fx_mq_release_watch_start; on the watch's thread). Both must only wake something up: no MQ
- * call, no blocking. No other call of this API calls back.
+ * Callbacks: exactly two hooks run the caller's code, and on threads that are not the caller's:
+ *   - a consumer's notify hook (fx_mpmc_consumer_set_notify): on the client's produce-offset
+ *     watch thread (new messages), the LeaseManager thread (a lease of the consumer expired) or
+ *     the thread of the caller's own get that found the payload plane lost; always with the
+ *     consumer's lock held;
+ *   - a release watch's fn (fx_mq_release_watch_start): on that watch's own thread, one call at
+ *     a time, with no MQ lock held.
+ * Both must only wake something up: no MQ call, no blocking. No other call of this API calls
+ * the caller back.
+ *
+ * Threads of the client: the LeaseManager's, the etcd watches' (pwatch.h, the release watch,
+ * MPMC producers' ready watches), and the executor's (executor.h, docs/EXECUTOR.md), on which
+ * consumer commit rounds (commit_pool.h) and member-lease revoke retries (revoker.h) run: the
+ * client's own executor or the one given in fx_mq_client_opts.exec. None of them runs caller
+ * code except the two hooks above.
  */
 #ifndef FX_FLUXON_MQ_H
 #define FX_FLUXON_MQ_H
@@ -55,6 +66,7 @@
 #include <stdint.h>
 
 #include "etcd.h"
+#include "executor.h"
 #include "fx_err.h"
 #include "kv.h"
 #include "lease_mgr.h"
@@ -95,6 +107,14 @@ typedef struct fx_mq_client_opts {
      * used. NULL -> "<hostname>-<pid>-<16 random hex>" generated once by fx_mq_client_new (stable
      * for the client's life). At most 255 bytes, no control characters. */
     const char *client_id;
+    /* Where the client's background work runs (bridge/executor.h; rules: docs/EXECUTOR.md):
+     * consumer commit rounds (kind FX_EXEC_K_COMMIT, one strand per consumer) and member-lease
+     * revoke retries (FX_EXEC_K_REVOKE). NULL (default): fx_mq_client_new creates its own
+     * executor with those two kinds (4 commit threads, 1 revoke thread, started on first use)
+     * and fx_mq_client_close frees it with the backends. Non-NULL: borrowed (the process's one
+     * executor; both kinds must be registered, else FX_EINVAL); it must outlive
+     * fx_mq_client_free, and is not stopped by the client. */
+    fx_exec *exec;
 } fx_mq_client_opts;
 
 /* Create the root: etcd client, KV store, LeaseManager. No I/O beyond what they do lazily. */
@@ -127,6 +147,9 @@ uint64_t fx_mq_client_payload_missing(const fx_mq_client *c);
  * stopped (FX_ELEASE_LOST, nothing committed past the gap) with an ERR line. */
 uint64_t fx_mq_client_plane_lost(const fx_mq_client *c);
 fx_lease_mgr *fx_mq_client_leases(fx_mq_client *c);
+/* The executor the client runs its background work on: opts.exec, or its own (then NULL once
+ * fx_mq_client_close has freed it with the backends). */
+fx_exec *fx_mq_client_exec(fx_mq_client *c);
 const char *fx_mq_client_root(const fx_mq_client *c);
 /* The client identity written as external_client_id (opts.client_id or the generated one). */
 const char *fx_mq_client_id(const fx_mq_client *c);

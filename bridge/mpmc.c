@@ -183,23 +183,6 @@ static fx_err bytes_copy(fx_bytes *dst, const fx_bytes *src)
     return FX_OK;
 }
 
-/* Keep the detail text of err across cleanup calls that may overwrite the thread's detail. */
-typedef struct saved_err {
-    fx_err e;
-    char detail[512];
-} saved_err;
-
-static void save_err(saved_err *s, fx_err e)
-{
-    s->e = e;
-    snprintf(s->detail, sizeof s->detail, "%s", fx_err_detail());
-}
-
-static fx_err restore_err(const saved_err *s)
-{
-    return s->e ? fx_seterr(s->e, "%s", s->detail) : FX_OK;
-}
-
 /* ---- the MPMC view: mpsc_channels list + ready set, read at one revision ---------------------- */
 
 typedef struct mpmc_view {
@@ -345,13 +328,18 @@ static fx_err rollback_unpublished(fx_mq_client *c, int64_t mpmc, int64_t chan,
     fx_op ops[5] = {op_del(ks(&meta), none), op_del(ks(&cl), none), op_del(ks(&cll), none),
                     op_del(ks(&pc), (fx_slice){pce, pcl}), op_del(ks(&pa), (fx_slice){pae, pal})};
     fx_txn_req t = {.success = ops, .n_success = 5};
-    saved_err del = {0}, ver = {0};
+    /* The last failed delete and read-back (code and text), for the message below. */
+    fx_err del_e = FX_OK, ver_e = FX_OK;
+    char del_txt[512] = "", ver_txt[512] = "";
     int64_t left = -1;
     for (int i = 0; i < MPMC_ROLLBACK_ATTEMPTS; i++) {
         fx_txn_resp r = {0};
         e = fx_etcd_txn(c->etcd, &t, &r, c->op_timeout_ms);
         fx_txn_resp_free(&r);
-        if (e) save_err(&del, e); /* maybe applied anyway: the read-back decides */
+        if (e) { /* maybe applied anyway: the read-back decides */
+            del_e = e;
+            snprintf(del_txt, sizeof del_txt, "%s", fx_err_detail());
+        }
         fx_err ve = rollback_left(c, ops, &left);
         if (!ve && left == 0) {
             FX_INF("mpmc %" PRId64 ": rolled back unpublished sub-MPSC %" PRId64 " (verified)",
@@ -366,7 +354,8 @@ static fx_err rollback_unpublished(fx_mq_client *c, int64_t mpmc, int64_t chan,
             return FX_OK;
         }
         if (ve) {
-            save_err(&ver, ve);
+            ver_e = ve;
+            snprintf(ver_txt, sizeof ver_txt, "%s", fx_err_detail());
             left = -1;
         }
     }
@@ -377,24 +366,30 @@ static fx_err rollback_unpublished(fx_mq_client *c, int64_t mpmc, int64_t chan,
         snprintf(msg, sizeof msg, "mpmc %" PRId64 ": rollback of unpublished sub-MPSC %" PRId64
                  " failed: %" PRId64 " key(s) still present after %d delete attempts (last "
                  "delete: %s)", mpmc, chan, left, MPMC_ROLLBACK_ATTEMPTS,
-                 del.e ? del.detail : "ok");
+                 del_e ? del_txt : "ok");
     } else {
-        r = ver.e ? ver.e : FX_EPROTO;
+        r = ver_e ? ver_e : FX_EPROTO;
         snprintf(msg, sizeof msg, "mpmc %" PRId64 ": rollback of unpublished sub-MPSC %" PRId64
                  " could not be verified after %d attempts: %s", mpmc, chan,
-                 MPMC_ROLLBACK_ATTEMPTS, ver.detail);
+                 MPMC_ROLLBACK_ATTEMPTS, ver_txt);
     }
     FX_ERR("%s; its keys go with its own lease (not renewed once unbound; at most retention)",
            msg);
     return fx_seterr(r, "%s", msg);
 }
 
-/* The error of a failed rollback (thread detail), with the error that caused the rollback. */
-static fx_err rollback_err(fx_err re, const saved_err *cause)
+/* rollback_unpublished after `cause` failed (the calling thread's detail is the cause's text;
+ * FX_OK: a publish lost without an error): the cause with its text once the rollback is verified;
+ * else the rollback's error, whose detail names both: "<rollback failure> (after: <cause>)". */
+static fx_err rollback_after(fx_mq_client *c, int64_t mpmc, int64_t chan, fx_mpsc_consumer *sub,
+                             int64_t long_lease, fx_err cause)
 {
-    saved_err r;
-    save_err(&r, re);
-    return fx_seterr(re, "%s (after: %s)", r.detail, cause->e ? cause->detail : "a lost publish");
+    /* Two texts in one message: the rollback's own calls record theirs in the detail. */
+    char cause_txt[512];
+    snprintf(cause_txt, sizeof cause_txt, "%s", cause ? fx_err_detail() : "a lost publish");
+    fx_err re = rollback_unpublished(c, mpmc, chan, sub, long_lease);
+    if (re) return fx_seterr(re, "%s (after: %s)", fx_err_detail(), cause_txt);
+    return cause ? fx_seterr(cause, "%s", cause_txt) : FX_OK;
 }
 
 /* ---- resolve: name -> MPMC id ----------------------------------------------------------------- */
@@ -1218,8 +1213,7 @@ static fx_err member_close(mpmc_member *m, fx_err (*pass)(void *self), void *sel
     if (fx_life_close_begin(&m->lf, &m->mu, &m->cv, &r) == FX_LIFE_CLOSE_RUN) {
         pthread_mutex_unlock(&m->mu);
         r = pass(self);
-        saved_err se;
-        save_err(&se, r);
+        bool held = fx_err_hold();
         pthread_mutex_lock(&m->mu);
         fx_life_close_done(&m->lf, &m->cv, r);
         pthread_mutex_unlock(&m->mu);
@@ -1228,7 +1222,8 @@ static fx_err member_close(mpmc_member *m, fx_err (*pass)(void *self), void *sel
         pthread_mutex_lock(&m->mu);
         fx_life_close_leave(&m->lf, &m->cv);
         pthread_mutex_unlock(&m->mu);
-        return restore_err(&se);
+        fx_err_release(held);
+        return r;
     }
     int64_t id = m->mpmc; /* m may be freed once this closer has left */
     fx_life_close_leave(&m->lf, &m->cv);
@@ -1297,22 +1292,22 @@ static fx_err consumer_claim_one(fx_mpmc_consumer *cs, int64_t chan)
     fx_txn_resp_free(&r);
     if (e) {
         /* Ambiguous: the ready key may be ours. It is under the member lease; try to delete. */
-        saved_err se;
-        save_err(&se, e);
+        bool held = fx_err_hold();
         ready_key_delete(m, &rk, c->op_timeout_ms);
-        return restore_err(&se);
+        fx_err_release(held);
+        return e;
     }
     if (!won) return fx_seterr(FX_EEXISTS, "sub-MPSC %" PRId64 " already claimed", chan);
     fx_mpsc_consumer *sub = NULL;
     e = fx__mpsc_consumer_open_sub(c, chan, &m->parent, &sub);
     if (e) {
-        saved_err se;
-        save_err(&se, e);
+        bool held = fx_err_hold();
         fx_err de = ready_key_delete(m, &rk, c->op_timeout_ms);
         if (de)
             FX_WRN("mpmc %" PRId64 ": ready key of sub-MPSC %" PRId64 " not deleted after a failed "
                    "bind (%s); it expires with the member lease", m->mpmc, chan, fx_errname(de));
-        return restore_err(&se);
+        fx_err_release(held);
+        return e;
     }
     cs->sub = sub;
     cs->chan = chan;
@@ -1457,8 +1452,7 @@ static fx_err consumer_publish(fx_mpmc_consumer *cs, const mpmc_view *v, int64_t
     cs->ready_key = rk;
     if (e) {
         /* Ambiguous: verify by re-reading (a few attempts). */
-        saved_err se;
-        save_err(&se, e);
+        bool held = fx_err_hold();
         for (int i = 0; i < 3; i++) {
             mpmc_view nv;
             if (read_view(c, m->mpmc, &nv) != FX_OK) continue;
@@ -1468,9 +1462,11 @@ static fx_err consumer_publish(fx_mpmc_consumer *cs, const mpmc_view *v, int64_t
                 *won = true;
                 cs->ready_put = true;
             }
+            fx_err_release(held);
             return FX_OK; /* else definitely not published: *won false */
         }
-        return restore_err(&se);
+        fx_err_release(held);
+        return e;
     }
     if (*won) cs->ready_put = true;
     return FX_OK;
@@ -1494,26 +1490,18 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
     fx_err e = fx__mpsc_create_sub(c, &cfg, &m->parent, &chan, &meta);
     if (e) {
         if (chan < 0) return e;
-        saved_err se; /* the create txn may have landed */
-        save_err(&se, e);
-        fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL, meta.global_long_lease_id);
-        return re ? rollback_err(re, &se) : restore_err(&se);
+        /* the create txn may have landed */
+        return rollback_after(c, m->mpmc, chan, NULL, meta.global_long_lease_id, e);
     }
     fx__mpsc_parent np = m->parent;
     np.fresh_meta = &meta;
     fx_mpsc_consumer *sub = NULL;
     if ((e = fx__mpsc_consumer_open_sub(c, chan, &np, &sub))) {
-        saved_err se;
-        save_err(&se, e);
-        fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL, meta.global_long_lease_id);
-        return re ? rollback_err(re, &se) : restore_err(&se);
+        return rollback_after(c, m->mpmc, chan, NULL, meta.global_long_lease_id, e);
     }
     char *meta_js = NULL; /* re-put by the publish txn under the global lease */
     if ((e = fx_mq_chan_meta_encode(&meta, &meta_js))) {
-        saved_err se;
-        save_err(&se, e);
-        fx_err re = rollback_unpublished(c, m->mpmc, chan, sub, meta.global_long_lease_id);
-        return re ? rollback_err(re, &se) : restore_err(&se);
+        return rollback_after(c, m->mpmc, chan, sub, meta.global_long_lease_id, e);
     }
     bool published = false;
     pthread_mutex_lock(&c->publish_mu);
@@ -1581,13 +1569,13 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
         if (e) {
             /* Unknown whether it was published: close the sub-consumer, keep its keys. */
             pthread_mutex_unlock(&c->publish_mu);
-            saved_err se;
-            save_err(&se, e);
+            bool held = fx_err_hold();
             fx_mpsc_consumer_close(sub);
             fx_mpsc_consumer_free(sub);
+            fx_err_release(held);
             FX_WRN("mpmc %" PRId64 ": publish of sub-MPSC %" PRId64 " failed ambiguously (%s)",
-                   m->mpmc, chan, se.detail);
-            return restore_err(&se);
+                   m->mpmc, chan, fx_err_detail());
+            return e;
         }
         if (published) break;
         fresh = true; /* a lost CAS brought the current brief into the cache */
@@ -1609,11 +1597,7 @@ static fx_err consumer_create(fx_mpmc_consumer *cs)
                m->member, chan);
         return FX_OK;
     }
-    saved_err se;
-    save_err(&se, e);
-    fx_err re = rollback_unpublished(c, m->mpmc, chan, sub, meta.global_long_lease_id);
-    if (re) return rollback_err(re, &se);
-    return restore_err(&se);
+    return rollback_after(c, m->mpmc, chan, sub, meta.global_long_lease_id, e);
 }
 
 /* Claim an unready sub-MPSC, else (when there are more active consumers than sub-MPSCs) create,
@@ -2006,13 +1990,13 @@ static fx_err consumer_close_pass(void *self)
     int64_t deadline = fx_now_ms() + c->close_timeout_ms;
     bool have_op = fx__mq_op_enter(c) == FX_OK;
     fx_err first = FX_OK;
-    saved_err se = {0};
+    bool held = false; /* from the first failure on: its detail is kept through the rest */
     bool confirmed = false, unconfirmed = false;
     if (cs->sub) {
         fx_err e = fx_mpsc_consumer_close(cs->sub);
         if (e && e != FX_ECLOSED && e != FX_ELEASE_LOST) {
             first = e;
-            save_err(&se, e);
+            held = fx_err_hold();
         }
         confirmed = fx__mpsc_consumer_membership_deleted(cs->sub);
         unconfirmed = !confirmed; /* then the member lease is revoked (member_close_tail) */
@@ -2042,7 +2026,8 @@ static fx_err consumer_close_pass(void *self)
         reclaim_queued(c, m->mpmc, cs->chan, step_ms(deadline));
     if (have_op) fx__mq_op_leave(c);
     FX_DBG("mpmc %" PRId64 ": consumer %" PRId64 " closed", m->mpmc, m->member);
-    return first ? restore_err(&se) : FX_OK;
+    if (first) fx_err_release(held);
+    return first;
 }
 
 static fx_err consumer_close_cb(void *self)
@@ -2139,11 +2124,11 @@ static fx_err consumer_open_impl(fx_mq_client *c, int64_t mpmc, int64_t drain,
     e = member_construct_end(&cs->m, e);
     fx__mq_op_leave(c);
     if (e) {
-        saved_err se;
-        save_err(&se, e);
+        bool held = fx_err_hold();
         fx_mpmc_consumer_close(cs);
         consumer_dealloc(cs);
-        return restore_err(&se);
+        fx_err_release(held);
+        return e;
     }
     *out = cs;
     return FX_OK;
@@ -2478,12 +2463,8 @@ static fx_err producer_create_first(fx_mpmc_producer *p)
         }
         char *json = NULL;
         if ((e = fx_mq_mpsc_list_encode(&chan, 1, &json))) {
-            saved_err se;
-            save_err(&se, e);
             fx_bytes_free(&raw);
-            fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL, 0);
-            if (re) return rollback_err(re, &se);
-            return restore_err(&se);
+            return rollback_after(c, m->mpmc, chan, NULL, 0, e);
         }
         fx_cmp cmp = present ? cmp_value(ks(&lk), (fx_slice){raw.data, raw.len})
                              : cmp_absent(ks(&lk));
@@ -2497,18 +2478,17 @@ static fx_err producer_create_first(fx_mpmc_producer *p)
         fx_bytes_free(&raw);
         if (e) {
             /* Ambiguous: a re-read tells (the list is append-only). */
-            saved_err se;
-            save_err(&se, e);
-            bool pr = false;
-            if (producer_read_list(p, &pr, NULL) == FX_OK) {
+            bool pr = false, held = fx_err_hold();
+            fx_err le = producer_read_list(p, &pr, NULL);
+            fx_err_release(held);
+            if (le == FX_OK) {
                 pthread_mutex_lock(&m->mu);
                 bool in = ids_has(p->list, p->n_list, chan);
                 pthread_mutex_unlock(&m->mu);
                 if (in) return FX_OK;
-                fx_err re = rollback_unpublished(c, m->mpmc, chan, NULL, 0);
-                if (re) return rollback_err(re, &se);
+                return rollback_after(c, m->mpmc, chan, NULL, 0, e);
             }
-            return restore_err(&se);
+            return e;
         }
         if (won) {
             pthread_mutex_lock(&m->mu);
@@ -2725,7 +2705,9 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
             return se ? se : e;
         }
         bool full = false, busy = false, gone = false;
-        saved_err last = {0};
+        /* The last bind failure (code and text: later candidates record their own). */
+        fx_err last = FX_OK;
+        char last_txt[512] = "";
         for (size_t i = 0; i < nc; i++) {
             if ((e = member_gate(m))) break;
             bool oom = false;
@@ -2741,12 +2723,13 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
             e = producer_sub(p, cand[i], &sp);
             if (e) { /* bind failed: the endpoint's problem, or try the next one */
                 producer_unreserve(p, cand[i]);
-                save_err(&last, e);
-                if ((e = producer_stop_err(p, last.e == FX_ELEASE_EXPIRED))) break;
+                last = e;
+                snprintf(last_txt, sizeof last_txt, "%s", fx_err_detail());
+                if ((e = producer_stop_err(p, last == FX_ELEASE_EXPIRED))) break;
                 FX_DBG("mpmc %" PRId64 ": bind of sub-MPSC %" PRId64 " failed: %s (%s)", m->mpmc,
-                       cand[i], fx_errname(last.e), last.detail);
-                if (last.e == FX_ELEASE_LOST || last.e == FX_ECLOSED) last.e = FX_EUNAVAIL;
-                if (last.e == FX_ENOTFOUND) { /* meta gone: reclaimed; route elsewhere */
+                       cand[i], fx_errname(last), last_txt);
+                if (last == FX_ELEASE_LOST || last == FX_ECLOSED) last = FX_EUNAVAIL;
+                if (last == FX_ENOTFOUND) { /* meta gone: reclaimed; route elsewhere */
                     gone = true;
                     p->reroutes++;
                     pthread_mutex_lock(&m->mu);
@@ -2785,8 +2768,9 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
                  * open (FX_ELEASE_LOST / FX_ECLOSED belong to the endpoint's own state). */
                 FX_WRN("mpmc %" PRId64 ": sub-producer of sub-MPSC %" PRId64 " closed itself (%s);"
                        " dropping it", m->mpmc, cand[i], d);
-                save_err(&last, fx_seterr(FX_EUNAVAIL, "sub-MPSC %" PRId64 " producer closed "
-                                          "itself: %s", cand[i], d));
+                last = FX_EUNAVAIL;
+                snprintf(last_txt, sizeof last_txt, "sub-MPSC %" PRId64 " producer closed itself: "
+                         "%s", cand[i], d);
                 producer_drop_sub(p, cand[i]);
                 producer_unreserve(p, cand[i]);
                 gone = true; /* membership gone: reclaimed, or its lease lost */
@@ -2798,13 +2782,13 @@ static fx_err put_locked(fx_mpmc_producer *p, const fx_slice *values, size_t n, 
         }
         free(cand);
         if (e || *done == n || (hold && *held >= 0)) return e;
-        if (!full && last.e && gone && rereads++ < 2) { /* re-read the list, route again */
+        if (!full && last && gone && rereads++ < 2) { /* re-read the list, route again */
             pthread_mutex_lock(&m->mu);
             p->list_read_ms = 0;
             pthread_mutex_unlock(&m->mu);
             continue;
         }
-        if (!full && !busy && last.e) return restore_err(&last);
+        if (!full && !busy && last) return fx_seterr(last, "%s", last_txt);
         int64_t until = full ? deadline : busy_deadline;
         if (fx_now_ms() >= until) {
             if (!full)
@@ -2875,7 +2859,8 @@ static fx_err producer_close_pass(void *self)
     fx_mq_client *c = m->c;
     int64_t deadline = fx_now_ms() + c->close_timeout_ms;
     bool have_op = fx__mq_op_enter(c) == FX_OK;
-    saved_err first = {0};
+    fx_err first = FX_OK;
+    bool held = false; /* from the first failure on: its detail is kept through the rest */
     /* state is CLOSING: puts neither add nor drop cached subs any more. */
     pthread_mutex_lock(&m->mu);
     size_t ns = p->n_subs;
@@ -2887,7 +2872,10 @@ static fx_err producer_close_pass(void *self)
     for (size_t i = 0; i < ns; i++) {
         fx_mpsc_producer *sp = sps ? sps[i] : p->subs[i].p;
         fx_err e = fx_mpsc_producer_close(sp);
-        if (e && e != FX_ECLOSED && e != FX_ELEASE_LOST && !first.e) save_err(&first, e);
+        if (e && e != FX_ECLOSED && e != FX_ELEASE_LOST && !first) {
+            first = e;
+            held = fx_err_hold();
+        }
     }
     free(sps);
     fx_watch_stop(w);
@@ -2898,7 +2886,8 @@ static fx_err producer_close_pass(void *self)
     member_close_tail(m, deadline, have_op, false);
     if (have_op) fx__mq_op_leave(c);
     FX_DBG("mpmc %" PRId64 ": producer %" PRId64 " closed", m->mpmc, m->member);
-    return restore_err(&first);
+    if (first) fx_err_release(held);
+    return first;
 }
 
 static fx_err producer_close_cb(void *self)
@@ -2998,11 +2987,11 @@ fx_err fx_mpmc_producer_open(fx_mq_client *c, int64_t mpmc, int64_t weight,
     e = member_construct_end(&p->m, e);
     fx__mq_op_leave(c);
     if (e) {
-        saved_err se;
-        save_err(&se, e);
+        bool held = fx_err_hold();
         fx_mpmc_producer_close(p);
         producer_dealloc(p);
-        return restore_err(&se);
+        fx_err_release(held);
+        return e;
     }
     *out = p;
     return FX_OK;

@@ -31,7 +31,7 @@
  *   (ERR with the ids + counters: the consumer's skipped_ids and the client's payload_missing,
  *   treated as acked) ids missing below the produce offset: the payload plane lost them (e.g.
  *   Redis without fsync); a consumer never waits for them. ack() marks ids in a
- *   per-producer window; the commit thread advances each consume offset over the contiguous
+ *   per-producer window; a commit round (commit_pool.h) advances each consume offset over the contiguous
  *   acked prefix and deletes the payloads below it: one txn (offset puts + payload range deletes)
  *   on the fused plane, else offsets first, then payload delete_range (plane.h). Failed commits retry with
  *   a bounded backoff; close makes one final bounded attempt.

@@ -1,7 +1,9 @@
-/* mpsc_cons.c -- the MPSC consumer: open/close, the watch-driven read path, acks and the commit
- * pool (described in mpsc.c's head comment; payload deletes per plane: plane.h). Shared bits:
- * mpsc_int.h. */
+/* mpsc_cons.c -- the MPSC consumer: open/close, the watch-driven read path, acks and commits
+ * (described in mpsc.c's head comment; when commits run: commit_pool.h; payload deletes per
+ * plane: plane.h). Shared bits: mpsc_int.h. */
 #include "mpsc_int.h"
+
+#include "commit_pool.h"
 
 /* ======================================================================================== *
  * Consumer                                                                                 *
@@ -59,11 +61,7 @@ struct fx_mpsc_consumer {
     fx_pwatch *pw; /* registered with the client's produce-offset watch (NULL: not) */
     void (*notify)(void *arg); /* fx_mpmc_consumer_set_notify (under mu) */
     void *notify_arg;
-    /* commit pool (cpool): under the pool's mu */
-    bool cq_on;       /* attached to the client's commit pool (detached at close) */
-    bool cq_queued, cq_busy, cq_again;
-    int64_t cq_not_before, cq_backoff;
-    struct fx_mpsc_consumer *cq_next;
+    fx_commit_slot *cslot; /* commit rounds on the client's executor (under mu; NULL: none) */
     bool cq_attached; /* closing thread only: a final commit is due at close */
 
     pthread_mutex_t get_mu; /* serialises gets */
@@ -71,7 +69,7 @@ struct fx_mpsc_consumer {
     pthread_mutex_t mu;        /* everything below and lf */
     pthread_cond_t cv;         /* close progress, flush waiters */
     pthread_cond_t data_cv;    /* get waiters (watch, close, fault) */
-    pthread_cond_t commit_cv;  /* unused since the commit pool (kept for the destroy order) */
+    pthread_cond_t commit_cv;  /* unused (kept for the destroy order) */
     life lf;
     pstate *ps;
     size_t n_ps, cap_ps, rr;
@@ -389,192 +387,64 @@ static bool commit_dirty(const fx_mpsc_consumer *c)
     return false;
 }
 
-/* ---- the commit pool ----------------------------------------------------------------------------
- * One pool of FX_MQ_COMMIT_THREADS threads per client commits for every consumer of the client
- * (not a thread per consumer, i.e. per claim). A consumer is queued while it has
- * acks to commit and no pool thread is committing for it, so its commits stay in order and one
- * slow consumer holds one pool thread at most; a failed round is retried after a backoff (50 ms
- * doubling to 1 s: the consumer goes back to the queue with a not-before time). The final commit
- * of a close runs in the closing thread after the consumer left the pool. Lock order: a
- * consumer's mu, then the pool's mu (commit_kick); pool threads never hold the pool's mu while
- * taking a consumer's. */
-struct fx__cpool {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;      /* pool threads (monotonic) */
-    pthread_cond_t done_cv; /* detach waiting for a busy consumer (monotonic) */
-    bool stop;
-    fx_mpsc_consumer *head, *tail;
-    pthread_t thr[FX_MQ_COMMIT_THREADS];
-    size_t n_thr;
-    fx_mq_client *c;
-};
+/* ---- commits -------------------------------------------------------------------------------------
+ * Each consumer has a commit slot (commit_pool.h) on the client's executor: its rounds run on the
+ * executor's commit kind (FX_MQ_COMMIT_THREADS threads per client-owned executor), one at a time
+ * per consumer and in order, and a slow consumer holds one of those threads at most; a failed
+ * round is retried after a backoff (50 ms doubling to 1 s). The final commit of a close runs in
+ * the closing thread after the consumer left its slot. Lock order: a consumer's mu, then the
+ * executor's (commit_kick); rounds take the consumer's mu themselves. */
 
-static void cpool_push_locked(struct fx__cpool *p, fx_mpsc_consumer *c)
-{
-    c->cq_queued = true;
-    c->cq_next = NULL;
-    if (p->tail) p->tail->cq_next = c;
-    else p->head = c;
-    p->tail = c;
-    pthread_cond_signal(&p->cv);
-}
-
-static void cpool_unlink_locked(struct fx__cpool *p, fx_mpsc_consumer *c, fx_mpsc_consumer *prev)
-{
-    if (prev) prev->cq_next = c->cq_next;
-    else p->head = c->cq_next;
-    if (p->tail == c) p->tail = prev;
-    c->cq_queued = false;
-}
-
-/* Acks to commit (or a flush): queue the consumer. c->mu held. */
+/* Acks to commit (or a flush): run a round soon. c->mu held. */
 static void commit_kick(fx_mpsc_consumer *c)
 {
-    struct fx__cpool *p = c->c->cpool;
-    if (!p) return;
-    pthread_mutex_lock(&p->mu);
-    if (c->cq_on) {
-        if (c->cq_busy) c->cq_again = true;
-        else if (!c->cq_queued) {
-            c->cq_not_before = 0;
-            cpool_push_locked(p, c);
-        }
-    }
-    pthread_mutex_unlock(&p->mu);
+    fx_commit_slot_kick(c->cslot);
 }
 
-static void *cpool_main(void *arg)
+/* One round (on a commit thread of the executor). */
+static fx_commit_res commit_step(void *arg, int64_t retry_in_ms)
 {
-    struct fx__cpool *p = arg;
-    pthread_mutex_lock(&p->mu);
-    for (;;) {
-        fx_mpsc_consumer *c = NULL, *prev = NULL;
-        int64_t now = fx_now_ms(), until = now + 1000;
-        for (fx_mpsc_consumer *x = p->head; x; prev = x, x = x->cq_next) {
-            if (x->cq_not_before <= now) {
-                c = x;
-                break;
-            }
-            if (x->cq_not_before < until) until = x->cq_not_before;
-        }
-        if (p->stop) break;
-        if (!c) {
-            struct timespec ts = fx_deadline_ts(until);
-            pthread_cond_timedwait(&p->cv, &p->mu, &ts);
-            continue;
-        }
-        cpool_unlink_locked(p, c, prev);
-        c->cq_busy = true;
-        c->cq_again = false;
-        pthread_mutex_unlock(&p->mu);
-
+    fx_mpsc_consumer *c = arg;
+    pthread_mutex_lock(&c->mu);
+    bool skip = c->lf.stop || c->lf.fault != FX_OK || !commit_dirty(c);
+    pthread_mutex_unlock(&c->mu);
+    if (skip) return FX_COMMIT_IDLE;
+    fx_err e = fx__mq_op_enter(c->c);
+    if (e) return FX_COMMIT_RETRY; /* the client is closing: retried until the consumer leaves */
+    bool did = false;
+    e = commit_round(c, c->c->op_timeout_ms, &did);
+    fx__mq_op_leave(c->c);
+    if (did) c->st.commits++;
+    if (e == FX_ELEASE_LOST) { /* fenced: the consumer is over (its next call closes it) */
         pthread_mutex_lock(&c->mu);
-        bool skip = c->lf.stop || c->lf.fault != FX_OK || !commit_dirty(c);
+        life_lease_lost(&c->lf);
+        pthread_cond_broadcast(&c->data_cv);
+        pthread_cond_broadcast(&c->cv);
         pthread_mutex_unlock(&c->mu);
-        fx_err e = FX_OK;
-        if (!skip && (e = fx__mq_op_enter(c->c)) == FX_OK) {
-            bool did = false;
-            e = commit_round(c, c->c->op_timeout_ms, &did);
-            fx__mq_op_leave(c->c);
-            if (did) c->st.commits++;
-            if (e == FX_ELEASE_LOST) { /* fenced: the consumer is over (its next call closes it) */
-                pthread_mutex_lock(&c->mu);
-                life_lease_lost(&c->lf);
-                pthread_cond_broadcast(&c->data_cv);
-                pthread_cond_broadcast(&c->cv);
-                pthread_mutex_unlock(&c->mu);
-            } else if (e) {
-                c->st.commit_retries++;
-                if (!c->cq_backoff) c->cq_backoff = RETRY_MIN_MS;
-                fx_log_ratelimited(&c->commit_log, 5000, FX_LOG_WRN,
-                                   "mpsc consumer %lld/%lld: commit failed: %s (%s); retrying in "
-                                   "%lld ms",
-                                   (long long)c->m.chan, (long long)c->cidx, fx_errname(e),
-                                   fx_err_detail(), (long long)c->cq_backoff);
-            }
-        }
-        bool redo = false;
-        if (!skip) {
-            pthread_mutex_lock(&c->mu);
-            redo = !c->lf.stop && c->lf.fault == FX_OK && commit_dirty(c);
-            pthread_mutex_unlock(&c->mu);
-        }
-        pthread_mutex_lock(&p->mu);
-        c->cq_busy = false;
-        if (!c->cq_on) {
-            pthread_cond_broadcast(&p->done_cv);
-        } else if (e && !skip && e != FX_ELEASE_LOST) {
-            c->cq_not_before = fx_now_ms() + c->cq_backoff;
-            c->cq_backoff = min64(c->cq_backoff * 2, RETRY_MAX_MS);
-            cpool_push_locked(p, c);
-        } else if (redo || c->cq_again) {
-            if (!e) c->cq_backoff = 0;
-            c->cq_not_before = 0;
-            cpool_push_locked(p, c);
-        } else {
-            c->cq_backoff = 0;
-        }
+        return FX_COMMIT_IDLE;
     }
-    pthread_mutex_unlock(&p->mu);
-    return NULL;
+    if (e) {
+        c->st.commit_retries++;
+        fx_log_ratelimited(&c->commit_log, 5000, FX_LOG_WRN,
+                           "mpsc consumer %lld/%lld: commit failed: %s (%s); retrying in %lld ms",
+                           (long long)c->m.chan, (long long)c->cidx, fx_errname(e),
+                           fx_err_detail(), (long long)retry_in_ms);
+        return FX_COMMIT_RETRY;
+    }
+    pthread_mutex_lock(&c->mu);
+    bool redo = !c->lf.stop && c->lf.fault == FX_OK && commit_dirty(c);
+    pthread_mutex_unlock(&c->mu);
+    return redo ? FX_COMMIT_AGAIN : FX_COMMIT_IDLE;
 }
 
-fx_err fx__cpool_new(fx_mq_client *c, struct fx__cpool **out)
-{
-    *out = NULL;
-    struct fx__cpool *p = calloc(1, sizeof *p);
-    if (!p) return fx_seterr(FX_ENOMEM, "commit pool: out of memory");
-    p->c = c;
-    if (pthread_mutex_init(&p->mu, NULL) || fx_cond_init_monotonic(&p->cv) ||
-        fx_cond_init_monotonic(&p->done_cv)) {
-        free(p);
-        return fx_seterr(FX_ENOMEM, "commit pool: sync init failed");
-    }
-    for (size_t i = 0; i < FX_MQ_COMMIT_THREADS; i++) {
-        if (pthread_create(&p->thr[p->n_thr], NULL, cpool_main, p) != 0) break;
-        p->n_thr++;
-    }
-    if (!p->n_thr) {
-        fx__cpool_free(p);
-        return fx_seterr(FX_ENOMEM, "commit pool: cannot start a thread");
-    }
-    *out = p;
-    return FX_OK;
-}
-
-void fx__cpool_free(struct fx__cpool *p)
-{
-    if (!p) return;
-    pthread_mutex_lock(&p->mu);
-    p->stop = true;
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
-    for (size_t i = 0; i < p->n_thr; i++) pthread_join(p->thr[i], NULL);
-    pthread_cond_destroy(&p->done_cv);
-    pthread_cond_destroy(&p->cv);
-    pthread_mutex_destroy(&p->mu);
-    free(p);
-}
-
-/* Leave the pool: after it returns no pool thread works for c. */
+/* Leave the slot: after it returns no commit round runs for c. */
 static void commit_detach(fx_mpsc_consumer *c)
 {
-    struct fx__cpool *p = c->c->cpool;
-    if (!p) return;
-    pthread_mutex_lock(&p->mu);
-    if (c->cq_on) {
-        c->cq_on = false;
-        if (c->cq_queued) {
-            fx_mpsc_consumer *prev = NULL;
-            for (fx_mpsc_consumer *x = p->head; x && x != c; x = x->cq_next) prev = x;
-            cpool_unlink_locked(p, c, prev);
-        }
-        while (c->cq_busy) {
-            struct timespec ts = fx_deadline_ts(fx_now_ms() + 1000);
-            pthread_cond_timedwait(&p->done_cv, &p->mu, &ts);
-        }
-    }
-    pthread_mutex_unlock(&p->mu);
+    pthread_mutex_lock(&c->mu);
+    fx_commit_slot *s = c->cslot;
+    c->cslot = NULL;
+    pthread_mutex_unlock(&c->mu);
+    fx_commit_slot_free(s); /* waits for a running round (it takes c->mu: not held here) */
 }
 
 /* The close's one final bounded commit attempt (in the closing thread, after commit_detach). */
@@ -1319,13 +1189,13 @@ static fx_err cons_build(fx_mpsc_consumer *c, int64_t chan, const fx__mpsc_paren
     if ((e = fx_pwatch_add(pw, chan, cons_pwatch_cb, c))) return e;
     c->pw = pw;
     if (!fresh && (e = read_produce(c))) return e;
-    struct fx__cpool *cp = NULL;
-    if ((e = fx__mq_cpool(cl, &cp))) return e;
-    pthread_mutex_lock(&cp->mu);
-    c->cq_on = true;
-    pthread_mutex_unlock(&cp->mu);
+    fx_exec *ex = NULL;
+    fx_commit_slot *slot = NULL;
+    if ((e = fx__mq_exec(cl, &ex))) return e;
+    if ((e = fx_commit_slot_new(ex, commit_step, c, &slot))) return e;
     c->cq_attached = true;
     pthread_mutex_lock(&c->mu); /* acks may have come in already (none before the first get) */
+    c->cslot = slot;
     if (commit_dirty(c)) commit_kick(c);
     pthread_mutex_unlock(&c->mu);
     return FX_OK;

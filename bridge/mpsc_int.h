@@ -4,11 +4,11 @@
  *                membership txn, used by both endpoints;
  *   mpsc_prod.c  the producer: open/close and the batched, gap-free write path (payloads through
  *                plane.h);
- *   mpsc_cons.c  the consumer: open/close, the watch-driven read path, acks, the commit pool.
+ *   mpsc_cons.c  the consumer: open/close, the watch-driven read path, acks, commit rounds.
  * Ownership and thread rules: a chan_mgr and a life belong to one endpoint and are guarded by
  * that endpoint's `mu` (the life_* helpers say which of them take it); the helpers here keep no
- * state. A producer's puts are serialised by its put_mu; a consumer's commits run on the client's
- * commit pool, one commit of an endpoint at a time. Neither endpoint file touches the other's
+ * state. A producer's puts are serialised by its put_mu; a consumer's commits run on its commit
+ * slot (commit_pool.h) on the client's executor, one commit of an endpoint at a time. Neither endpoint file touches the other's
  * struct; the ChanManager functions of mpsc.c are called by the endpoint that owns the chan_mgr.
  */
 #ifndef FX_BRIDGE_MPSC_INT_H

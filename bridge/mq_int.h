@@ -52,7 +52,9 @@ struct fx_mq_client {
                                * reference (lifecycle.h; life.ops counts the op references) */
     struct fx_revoker *revoker; /* created on first use (under mu); stopped before the backends */
     struct fx_pwatch *pwatch;   /* shared produce-offset watch (pwatch.h): first use, under mu */
-    struct fx__cpool *cpool;    /* commit pool of the MPSC consumers (mpsc_cons.c): first use, under mu */
+    struct fx_exec *exec;       /* background work: consumer commits (commit_pool.h), revoke
+                                 * retries (revoker.h); opts.exec (borrowed) or owned */
+    bool exec_owned;            /* created by fx_mq_client_new: freed with the backends */
     struct mpmc_keeper *keepers; /* per-MPMC sub-MPSC lease keepers shared by members (mpmc.c) */
     /* Serialises this process's CAS publishes of new sub-MPSCs (mpmc.c: the creation itself runs
      * in parallel; only the short read-check-publish step is taken in turn). */
@@ -79,12 +81,9 @@ struct fx_mq_client {
 /* Register an endpoint (before its blocking construction). FX_ECLOSED once the client is closing.
  * The endpoint struct is owned by the caller and must stay valid until unregistered. */
 fx_err fx__mq_register(fx_mq_client *c, fx__mq_endpoint *ep);
-#define FX_MQ_COMMIT_THREADS 4 /* consumer commit pool threads per client */
-/* The commit pool of the client's MPSC consumers (mpsc_cons.c), started on first use (FX_ECLOSED once
- * the backends are freed); fx__cpool_new/free are mpsc_cons.c's, called by client.c. */
-fx_err fx__mq_cpool(fx_mq_client *c, struct fx__cpool **out);
-fx_err fx__cpool_new(fx_mq_client *c, struct fx__cpool **out);
-void fx__cpool_free(struct fx__cpool *p);
+#define FX_MQ_COMMIT_THREADS 4 /* commit-kind threads of a client-owned executor */
+/* The client's executor (FX_ECLOSED once the backends are freed). */
+fx_err fx__mq_exec(fx_mq_client *c, struct fx_exec **out);
 /* The client's shared produce-offset watch (pwatch.h), started on first use. FX_ECLOSED once
  * the backends are freed. */
 fx_err fx__mq_pwatch(fx_mq_client *c, struct fx_pwatch **out);

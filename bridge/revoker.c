@@ -17,9 +17,8 @@ typedef struct pending {
 
 struct fx_revoker {
     fx_etcd *etcd;
-    pthread_t thr;
+    fx_exec_strand *strand; /* rounds run on it (kind FX_EXEC_K_REVOKE) */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
     bool stop;
     pending items[FX_REVOKER_MAX]; /* under mu; items[0] is the oldest */
     size_t n;
@@ -70,26 +69,20 @@ static void round_once(fx_revoker *r)
     pthread_mutex_unlock(&r->mu);
 }
 
-static void *revoker_main(void *arg)
+/* The strand's step: one round, then the next one FX_REVOKER_RETRY_MS later while any is left. */
+static void revoker_step(void *arg)
 {
     fx_revoker *r = arg;
-    for (;;) {
-        pthread_mutex_lock(&r->mu);
-        if (!r->stop) {
-            struct timespec ts = fx_deadline_ts(fx_now_ms() + FX_REVOKER_RETRY_MS);
-            pthread_cond_timedwait(&r->cv, &r->mu, &ts);
-        }
-        bool stop = r->stop;
-        pthread_mutex_unlock(&r->mu);
-        if (stop) break;
-        round_once(r);
-    }
-    return NULL;
+    round_once(r);
+    pthread_mutex_lock(&r->mu);
+    bool more = r->n > 0 && !r->stop;
+    pthread_mutex_unlock(&r->mu);
+    if (more) fx_exec_strand_kick(r->strand, fx_now_ms() + FX_REVOKER_RETRY_MS);
 }
 
-fx_err fx_revoker_new(fx_etcd *etcd, fx_revoker **out)
+fx_err fx_revoker_new(fx_etcd *etcd, fx_exec *ex, fx_revoker **out)
 {
-    if (!etcd || !out) return fx_seterr(FX_EINVAL, "revoker: NULL argument");
+    if (!etcd || !ex || !out) return fx_seterr(FX_EINVAL, "revoker: NULL argument");
     fx_revoker *r = calloc(1, sizeof *r);
     if (!r) return fx_seterr(FX_ENOMEM, "revoker: out of memory");
     r->etcd = etcd;
@@ -97,16 +90,11 @@ fx_err fx_revoker_new(fx_etcd *etcd, fx_revoker **out)
         free(r);
         return fx_seterr(FX_ENOMEM, "revoker: mutex init");
     }
-    if (fx_cond_init_monotonic(&r->cv) != 0) {
+    fx_err e = fx_exec_strand_new(ex, FX_EXEC_K_REVOKE, revoker_step, r, &r->strand);
+    if (e) {
         pthread_mutex_destroy(&r->mu);
         free(r);
-        return fx_seterr(FX_ENOMEM, "revoker: condvar init");
-    }
-    if (pthread_create(&r->thr, NULL, revoker_main, r) != 0) {
-        pthread_cond_destroy(&r->cv);
-        pthread_mutex_destroy(&r->mu);
-        free(r);
-        return fx_seterr(FX_ENOMEM, "revoker: cannot start its thread");
+        return e;
     }
     *out = r;
     return FX_OK;
@@ -130,6 +118,9 @@ void fx_revoker_add(fx_revoker *r, int64_t lease, int64_t until_ms)
     r->items[r->n++] = (pending){.lease = lease, .until_ms = until_ms};
     r->st.added++;
     pthread_mutex_unlock(&r->mu);
+    /* The caller has just tried once: the next try is a retry period away (a round already due
+     * earlier covers this lease too). */
+    fx_exec_strand_kick(r->strand, fx_now_ms() + FX_REVOKER_RETRY_MS);
 }
 
 void fx_revoker_get_stats(fx_revoker *r, fx_revoker_stats *out)
@@ -146,13 +137,11 @@ void fx_revoker_free(fx_revoker *r)
 {
     if (!r) return;
     pthread_mutex_lock(&r->mu);
-    r->stop = true;
-    pthread_cond_broadcast(&r->cv);
+    r->stop = true; /* a running round ends after its current call */
     pthread_mutex_unlock(&r->mu);
-    pthread_join(r->thr, NULL);
+    fx_exec_strand_free(r->strand); /* drops the timer, waits for a running round */
     if (r->n)
         FX_INF("revoker: %zu member lease revoke(s) left to their TTL at shutdown", r->n);
-    pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);
 }

@@ -12,6 +12,7 @@
 #include "chanq_prod.h"
 #include "daemon_int.h"
 #include "dedup.h"
+#include "delayq.h"
 #include "flatdict.h"
 #include "fx_time.h"
 #include "jsack.h"
@@ -71,7 +72,7 @@ static void on_capture(natsConnection *nc, natsSubscription *sub, natsMsg *m, vo
     const char *subj = natsMsg_GetSubject(m);
     const char *reply = natsMsg_GetReply(m);
     if (reply && !*reply) reply = NULL;
-    if (natsMsgHeader_Get(m, FX_DM_HDR_ORIGIN, &v) == NATS_OK && dm_origin_ours(d, subj, reply, v)) {
+    if (natsMsgHeader_Get(m, FX_DM_HDR_ORIGIN, &v) == NATS_OK && dm_origin_ours(d->origin_key, subj, reply, v)) {
         fx_metric_inc(ch->m.own_skipped, 1); /* our own delivery: no loop */
         goto out;
     }
@@ -94,7 +95,8 @@ static void on_capture(natsConnection *nc, natsSubscription *sub, natsMsg *m, vo
         dm_hdr_iter_init(&hi, hdr, hlen);
         const size_t el = sizeof FX_DM_HDR_EXPECTED - 1;
         while (dm_hdr_iter_next(&hi, &hk, &hv)) {
-            if (!foreign && hk.len > 7 && strncasecmp(hk.data, "Fluxon-", 7) == 0) {
+            if (!foreign && hk.len > 7 && strncasecmp(hk.data, "Fluxon-", 7) == 0 &&
+                !dm_delayq_is_header(hk)) {
                 foreign = true; /* captured, counted */
                 static fx_log_slot fslot;
                 fx_log_ratelimited(&fslot, 10000, FX_LOG_INF,
@@ -145,6 +147,8 @@ static void on_capture(natsConnection *nc, natsSubscription *sub, natsMsg *m, vo
         dm_reply_error(d, reply, 413, "message too large");
         goto out;
     }
+    /* Nats-Schedule / Fluxon-Delay: stored in the delay index (or refused) by delayq.h */
+    if (hlen && dm_delayq_capture(ch, subj, reply, hdr, hlen, data, (size_t)dlen)) goto out;
     fx_mq_msg rec = {.subject = FX_SLICE_STR(subj),
                      .headers = {hdr ? hdr : "", hlen},
                      .publish_ns = fx_wall_ns(),
@@ -207,7 +211,7 @@ _Static_assert(FX_DM_INFLIGHT <= FX_CHANQ_INFLIGHT_MAX, "in-flight bound");
 static void complete(dm_chan *ch, pq_item *it, fx_err e, const fx_mq_msg_id *id)
 {
     fx_daemon *d = ch->d;
-    if (it->done) { /* a dead letter: back to whoever queued it */
+    if (it->done) { /* a dead letter, a due delayed message: back to whoever queued it */
         dm_pq_item_done(it, e);
         return;
     }
@@ -385,8 +389,12 @@ static size_t dedup_filter(dm_chan *ch, pq_item **batch, size_t n)
             id = (fx_mq_msg_id){a, b, c};
             pq_item *it = batch[at[j]];
             fx_metric_inc(ch->m.duplicates, 1);
-            reply_ok(ch->d, ch, it->reply, &id, true);
-            free(it);
+            if (it->done) {
+                dm_pq_item_done(it, FX_OK); /* a delayed message moved twice: stored once */
+            } else {
+                reply_ok(ch->d, ch, it->reply, &id, true);
+                free(it);
+            }
             batch[at[j]] = NULL;
         }
         fx_bytes_free(&vals[j]);

@@ -8,7 +8,7 @@
  *    (daemon_int.h, docs/ARCHITECTURE.md "Handles and lifetimes" rule 14). The last
  *    dm_chan_unref frees it, from any thread: what is still queued is answered (a dead letter's
  *    completion hook runs with FX_ECLOSED, pqueue.h) or freed.
- *  - Immutable after dm_chan_new: d, name, deliver_prefix, subjects, s, is_dlq, the metric
+ *  - Immutable after dm_chan_new: d, mq, name, deliver_prefix, subjects, s, is_dlq, the metric
  *    pointers (m; every channel metric of the daemon is registered here).
  *  - `mu` guards the MPMC id cache (mpmc, have_mpmc), attach_err and the house-keeping views.
  *  - Lock order (daemon_int.h): reg -> mu / q.mu.
@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #include "config.h"
-#include "daemon.h"
+#include "fluxon_mq.h"
 #include "fx_err.h"
 #include "metrics.h"
 #include "pqueue.h"
@@ -32,6 +32,7 @@
 #define FX_DM_SWEEP_MAX 16                 /* stranded sub-MPSCs remembered per view refresh */
 #define FX_DM_HELD_MAX 256                 /* claimed sub-MPSCs whose backlog the view keeps */
 
+typedef struct fx_daemon fx_daemon; /* daemon.h: the channel only points back to it */
 typedef struct dm_chan dm_chan;
 typedef struct dm_claim dm_claim;
 
@@ -44,6 +45,7 @@ typedef struct dm_chan_metrics {
 
 struct dm_chan {
     fx_daemon *d;
+    fx_mq_client *mq; /* the daemon's MQ client (borrowed) */
     char *name;
     char *deliver_prefix;
     char **subjects;
@@ -89,9 +91,9 @@ struct dm_chan {
     atomic_bool draining;
 };
 
-/* A new channel of cc with its metrics registered, one reference (the caller's); NULL when out of
- * memory. Not started (capture.c dm_chan_start). */
-dm_chan *dm_chan_new(fx_daemon *d, const fx_chan_config *cc);
+/* A new channel of cc of daemon d, on the MQ client mq, with its metrics registered in reg; one
+ * reference (the caller's); NULL when out of memory. Not started (capture.c dm_chan_start). */
+dm_chan *dm_chan_new(fx_daemon *d, fx_mq_client *mq, fx_metrics *reg, const fx_chan_config *cc);
 dm_chan *dm_chan_ref(dm_chan *ch);
 void dm_chan_unref(dm_chan *ch); /* the last one frees it (any thread, NULL ignored) */
 /* Does cc configure exactly this channel (a reload keeps it running)? */

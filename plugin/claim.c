@@ -657,6 +657,10 @@ static bool op_send(void *ctx, uint32_t idx, const ent *e)
     pthread_mutex_lock(&s->cl->mu);
     while (p->n > 0) {
         dm_pull_req *r = dm_pull_at(p, 0);
+        if (dm_pull_abandoned(s->d, r)) { /* its client is gone: no answer */
+            dm_pull_remove(p, 0);
+            continue;
+        }
         if (r->max_bytes > 0 && (int64_t)sz > r->bytes) {
             dm_pull_status(s->d, r->reply, 409, "Message Size Exceeds MaxBytes", -1, 0);
             dm_pull_remove(p, 0);
@@ -736,7 +740,7 @@ static bool send_to(cst *s, const ent *e, const char *to)
              e->dv.id.msg);
 
     char origin[FX_DM_ORIGIN_LEN + 1];
-    dm_origin_tag(d, to, reply, origin, sizeof origin);
+    dm_origin_tag(d->origin_key, to, reply, origin, sizeof origin);
 
     const char *kv[] = {FX_DM_HDR_CHANNEL, ch->name, FX_DM_HDR_SUBJECT,   orig,
                         FX_DM_HDR_SEQ,     seq,      FX_DM_HDR_DELIVERED, att,
@@ -746,8 +750,16 @@ static bool send_to(cst *s, const ent *e, const char *to)
     if (s->use_leaf) { /* the header block is written directly: no natsMsg, no allocation */
         size_t hlen = 0;
         fx_err fe = dm_hdr_delivery(e->msg.headers, kv, N_PAIRS, &s->hbuf, &s->hcap, &hlen);
+        /* pull.h: a pull delivery carries "<$JS.ACK reply>@<published subject>"; the hub shows
+         * the message on its published subject, as JetStream's pull deliveries */
+        char wire[sizeof reply + FX_SUBJECT_MAX + 2];
+        const char *rp = reply;
+        if (s->cl->pull && s->explicit_ack && orig[0]) {
+            snprintf(wire, sizeof wire, "%s@%s", reply, orig);
+            rp = wire;
+        }
         if (!fe)
-            fe = fx_leaf_publish(d->leaf, to, reply, s->hbuf, hlen, e->msg.data.data,
+            fe = fx_leaf_publish(d->leaf, to, rp, s->hbuf, hlen, e->msg.data.data,
                                  e->msg.data.len);
         if (fe) {
             fx_log_ratelimited(&s->slot_pub, 5000, FX_LOG_WRN,
@@ -852,6 +864,13 @@ static uint64_t op_nonce(void *ctx)
 
 /* ---- dead letters ------------------------------------------------------------------------------ */
 
+/* The dead-letter item's completion hook (pqueue.h): the producer side ends it here. */
+static void dlq_hook(pq_item *it, fx_err e)
+{
+    (void)e; /* it->result holds it (dm_pq_item_done) */
+    dm_claim_dlq_complete(it);
+}
+
 /* Engine op: queue entry idx's message to the <channel>-dlq producer with the reason in its
  * headers (the completion comes back through dm_claim_dlq_complete). */
 static fx_dlv_dlq op_dead_letter(void *ctx, uint32_t idx, const ent *e, const char *reason)
@@ -886,7 +905,7 @@ static fx_dlv_dlq op_dead_letter(void *ctx, uint32_t idx, const ent *e, const ch
     bool queued = false, no_dlq = false;
     if (!err) {
         it->claim = s->cl;
-        it->done = dm_claim_dlq_complete;
+        it->done = dlq_hook;
         it->ent_idx = idx;
         it->ent_gen = e->gen;
         atomic_fetch_add(&s->cl->refs, 1);
@@ -1328,6 +1347,14 @@ static int64_t claim_turn(cst *s)
     return w < cap ? w : cap;
 }
 
+/* One delivery round: on the leaf path its publishes leave in one write (fx_leaf_cork). */
+static void dlv_run(cst *s)
+{
+    if (s->use_leaf) fx_leaf_cork(s->d->leaf);
+    fx_dlv_run(&s->q);
+    if (s->use_leaf) fx_leaf_uncork(s->d->leaf);
+}
+
 static int64_t claim_turn_inner(cst *s)
 {
     if (stop_requested(s)) return -1;
@@ -1342,7 +1369,7 @@ static int64_t claim_turn_inner(cst *s)
         consumer_drop(s);
         return 0;
     }
-    fx_dlv_run(&s->q);
+    dlv_run(s);
     flush(s);
     if (s->lost) {
         consumer_drop(s);
@@ -1367,7 +1394,7 @@ static int64_t claim_turn_inner(cst *s)
     }
     if (!attempts_ready(s)) return 200;
     if (fetch_adopted(s, want)) {
-        fx_dlv_run(&s->q);
+        dlv_run(s);
         return 0;
     }
     if (s->lost) return 0;
@@ -1375,7 +1402,7 @@ static int64_t claim_turn_inner(cst *s)
     fx_err e = fx_mpmc_get(s->cons, s->getbuf, want, &got, 0);
     if (e == FX_OK && got) {
         accept_msgs(s, got);
-        fx_dlv_run(&s->q);
+        dlv_run(s);
         return 0;
     }
     if (e == FX_OK || e == FX_ETIMEDOUT) {
@@ -1481,6 +1508,7 @@ static bool claim_start(dm_claim *cl)
         cfg.max_ack_pending = pc->max_ack_pending;
         cfg.backoff_ms = pc->backoff_ms;
         cfg.n_backoff = pc->n_backoff;
+        cfg.nak_delay_ms = pc->nak_delay_ms;
     }
     static const fx_dlv_ops ops = {.now_ms = op_now,
                                    .nonce = op_nonce,
@@ -1921,6 +1949,10 @@ static void pull_timers_locked(fx_daemon *d, dm_pull *p, int64_t now, int64_t *n
 {
     for (size_t i = 0; i < p->n;) {
         dm_pull_req *r = dm_pull_at(p, i);
+        if (!r->sending && dm_pull_abandoned(d, r)) { /* its client is gone: no answer */
+            dm_pull_remove(p, i);
+            continue;
+        }
         if (r->expires_ms && now >= r->expires_ms && !r->sending) {
             dm_pull_status(d, r->reply, 408, "Request Timeout", r->batch,
                            r->max_bytes > 0 ? r->bytes : 0);

@@ -71,6 +71,7 @@ static const fx_chan_settings k_default_settings = {
     .full_wait_ms = 0,
     .duplicate_window_ms = 2 * 60 * 1000,
     .duplicate_max_ids = 100000,
+    .max_delay_ms = MS_DAY,
     .duplicate_max_bytes = 0, /* auto: a share of FX_CFG_DEDUP_BYTES_ALL (read_channels) */
 };
 
@@ -102,6 +103,7 @@ static const setting_key k_settings[] = {
     {"duplicate_window", SK_DURATION, SOFF(duplicate_window_ms), 0, MS_DAY},
     {"duplicate_max_ids", SK_INT,    SOFF(duplicate_max_ids),   1000, 10000000},
     {"duplicate_max_bytes", SK_INT,  SOFF(duplicate_max_bytes), 1LL << 20, 1LL << 30},
+    {"max_delay",       SK_DURATION, SOFF(max_delay_ms),     0,   9000000000LL * 1000},
 };
 #define N_SETTINGS (sizeof k_settings / sizeof k_settings[0])
 

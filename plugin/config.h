@@ -46,6 +46,9 @@ typedef struct fx_chan_settings {
      * early (the window shortens, WARN and fluxon_dedup_forgotten_total). */
     int64_t duplicate_max_ids;
     int64_t duplicate_max_bytes;
+    /* default 1 d: the longest delay a publish may ask for (Nats-Schedule / Fluxon-Delay);
+     * longer -> refused (400). 0 refuses every delay. Applied as min(max_delay, retention). */
+    int64_t max_delay_ms;
 } fx_chan_settings;
 
 #define FX_CFG_DEDUP_BYTES_ALL (512LL << 20)     /* a quarter of etcd's default 2 GiB quota */

@@ -14,6 +14,8 @@
 #include "admin.h"
 #include "jsapi.h"
 #include "daemon_int.h"
+#include "delayq.h"
+#include "redrive.h"
 #include "fx_url.h"
 #include "fx_time.h"
 #include "inspect.h"
@@ -176,9 +178,9 @@ static fx_err leaf_setup(fx_daemon *d, const char *cname)
 
 /* The connection options from the config (also run by fx_daemon_check: every refusal of a
  * setting happens here, before any I/O). *out is set even on failure (caller destroys it). */
-static fx_err nats_options(fx_daemon *d, const char *cname, natsOptions **out)
+static fx_err nats_options_cfg(fx_daemon *d, const fx_config *c, const char *cname,
+                               natsOptions **out)
 {
-    const fx_config *c = d->cfg;
     natsStatus s = nats_Open(-1);
     if (s != NATS_OK) return fx_seterr(FX_EUNAVAIL, "nats: library init: %s", natsStatus_GetText(s));
     d->nats_opened = true;
@@ -244,6 +246,32 @@ static fx_err nats_options(fx_daemon *d, const char *cname, natsOptions **out)
     if (c->nats.tls_insecure && (s = natsOptions_SkipServerVerification(o, true)) != NATS_OK)
         return fx_seterr(FX_EINVAL, "nats.tls_insecure: %s", natsStatus_GetText(s));
     return FX_OK;
+}
+
+static fx_err nats_options(fx_daemon *d, const char *cname, natsOptions **out)
+{
+    return nats_options_cfg(d, d->cfg, cname, out);
+}
+
+fx_err dm_nats_connect_aux(fx_daemon *d, const char *cname, natsConnection **out)
+{
+    *out = NULL;
+    natsOptions *o = NULL;
+    fx_err e = nats_options_cfg(d, d->cfg_start, cname, &o);
+    natsStatus s = NATS_OK;
+    /* not the daemon's connection: no daemon callbacks (its close is no fatal event), and a
+     * connect that fails fails now */
+    if (!e) {
+        s = natsOptions_SetRetryOnFailedConnect(o, false, NULL, NULL);
+        if (s == NATS_OK) s = natsOptions_SetDisconnectedCB(o, NULL, NULL);
+        if (s == NATS_OK) s = natsOptions_SetReconnectedCB(o, NULL, NULL);
+        if (s == NATS_OK) s = natsOptions_SetClosedCB(o, NULL, NULL);
+        if (s == NATS_OK) s = natsOptions_SetErrorHandler(o, NULL, NULL);
+        if (s == NATS_OK) s = natsConnection_Connect(out, o);
+        if (s != NATS_OK) e = fx_seterr(FX_EUNAVAIL, "nats: connect: %s", natsStatus_GetText(s));
+    }
+    natsOptions_Destroy(o);
+    return e;
 }
 
 static fx_err nats_setup(fx_daemon *d)
@@ -925,7 +953,7 @@ static bool chans_append(dm_chan ***arr, size_t *n, dm_chan *ch)
 /* Create, register (active) and start one channel. */
 static fx_err chan_add(fx_daemon *d, const fx_chan_config *cc)
 {
-    dm_chan *ch = dm_chan_new(d, cc);
+    dm_chan *ch = dm_chan_new(d, d->mq, d->metrics, cc);
     if (!ch) return fx_seterr(FX_ENOMEM, "channel %s: out of memory", cc->name);
     pthread_rwlock_wrlock(&d->reg);
     bool ok = chans_append(&d->chans, &d->n_chans, ch);
@@ -1081,6 +1109,8 @@ static void drain(fx_daemon *d)
     for (size_t i = 0; i < n; i++) dm_chan_drain_capture_begin(chans[i]);
     int64_t cap_deadline = fx_now_ms() + 5000; /* one budget for every capture subscription */
     for (size_t i = 0; i < n; i++) dm_chan_drain_capture_wait(chans[i], cap_deadline);
+    dm_delayq_stop(d); /* delayed publishes answered; the mover queues nothing more */
+    dm_redrive_stop(d); /* a running redrive NAKs what it holds back while the DLQ claim lives */
     for (size_t i = 0; i < d->n_admin_subs; i++) natsSubscription_Unsubscribe(d->admin_subs[i]);
     fx_jsapi_unsubscribe(d->jsapi);
     /* 3. claims: every channel in parallel (acks still routed while they linger) */
@@ -1215,6 +1245,7 @@ fx_err fx_daemon_start(fx_daemon *d)
         if ((e = fx_http_start(d->cfg->http.listen, health_cb, d, d->metrics, &d->http)))
             return e;
     }
+    if ((e = dm_delayq_start(d))) return e; /* before capture: delayed publishes go there */
     for (size_t i = 0; i < d->cfg->n_channels; i++)
         if ((e = chan_add(d, &d->cfg->channels[i]))) return e;
 
@@ -1240,6 +1271,13 @@ fx_err fx_daemon_start(fx_daemon *d)
             return fx_seterr(FX_EUNAVAIL, "nats: subscribe %s: %s", admin_q[i], natsStatus_GetText(s));
         d->n_admin_subs++;
     }
+    /* dead letters back to their channel (redrive.h): a thread of its own, not the admin queue */
+    if ((s = natsConnection_QueueSubscribe(&d->admin_subs[d->n_admin_subs], d->nc,
+                                           API_PREFIX "CHANNEL.REDRIVE.*", "fluxon-admin",
+                                           dm_on_redrive, d)) != NATS_OK)
+        return fx_seterr(FX_EUNAVAIL, "nats: subscribe %s: %s", API_PREFIX "CHANNEL.REDRIVE.*",
+                         natsStatus_GetText(s));
+    d->n_admin_subs++;
     snprintf(subj, sizeof subj, API_PREFIX "INFO.%s", d->name);
     if ((s = natsConnection_Subscribe(&d->admin_subs[d->n_admin_subs], d->nc, subj, on_admin, d)) !=
         NATS_OK)
@@ -1286,6 +1324,7 @@ void fx_daemon_free(fx_daemon *d)
      * yet frees it from its completion callback, before nats_CloseAndWait returns). */
     for (size_t i = 0; i < d->n_chans; i++) dm_chan_unref(d->chans[i]);
     free(d->chans);
+    dm_delayq_free(d);
     if (d->ack_sub) natsSubscription_Destroy(d->ack_sub);
     if (d->js_ack_sub) natsSubscription_Destroy(d->js_ack_sub);
     if (d->nr_sub) natsSubscription_Destroy(d->nr_sub);

@@ -44,6 +44,7 @@
 #include "http.h"
 #include "leaf.h"
 #include "metrics.h"
+#include "origin.h"
 #include "pqueue.h"
 
 /* ---- bounds ------------------------------------------------------------------------------------ */
@@ -104,7 +105,6 @@
  * headers (e.g. a delivery republished to a capture subject) is captured and counted in
  * fluxon_foreign_headers_total. */
 #define FX_DM_HDR_ORIGIN "Fluxon-Origin"
-#define FX_DM_ORIGIN_LEN 16 /* hex digits of the tag */
 /* ack none reply: _FLUXON.NR.<bridge>.<chan>.<claim>.<claim seq>.<nonce> (the nonce binds a
  * no-responders status to the one delivery the bridge made; deploy/README.md "Securing a deployment") */
 #define FX_DM_NR_PREFIX "_FLUXON.NR."
@@ -206,9 +206,10 @@ struct fx_daemon {
                       start; thread-safe) */
     bool nats_opened;
     natsSubscription *ack_sub, *js_ack_sub, *nr_sub;
-    natsSubscription *admin_subs[4];
+    natsSubscription *admin_subs[5];
     size_t n_admin_subs;
     struct fx_jsapi *jsapi; /* JetStream API subset (jsapi.h); NULL when off */
+    struct dm_delayq *dq;   /* delayed messages (delayq.h): set by start, read by capture */
     atomic_int_fast64_t max_payload;
 
     fx_mq_client *mq;
@@ -261,12 +262,7 @@ void dm_chan_stop_producer_wait(dm_chan *ch);
 size_t dm_max_msg_bytes(fx_daemon *d);
 void dm_reply_error(fx_daemon *d, const char *reply, int code, const char *desc);
 
-/* ---- origin.c ----------------------------------------------------------------------------------- */
-/* Fluxon-Origin of a delivery on subject with reply (NULL: none): FX_DM_ORIGIN_LEN hex digits and
- * a NUL into out (cap > FX_DM_ORIGIN_LEN). Pure, any thread. */
-void dm_origin_tag(const fx_daemon *d, const char *subject, const char *reply, char *out, size_t cap);
-/* true when value is the Fluxon-Origin this process gives a delivery on subject with reply. */
-bool dm_origin_ours(const fx_daemon *d, const char *subject, const char *reply, const char *value);
+/* ---- origin.c: origin.h (dm_origin_tag, dm_origin_ours) ----------------------------------------- */
 
 /* ---- claim.c ------------------------------------------------------------------------------------ */
 void *dm_interest_main(void *arg);
@@ -293,6 +289,10 @@ dm_chan *dm_find_chan_locked(fx_daemon *d, const char *name);
 /* Interruptible wait on d->cv for ms; returns true when the interest thread must stop. */
 bool dm_bg_wait(fx_daemon *d, int64_t ms);
 bool dm_nats_connected(fx_daemon *d);
+/* A connection of its own with the daemon's NATS settings (the start config) and no daemon
+ * callbacks, for a tool the bridge runs as a client (redrive.h); the caller closes and destroys
+ * it. Its subscriptions count as interest (only the daemon's own connections are excluded). */
+fx_err dm_nats_connect_aux(fx_daemon *d, const char *cname, natsConnection **out);
 /* The current config with a reference (release with fx_config_unref). Any thread. */
 fx_config *dm_cfg_get(fx_daemon *d);
 /* Ask house-keeping to refresh the sub-MPSC view of ch now (any thread; holds no lock, or reg). */

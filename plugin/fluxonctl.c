@@ -32,6 +32,7 @@
 #include <nats/nats.h>
 
 #include "fx_url.h"
+#include "redrive.h"
 
 #define CTL_DEFAULT_SERVER "nats://127.0.0.1:4222"
 #define CTL_DEFAULT_TIMEOUT_MS 2000
@@ -39,7 +40,6 @@
 #define CTL_MAX_ARGS 8
 #define CTL_POLL_MS 100
 #define CTL_MAX_REPLY_PRINT (1 << 20)
-#define CTL_REDRIVE_DEADLINE_CAP_MS (24LL * 3600 * 1000)
 
 static volatile sig_atomic_t g_stop;
 
@@ -54,6 +54,7 @@ typedef struct opts {
     int64_t timeout_ms;
     const char *creds;
     bool json, ack, nak, quiet;
+    bool api; /* redrive --api: a bridge runs it ($FLUXON.API.CHANNEL.REDRIVE) */
     int64_t count; /* 0: unlimited (sub) / 1 (pub) */
     int64_t wait_ms; /* sub: exit after this long without a message; 0: never */
     const char *queue;
@@ -84,7 +85,8 @@ static void usage(FILE *f)
             "  redrive <ch>-dlq              move dead letters back, at least once (--to CH, default\n"
             "                                <ch>; --max N, default 1000, at most 100000; --rate R/s,\n"
             "                                default 100, at most 10000; --deadline D, default 10m,\n"
-            "                                at most 24h; --wait D idle end, default 2s; --json)\n"
+            "                                at most 24h; --wait D idle end, default 2s; --json;\n"
+            "                                --api: a bridge runs it, $FLUXON.API.CHANNEL.REDRIVE)\n"
             "\n"
             "options:\n"
             "  -s, --server URL   NATS server (default $NATS_URL or " CTL_DEFAULT_SERVER ")\n"
@@ -173,6 +175,8 @@ static int parse_args(int argc, char **argv, opts *o)
                 o->json = true;
             } else if (strcmp(a, "--ack") == 0) {
                 o->ack = true;
+            } else if (strcmp(a, "--api") == 0) {
+                o->api = true;
             } else if (strcmp(a, "--nak") == 0) {
                 o->nak = true;
             } else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) {
@@ -200,7 +204,7 @@ static int parse_args(int argc, char **argv, opts *o)
                 if (parse_count(rb, &o->rate) != 0) return bad_usage("invalid --rate '%s' (N or N/s)", argv[i]);
             } else if (strcmp(a, "--deadline") == 0) {
                 NEED_VALUE();
-                if (parse_duration(argv[++i], &o->deadline_ms) != 0 || o->deadline_ms > CTL_REDRIVE_DEADLINE_CAP_MS)
+                if (parse_duration(argv[++i], &o->deadline_ms) != 0 || o->deadline_ms > FX_REDRIVE_DEADLINE_CAP_MS)
                     return bad_usage("invalid --deadline '%s' (at most 24h)", argv[i]);
             } else if (strcmp(a, "--queue") == 0) {
                 NEED_VALUE();
@@ -445,6 +449,8 @@ static int cmd_info(natsConnection *nc, const opts *o, const char *chan)
     printf("MPMC id:    %s%s\n", b, strcmp(b, "-") == 0 ? " (not created yet)" : "");
     jnum(cJSON_GetObjectItemCaseSensitive(root, "backlog"), b, sizeof b);
     printf("Backlog:    %s\n", b);
+    jnum(cJSON_GetObjectItemCaseSensitive(root, "delayed"), b, sizeof b);
+    printf("Delayed:    %s (Nats-Schedule / Fluxon-Delay, waiting for their time)\n", b);
     jnum(cJSON_GetObjectItemCaseSensitive(root, "capacity"), b, sizeof b);
     printf("Capacity:   %s per sub-MPSC\n", b);
     jnum(cJSON_GetObjectItemCaseSensitive(root, "ttl_seconds"), b, sizeof b);
@@ -659,18 +665,9 @@ static int cmd_sub(natsConnection *nc, const opts *o, const char *subject)
 
 /* ---- dead letters: dlq ls, redrive ------------------------------------------------------------ */
 
-#define CTL_REDRIVE_MAX_DEFAULT 1000
-#define CTL_REDRIVE_MAX_CAP 100000
-#define CTL_REDRIVE_RATE_DEFAULT 100
-#define CTL_REDRIVE_RATE_CAP 10000
-#define CTL_REDRIVE_DEADLINE_DEFAULT_MS (10 * 60 * 1000)
-#define CTL_REDRIVE_HELD_MS 5000 /* idle with letters in the DLQ: wait this much longer */
-#define CTL_REDRIVE_STALL_MS 250 /* a PubAck slower than this pauses taking letters */
-#define CTL_REDRIVE_WINDOW 64 /* letters between re-publish and confirmed DLQ ack, at most */
 #define CTL_DLQ_LS_MAX_DEFAULT 100
 #define CTL_DLQ_LS_MAX_CAP 10000
 #define CTL_DLQ_IDLE_DEFAULT_MS 1000
-#define CTL_HDR_REDRIVEN "Fluxon-Redriven"
 
 static int64_t mono_ms(void)
 {
@@ -707,16 +704,6 @@ static const char *hdr_or(natsMsg *m, const char *k, const char *dflt)
 {
     const char *v = NULL;
     return natsMsgHeader_Get(m, k, &v) == NATS_OK && v ? v : dflt;
-}
-
-static uint64_t hdr_u64(natsMsg *m, const char *k)
-{
-    const char *v = hdr_or(m, k, NULL);
-    if (!v) return 0;
-    char *end = NULL;
-    errno = 0;
-    unsigned long long x = strtoull(v, &end, 10);
-    return errno || end == v || *end || *v == '-' ? 0 : (uint64_t)x;
 }
 
 static void nak_rest(natsConnection *nc, natsSubscription *sub)
@@ -781,7 +768,7 @@ static int cmd_dlq_ls(natsConnection *nc, const opts *o, const char *dlq)
                 cJSON_AddStringToObject(j, "detail", detail);
                 cJSON_AddStringToObject(j, "attempts", att);
                 cJSON_AddStringToObject(j, "subject", subj);
-                cJSON_AddStringToObject(j, "redriven", hdr_or(m, CTL_HDR_REDRIVEN, "0"));
+                cJSON_AddStringToObject(j, "redriven", hdr_or(m, FX_REDRIVE_HDR, "0"));
                 char *txt = cJSON_PrintUnformatted(j);
                 if (txt) printf("%s\n", txt);
                 free(txt);
@@ -819,118 +806,66 @@ static int64_t dlq_backlog(natsConnection *nc, const opts *o, const char *dlq)
     return v;
 }
 
-/* seqs of the DLQ seen in this redrive: open addressing, 0 = empty */
-typedef struct seqset {
-    uint64_t *k;
-    uint8_t *v; /* 1 in flight, 2 moved */
-    size_t cap;
-} seqset;
+typedef struct ctl_rd {
+    natsConnection *nc;
+    const opts *o;
+    const char *dlq;
+} ctl_rd;
 
-static uint8_t *seq_slot(seqset *ss, uint64_t seq, bool add)
+static int64_t ctl_rd_backlog(void *arg)
 {
-    size_t i = (size_t)(seq * 0x9E3779B97F4A7C15ULL) & (ss->cap - 1);
-    for (size_t probe = 0; probe < ss->cap; probe++, i = (i + 1) & (ss->cap - 1)) {
-        if (ss->k[i] == seq) return &ss->v[i];
-        if (ss->k[i] == 0) {
-            if (!add) return NULL;
-            ss->k[i] = seq;
-            return &ss->v[i];
-        }
-    }
-    return NULL;
+    ctl_rd *c = arg;
+    return dlq_backlog(c->nc, c->o, c->dlq);
 }
 
-typedef enum { SL_FREE = 0, SL_PUB, SL_ACK } slot_state;
-typedef struct rslot {
-    slot_state st;
-    uint32_t gen;
-    natsMsg *letter;
-    uint64_t seq;
-    int64_t due;
-} rslot;
-
-typedef struct rstats {
-    int64_t moved, failed, uncertain, ack_unconfirmed, skipped, again;
-} rstats;
-
-static bool copy_header(const char *k)
+static bool ctl_rd_stopped(void *arg)
 {
-    return strncasecmp(k, "Fluxon-", 7) != 0 && strcasecmp(k, "Nats-Msg-Id") != 0 &&
-           strncasecmp(k, "Nats-Expected-", 14) != 0;
+    (void)arg;
+    return g_stop != 0;
 }
 
-/* The letter again as a publish to its original subject, reply inbox.p.<slot>.<gen>. */
-static natsStatus redrive_publish(natsConnection *nc, natsMsg *letter, const char *to, const char *inbox,
-                                  size_t slot, uint32_t gen)
+static void ctl_rd_note(void *arg, const char *line)
 {
-    const char *subj = hdr_or(letter, "Fluxon-Subject", NULL);
-    char reply[256], cnt[32];
-    snprintf(reply, sizeof reply, "%s.p.%zu.%" PRIu32, inbox, slot, gen);
-    natsMsg *nm = NULL;
-    int len = natsMsg_GetDataLength(letter);
-    natsStatus s = natsMsg_Create(&nm, subj, reply, natsMsg_GetData(letter), len > 0 ? len : 0);
-    const char **keys = NULL;
-    int nk = 0;
-    if (s == NATS_OK && natsMsgHeader_Keys(letter, &keys, &nk) == NATS_OK) {
-        for (int i = 0; s == NATS_OK && i < nk; i++) {
-            if (!copy_header(keys[i])) continue;
-            const char **vals = NULL;
-            int nv = 0;
-            if (natsMsgHeader_Values(letter, keys[i], &vals, &nv) != NATS_OK) continue;
-            for (int j = 0; s == NATS_OK && j < nv; j++) s = natsMsgHeader_Add(nm, keys[i], vals[j]);
-            free((void *)vals);
-        }
-        free((void *)keys);
-    }
-    uint64_t times = hdr_u64(letter, CTL_HDR_REDRIVEN);
-    snprintf(cnt, sizeof cnt, "%" PRIu64, (times < 1000000000u ? times : (uint64_t)1000000000u) + 1);
-    if (s == NATS_OK) s = natsMsgHeader_Set(nm, CTL_HDR_REDRIVEN, cnt);
-    if (s == NATS_OK) s = natsMsgHeader_Set(nm, "Nats-Expected-Stream", to);
-    if (s == NATS_OK) s = natsConnection_PublishMsg(nc, nm);
-    natsMsg_Destroy(nm);
-    return s;
+    (void)arg;
+    fprintf(stderr, "fluxonctl: redrive: %s\n", line);
 }
 
-/* A PubAck for `to`? Prints why not. */
-static bool puback_ok(natsMsg *r, const char *to)
+/* --api: the same redrive run by a bridge ($FLUXON.API.CHANNEL.REDRIVE.<dlq>, redrive.h). */
+static int redrive_via_api(natsConnection *nc, const opts *o, const char *dlq, const char *to,
+                           int64_t max, int64_t rate, int64_t idle, int64_t deadline_ms)
 {
-    if (natsMsg_IsNoResponders(r)) {
-        fprintf(stderr, "fluxonctl: redrive: no bridge captures the letter's subject\n");
-        return false;
-    }
+    char subject[300], body[512];
+    snprintf(subject, sizeof subject, "$FLUXON.API.CHANNEL.REDRIVE.%s", dlq);
+    snprintf(body, sizeof body,
+             "{\"to\":\"%s\",\"max\":%" PRId64 ",\"rate\":%" PRId64 ",\"wait_ms\":%" PRId64
+             ",\"deadline_ms\":%" PRId64 "}", to, max, rate, idle, deadline_ms);
+    natsMsg *r = NULL;
+    /* the bridge answers when it is done: the deadline, plus its last answers */
+    natsStatus s = natsConnection_RequestString(&r, nc, subject, body, deadline_ms + 4 * o->timeout_ms);
+    if (s != NATS_OK) return nats_fail("redrive request", s);
     int len = natsMsg_GetDataLength(r);
-    cJSON *j = cJSON_ParseWithLength(natsMsg_GetData(r) ? natsMsg_GetData(r) : "", (size_t)(len > 0 ? len : 0));
-    const cJSON *st = j ? cJSON_GetObjectItemCaseSensitive(j, "stream") : NULL;
-    bool ok = j && !cJSON_GetObjectItemCaseSensitive(j, "error") && cJSON_IsString(st) &&
-              strcmp(st->valuestring, to) == 0;
-    if (!ok)
-        fprintf(stderr, "fluxonctl: redrive: publish refused: %.*s\n", len > 300 ? 300 : len,
-                natsMsg_GetData(r) ? natsMsg_GetData(r) : "");
+    const char *data = natsMsg_GetData(r) ? natsMsg_GetData(r) : "";
+    cJSON *j = cJSON_ParseWithLength(data, (size_t)(len > 0 ? len : 0));
+    int rc = 1;
+    if (j && !cJSON_GetObjectItemCaseSensitive(j, "error")) {
+        const char *k[] = {"failed", "uncertain", "ack_unconfirmed"};
+        rc = 0;
+        for (size_t i = 0; i < 3; i++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, k[i]);
+            if (!cJSON_IsNumber(v) || v->valuedouble != 0) rc = 1;
+        }
+        if (cJSON_GetObjectItemCaseSensitive(j, "timed_out") || cJSON_GetObjectItemCaseSensitive(j, "interrupted")) rc = 1;
+    }
+    printf("%.*s\n", len > 0 ? len : 0, data);
     cJSON_Delete(j);
-    return ok;
+    natsMsg_Destroy(r);
+    return rc;
 }
 
-static void ack_letter(natsConnection *nc, rslot *sl, const char *inbox, size_t k, int64_t now, int64_t tmo)
-{
-    char reply[256];
-    snprintf(reply, sizeof reply, "%s.a.%zu.%" PRIu32, inbox, k, sl->gen);
-    natsConnection_PublishRequestString(nc, natsMsg_GetReply(sl->letter), reply, "+ACK");
-    sl->st = SL_ACK;
-    sl->due = now + tmo;
-}
-
-static void slot_free(rslot *sl)
-{
-    natsMsg_Destroy(sl->letter);
-    sl->letter = NULL;
-    sl->st = SL_FREE;
-    sl->gen++;
-}
-
-/* fluxonctl redrive <dlq> [--to CH] [--max N] [--rate R] [--deadline D] [--wait D] */
+/* fluxonctl redrive <dlq> [--to CH] [--max N] [--rate R] [--deadline D] [--wait D] [--api] */
 static int cmd_redrive(natsConnection *nc, const opts *o, const char *dlq)
 {
-    char prefix[256], subject[320], to[200], inbox[128];
+    char prefix[256], subject[320], to[200];
     int rc = dlq_prefix(nc, o, dlq, prefix, sizeof prefix);
     if (rc) return rc;
     if (o->to) {
@@ -939,184 +874,33 @@ static int cmd_redrive(natsConnection *nc, const opts *o, const char *dlq)
     } else {
         snprintf(to, sizeof to, "%.*s", (int)(strlen(dlq) - 4), dlq);
     }
-    int64_t max = o->max ? o->max : CTL_REDRIVE_MAX_DEFAULT;
-    if (max > CTL_REDRIVE_MAX_CAP) return bad_usage("--max above %s", "100000");
-    int64_t rate = o->rate ? o->rate : CTL_REDRIVE_RATE_DEFAULT;
-    if (rate > CTL_REDRIVE_RATE_CAP) return bad_usage("--rate above %s/s", "10000");
-    int64_t idle = o->wait_ms ? o->wait_ms : 2000;
-    int64_t t0 = mono_ms(), deadline = t0 + (o->deadline_ms ? o->deadline_ms : CTL_REDRIVE_DEADLINE_DEFAULT_MS);
+    int64_t max = o->max ? o->max : FX_REDRIVE_MAX_DEFAULT;
+    if (max > FX_REDRIVE_MAX_CAP) return bad_usage("--max above %s", "100000");
+    int64_t rate = o->rate ? o->rate : FX_REDRIVE_RATE_DEFAULT;
+    if (rate > FX_REDRIVE_RATE_CAP) return bad_usage("--rate above %s/s", "10000");
+    int64_t idle = o->wait_ms ? o->wait_ms : FX_REDRIVE_IDLE_DEFAULT_MS;
+    int64_t deadline_ms = o->deadline_ms ? o->deadline_ms : FX_REDRIVE_DEADLINE_DEFAULT_MS;
+    if (o->api) return redrive_via_api(nc, o, dlq, to, max, rate, idle, deadline_ms);
     snprintf(subject, sizeof subject, "%s.fluxonctl-redrive", prefix);
-    natsInbox *ib = NULL;
-    if (natsInbox_Create(&ib) != NATS_OK) return nats_fail("inbox", NATS_NO_MEMORY);
-    snprintf(inbox, sizeof inbox, "%s", (const char *)ib);
-    natsInbox_Destroy(ib);
-    char inbox_all[140];
-    snprintf(inbox_all, sizeof inbox_all, "%s.>", inbox);
-    seqset ss = {0};
-    ss.cap = 1;
-    while (ss.cap < (size_t)max * 2 + 2 * CTL_REDRIVE_WINDOW) ss.cap <<= 1;
-    ss.k = calloc(ss.cap, sizeof *ss.k);
-    ss.v = calloc(ss.cap, 1);
-    natsSubscription *letters = NULL, *replies = NULL;
-    natsStatus s = ss.k && ss.v ? NATS_OK : NATS_NO_MEMORY;
-    if (s == NATS_OK) s = natsConnection_SubscribeSync(&replies, nc, inbox_all);
-    if (s == NATS_OK) s = natsConnection_SubscribeSync(&letters, nc, subject);
-    if (s == NATS_OK) s = natsSubscription_SetPendingLimits(letters, 1 << 20, 512 << 20);
-    if (s == NATS_OK) s = natsConnection_FlushTimeout(nc, o->timeout_ms);
-    if (s != NATS_OK) {
-        natsSubscription_Destroy(letters);
-        natsSubscription_Destroy(replies);
-        free(ss.k);
-        free(ss.v);
-        return nats_fail("subscribe", s);
-    }
     fprintf(stderr, "fluxonctl: redriving %s -> %s (at most %" PRId64 " letters, %" PRId64 "/s)\n", dlq, to, max, rate);
-    rslot slots[CTL_REDRIVE_WINDOW];
-    memset(slots, 0, sizeof slots);
-    size_t window = rate < CTL_REDRIVE_WINDOW ? (size_t)rate : CTL_REDRIVE_WINDOW;
-    rstats r = {0};
-    int64_t taken = 0, last_letter = t0, busy = 0, last_backlog_check = 0;
-    double next_at = (double)t0, gap = 1000.0 / (double)rate;
-    bool stopping = false, timed_out = false;
-    for (;;) {
-        int64_t now = mono_ms();
-        if (g_stop) stopping = true;
-        if (now >= deadline && !stopping) {
-            stopping = timed_out = true;
-            fprintf(stderr, "fluxonctl: redrive: deadline reached\n");
-        }
-        if (busy == 0 && (stopping || taken >= max)) break;
-        if (busy == 0 && now - last_letter >= idle) {
-            /* Idle: done when the DLQ is empty; letters held elsewhere (a claim releasing them,
-             * another consumer of the DLQ) are waited for up to CTL_REDRIVE_HELD_MS more. */
-            if (now - last_letter >= idle + CTL_REDRIVE_HELD_MS || now >= last_backlog_check + 500) {
-                int64_t bl = dlq_backlog(nc, o, dlq);
-                last_backlog_check = mono_ms();
-                if (bl == 0 || now - last_letter >= idle + CTL_REDRIVE_HELD_MS) {
-                    if (bl > 0)
-                        fprintf(stderr, "fluxonctl: redrive: %" PRId64 " letter(s) still in %s did not come (another consumer holds them?)\n", bl, dlq);
-                    break;
-                }
-            }
-        }
-        if (now >= deadline + o->timeout_ms * 2) break; /* in-flight answers: bounded too */
-        /* take one letter when the rate, the window and --max allow, and no publish waits for
-         * its PubAck longer than CTL_REDRIVE_STALL_MS (a bridge that died: few letters are left
-         * uncertain) */
-        bool stalled = false;
-        for (size_t k = 0; k < window && !stalled; k++)
-            stalled = slots[k].st == SL_PUB && now - (slots[k].due - o->timeout_ms) > CTL_REDRIVE_STALL_MS;
-        if (!stopping && !stalled && taken < max && (double)now >= next_at) {
-            size_t k = 0;
-            while (k < window && slots[k].st != SL_FREE) k++;
-            natsMsg *m = NULL;
-            if (k < window && natsSubscription_NextMsg(&m, letters, 1) == NATS_OK) {
-                last_letter = now;
-                const char *rep = natsMsg_GetReply(m);
-                uint64_t seq = hdr_u64(m, "Fluxon-Seq");
-                uint8_t *st = seq ? seq_slot(&ss, seq, true) : NULL;
-                if (!rep || !*rep || !hdr_or(m, "Fluxon-Subject", NULL) || !st) {
-                    r.skipped++; /* not a dead letter of the bridge: left alone */
-                    natsMsg_Destroy(m);
-                } else if (*st) { /* the same letter again (its DLQ ack_wait expired) */
-                    r.again++;
-                    if (*st == 2) natsConnection_PublishString(nc, rep, "+ACK");
-                    natsMsg_Destroy(m);
-                } else {
-                    rslot *sl = &slots[k];
-                    sl->letter = m;
-                    sl->seq = seq;
-                    if (redrive_publish(nc, m, to, inbox, k, sl->gen) != NATS_OK) {
-                        fprintf(stderr, "fluxonctl: redrive: publish failed\n");
-                        r.failed++;
-                        slot_free(sl);
-                        stopping = true;
-                    } else {
-                        *st = 1;
-                        sl->st = SL_PUB;
-                        sl->due = now + o->timeout_ms;
-                        busy++;
-                        taken++;
-                        next_at = next_at + gap < (double)now - gap ? (double)now : next_at + gap;
-                    }
-                }
-                continue;
-            }
-        }
-        /* answers: PubAcks and DLQ acks */
-        natsMsg *a = NULL;
-        s = natsSubscription_NextMsg(&a, replies, 5);
-        now = mono_ms();
-        if (s == NATS_OK) {
-            const char *sj = natsMsg_GetSubject(a) + strlen(inbox);
-            char kind = 0;
-            size_t k = 0;
-            uint32_t gen = 0;
-            if (sscanf(sj, ".%c.%zu.%" SCNu32, &kind, &k, &gen) == 3 && k < window && slots[k].gen == gen) {
-                rslot *sl = &slots[k];
-                if (kind == 'p' && sl->st == SL_PUB) {
-                    if (puback_ok(a, to)) {
-                        ack_letter(nc, sl, inbox, k, now, o->timeout_ms);
-                    } else {
-                        r.failed++; /* not stored: the letter stays in the DLQ */
-                        *seq_slot(&ss, sl->seq, true) = 0;
-                        slot_free(sl);
-                        busy--;
-                        stopping = true;
-                    }
-                } else if (kind == 'a' && sl->st == SL_ACK) {
-                    int len = natsMsg_GetDataLength(a);
-                    if (len <= 0 && !natsMsg_IsNoResponders(a))
-                        r.moved++;
-                    else
-                        r.ack_unconfirmed++;
-                    *seq_slot(&ss, sl->seq, true) = 2; /* stored in the target either way */
-                    slot_free(sl);
-                    busy--;
-                }
-            }
-            natsMsg_Destroy(a);
-        }
-        for (size_t k = 0; k < window; k++) { /* answers that did not come */
-            rslot *sl = &slots[k];
-            if (sl->st == SL_FREE || now < sl->due) continue;
-            if (sl->st == SL_PUB) {
-                r.uncertain++; /* may be stored: the letter stays in the DLQ, a duplicate */
-                stopping = true;
-                *seq_slot(&ss, sl->seq, true) = 0; /* a copy again: published again, never lost */
-            } else {
-                r.ack_unconfirmed++;
-                *seq_slot(&ss, sl->seq, true) = 2; /* stored: a copy again is only acked */
-            }
-            slot_free(sl);
-            busy--;
-        }
-    }
-    for (size_t k = 0; k < window; k++)
-        if (slots[k].st != SL_FREE) {
-            r.uncertain++;
-            slot_free(&slots[k]);
-        }
-    nak_rest(nc, letters);
-    natsSubscription_Unsubscribe(letters);
-    natsSubscription_Destroy(letters);
-    natsSubscription_Unsubscribe(replies);
-    natsSubscription_Destroy(replies);
-    natsConnection_FlushTimeout(nc, o->timeout_ms);
-    free(ss.k);
-    free(ss.v);
-    int64_t ms = mono_ms() - t0;
-    if (o->json)
-        printf("{\"dlq\":\"%s\",\"to\":\"%s\",\"moved\":%" PRId64 ",\"failed\":%" PRId64
-               ",\"uncertain\":%" PRId64 ",\"ack_unconfirmed\":%" PRId64 ",\"skipped\":%" PRId64
-               ",\"seen_again\":%" PRId64 ",\"ms\":%" PRId64 "}\n",
-               dlq, to, r.moved, r.failed, r.uncertain, r.ack_unconfirmed, r.skipped, r.again, ms);
-    else
+    ctl_rd c = {nc, o, dlq};
+    fx_redrive_opts ro = {.dlq = dlq, .to = to, .subject = subject, .max = max, .rate = rate,
+                          .idle_ms = idle, .deadline_ms = deadline_ms, .timeout_ms = o->timeout_ms,
+                          .backlog = ctl_rd_backlog, .stopped = ctl_rd_stopped,
+                          .note = ctl_rd_note, .arg = &c};
+    fx_redrive_result r;
+    natsStatus s = fx_redrive_run(nc, &ro, &r);
+    if (s != NATS_OK) return nats_fail("subscribe", s);
+    if (o->json) {
+        char buf[640];
+        if (fx_redrive_json(dlq, to, &r, buf, sizeof buf) > 0) printf("%s\n", buf);
+    } else {
         printf("redrive %s -> %s: moved %" PRId64 ", failed %" PRId64 " (left in the DLQ), uncertain %" PRId64
                " (publish unanswered: may be in %s and still in the DLQ), ack unconfirmed %" PRId64
                " (in %s, may still be in the DLQ), skipped %" PRId64 ", in %" PRId64 " ms\n",
-               dlq, to, r.moved, r.failed, r.uncertain, to, r.ack_unconfirmed, to, r.skipped, ms);
-    return r.failed || r.uncertain || r.ack_unconfirmed || timed_out || g_stop ? 1 : 0;
+               dlq, to, r.moved, r.failed, r.uncertain, to, r.ack_unconfirmed, to, r.skipped, r.ms);
+    }
+    return r.failed || r.uncertain || r.ack_unconfirmed || r.timed_out || g_stop ? 1 : 0;
 }
 
 int main(int argc, char **argv)

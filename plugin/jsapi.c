@@ -17,6 +17,7 @@
 #include "fx_time.h"
 #include "inspect.h"
 #include "jsapi.h"
+#include "delayq.h"
 #include "pull.h"
 #include "subject.h"
 
@@ -272,6 +273,8 @@ static bool stream_info(fx_jsapi *j, const fx_config *cfg, const fx_chan_config 
            add_u64(st, "first_seq", first) && add_time(st, "first_ts", 0) &&
            add_u64(st, "last_seq", last) && add_time(st, "last_ts", 0) &&
            add_i64(st, "consumer_count", (int64_t)s->n_consumers) &&
+           (dm_delayq_waiting(d, cc->name) < 0 || /* delayq.h: not in JetStream's state */
+            add_i64(st, "fluxon_delayed", dm_delayq_waiting(d, cc->name))) &&
            (!cfg->jetstream.domain || cJSON_AddStringToObject(o, "domain", cfg->jetstream.domain)) &&
            add_time(o, "ts", fx_wall_ns());
 }
@@ -445,6 +448,48 @@ static const char *opt_str(const cJSON *o, const char *k)
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
+/* Does subject pattern f match every subject that pattern s matches? Token by token: ">" in f
+ * covers the rest of s (at least one token); "*" in f covers one token of s but not ">"; a literal
+ * covers only the same literal. */
+static bool subject_covers(const char *f, const char *s)
+{
+    for (;;) {
+        size_t fl = strcspn(f, "."), sl = strcspn(s, ".");
+        if (fl == 1 && f[0] == '>') return sl > 0;
+        if (sl == 1 && s[0] == '>') return false;
+        if (!(fl == 1 && f[0] == '*') && (fl != sl || memcmp(f, s, fl) != 0)) return false;
+        f += fl;
+        s += sl;
+        if (!*f || !*s) return !*f && !*s;
+        f++;
+        s++;
+    }
+}
+
+/* A consumer's filter_subject / filter_subjects: none, or filters that together cover each
+ * subject of the channel (equal to them, or wider), which means every message of the channel (the
+ * consumer is stored without them). A narrower filter is not: false. */
+static bool filters_cover(const fx_chan_config *cc, const cJSON *in)
+{
+    const cJSON *fs = cJSON_GetObjectItemCaseSensitive(in, "filter_subject");
+    const cJSON *fss = cJSON_GetObjectItemCaseSensitive(in, "filter_subjects");
+    if (fs && !cJSON_IsNull(fs) && !cJSON_IsString(fs)) return false;
+    if (fss && !cJSON_IsNull(fss) && !cJSON_IsArray(fss)) return false;
+    bool has_fs = cJSON_IsString(fs) && fs->valuestring[0];
+    int n_fss = cJSON_IsArray(fss) ? cJSON_GetArraySize(fss) : 0;
+    if (!has_fs && n_fss == 0) return true;
+    if (has_fs && !fx_subject_valid(fs->valuestring, true)) return false;
+    for (const cJSON *it = n_fss ? fss->child : NULL; it; it = it->next)
+        if (!cJSON_IsString(it) || !fx_subject_valid(it->valuestring, true)) return false;
+    for (size_t i = 0; i < cc->n_subjects; i++) {
+        bool covered = has_fs && subject_covers(fs->valuestring, cc->subjects[i]);
+        for (const cJSON *it = n_fss ? fss->child : NULL; !covered && it; it = it->next)
+            covered = subject_covers(it->valuestring, cc->subjects[i]);
+        if (!covered) return false;
+    }
+    return true;
+}
+
 /* The consumer config as stored and shown: JetStream's ConsumerConfig with the channel's defaults
  * filled in. NULL with *why set (and *err_code) when the request asks for what the bridge does
  * not do. */
@@ -470,12 +515,9 @@ static cJSON *normalize_config(const fx_chan_config *cc, const char *name, const
         REFUSE("ack_policy %s: channel %s acks are %s (its configuration)", ap, cc->name, chan_ack);
     const char *rp = opt_str(in, "replay_policy");
     if (rp && *rp && strcmp(rp, "instant") != 0) REFUSE("replay_policy %s is not supported", rp);
-    const char *fs = opt_str(in, "filter_subject");
-    const cJSON *fss = cJSON_GetObjectItemCaseSensitive(in, "filter_subjects");
-    bool fs_ok = !fs || !*fs || (cc->n_subjects == 1 && strcmp(fs, cc->subjects[0]) == 0);
-    if (!fs_ok || (fss && cJSON_GetArraySize(fss) > 0))
-        REFUSE("filtered consumers are not supported: a consumer gets every message of channel %s",
-               cc->name);
+    if (!filters_cover(cc, in))
+        REFUSE("filtered consumers are not supported: a consumer gets every message of channel %s "
+               "(a filter must cover each of its subjects)", cc->name);
     const cJSON *ho = cJSON_GetObjectItemCaseSensitive(in, "headers_only");
     if (cJSON_IsTrue(ho)) REFUSE("headers_only consumers are not supported");
     const char *desc = opt_str(in, "description");
@@ -483,7 +525,7 @@ static cJSON *normalize_config(const fx_chan_config *cc, const char *name, const
 
     int64_t ack_wait = cc->s.ack_wait_ms * NS_PER_MS, max_deliver = cc->s.max_deliver,
             max_ack_pending = cc->s.max_ack_pending, max_waiting = 512, inactive = 0,
-            max_batch = 0, max_expires = 0, max_bytes = 0;
+            max_batch = 0, max_expires = 0, max_bytes = 0, nak_delay = -1;
     *err_code = 10025; /* bad values: invalid JSON */
     if (!opt_int(in, "ack_wait", 0, MAX_DUR_NS, &ack_wait) ||
         !opt_int(in, "max_deliver", -1, 1000000, &max_deliver) ||
@@ -492,7 +534,8 @@ static cJSON *normalize_config(const fx_chan_config *cc, const char *name, const
         !opt_int(in, "inactive_threshold", 0, MAX_DUR_NS, &inactive) ||
         !opt_int(in, "max_batch", 0, 1000000, &max_batch) ||
         !opt_int(in, "max_expires", 0, MAX_DUR_NS, &max_expires) ||
-        !opt_int(in, "max_bytes", 0, INT64_C(1) << 40, &max_bytes))
+        !opt_int(in, "max_bytes", 0, INT64_C(1) << 40, &max_bytes) ||
+        !opt_int(in, "nak_delay", 0, MAX_DUR_NS, &nak_delay))
         REFUSE("invalid JSON: a duration or limit is not an integer in range (durations in ns, at "
                "most 24h; max_waiting at most %d)", FX_JSAPI_MAX_WAITING);
     if (ack_wait == 0) ack_wait = cc->s.ack_wait_ms * NS_PER_MS;
@@ -538,7 +581,8 @@ static cJSON *normalize_config(const fx_chan_config *cc, const char *name, const
          (!inactive || add_i64(c, "inactive_threshold", inactive)) &&
          (!max_batch || add_i64(c, "max_batch", max_batch)) &&
          (!max_expires || add_i64(c, "max_expires", max_expires)) &&
-         (!max_bytes || add_i64(c, "max_bytes", max_bytes)) && add_i64(c, "num_replicas", 0);
+         (!max_bytes || add_i64(c, "max_bytes", max_bytes)) &&
+         (nak_delay < 0 || add_i64(c, "nak_delay", nak_delay)) && add_i64(c, "num_replicas", 0);
     const cJSON *md = cJSON_GetObjectItemCaseSensitive(in, "metadata");
     if (ok && cJSON_IsObject(md) && md->child) {
         cJSON *m2 = cJSON_AddObjectToObject(c, "metadata");

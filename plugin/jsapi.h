@@ -34,10 +34,13 @@
  * restarts and every bridge answers the same. CREATE is create-or-update (JetStream 2.9; with
  * "action":"create" a different existing config is 10148, "update" of a missing one 10149).
  * The config is normalised to what the channel does: deliver_policy all, replay instant,
- * ack_policy the channel's, filter none (or the channel's only subject), no push
+ * ack_policy the channel's, no filter (a filter_subject/filter_subjects that covers every
+ * subject of the channel, equal or wider, is accepted and dropped; a narrower one: 10012), no push
  * (deliver_subject: 10012, subscribe to <deliver_prefix>.<name> instead); ack_wait, max_deliver,
  * max_ack_pending default to the channel's; max_waiting to 512 (<= FX_JSAPI_MAX_WAITING); backoff
- * at most 16 entries; durations at most 24h. Pull requests run with these settings (read when
+ * at most 16 entries; durations at most 24h. "nak_delay" (ns; a bridge setting JetStream does not
+ * have) is the delay of a plain NAK when there is no backoff list; a consumer with "nak_delay" and
+ * no "backoff" has no backoff list, one with neither uses the channel's backoff and nak_delay. Pull requests run with these settings (read when
  * the pull claim starts); a push claim of the same name runs with the channel's settings.
  * DELETE also answers the waiting pull requests of this bridge (409 Consumer Deleted).
  * ConsumerInfo: num_pending = the channel's backlog (stored, not yet acknowledged), push_bound

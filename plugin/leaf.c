@@ -40,6 +40,7 @@
 
 #define LINE_MAX_IN (64 * 1024)  /* longest protocol line accepted from the server */
 #define WBUF_INIT (64 * 1024)
+#define CORK_FLUSH_BYTES (32 * 1024) /* a corked batch is sent once this much is pending */
 #define CTRL_RESERVE 4096        /* PING/PONG may go this far over max_pending */
 #define CTRL_LINE_MAX 4096       /* nats-server's default max_control_line */
 #define ERR_TEXT_MAX 200         /* -ERR text quoted in logs */
@@ -58,6 +59,7 @@ typedef struct lq_subj {
     struct lq_subj *hnext, *wnext;
     lq_queue *queues;
     bool wild;
+    bool valid; /* wild and a valid pattern: matched without validating it again */
     bool plain; /* a plain (non-queue) subscriber is interested (LS+ without a queue) */
     char subject[];
 } lq_subj;
@@ -89,7 +91,7 @@ struct fx_leaf {
     char why[256];
     char server_name[128];
 
-    _Atomic uint64_t st_connects, st_msgs, st_bytes, st_server_pings, st_pongs, st_errors;
+    _Atomic uint64_t st_connects, st_msgs, st_bytes, st_server_pings, st_pongs, st_errors, st_writes;
     _Atomic uint64_t st_q_dropped, st_q_truncated, st_q_bad;
 
     pthread_rwlock_t qlk;
@@ -276,6 +278,7 @@ static void flush_locked(fx_leaf *l)
 {
     while (l->wlen && l->fd >= 0 && !l->broken) {
         ssize_t n = send(l->fd, l->wbuf + l->woff, l->wlen, MSG_NOSIGNAL | MSG_DONTWAIT);
+        atomic_fetch_add_explicit(&l->st_writes, 1, memory_order_relaxed);
         if (n > 0) {
             l->woff += (size_t)n;
             l->wlen -= (size_t)n;
@@ -461,6 +464,7 @@ static lq_subj *lq_link(fx_leaf *l, lq_subj **link, const char *subject)
     memcpy(n->subject, subject, sl);
     n->queues = NULL;
     n->wild = lq_is_wild(subject);
+    n->valid = n->wild && fx_subject_valid(subject, true);
     n->plain = false;
     n->hnext = NULL;
     n->wnext = NULL;
@@ -597,9 +601,11 @@ static int lq_collect(fx_leaf *l, const char *subject, char *out, size_t cap, bo
     if (l->qn) {
         const lq_subj *n = lq_find(l, subject, NULL);
         if (n && !n->wild) lq_add_names(n, out, cap, &len, &count, trunc);
-        for (const lq_subj *w = l->qwild; w; w = w->wnext)
-            if (fx_subject_match(w->subject, subject))
-                lq_add_names(w, out, cap, &len, &count, trunc);
+        /* the literal is validated once, each stored pattern was at its LS+ */
+        if (l->qwild && fx_subject_valid(subject, false))
+            for (const lq_subj *w = l->qwild; w; w = w->wnext)
+                if (w->valid && fx_subject_match_valid(w->subject, subject))
+                    lq_add_names(w, out, cap, &len, &count, trunc);
     }
     pthread_rwlock_unlock(&l->qlk);
     return count;
@@ -1117,8 +1123,10 @@ bool fx_leaf_has_interest(fx_leaf *l, const char *subject)
     } else {
         const lq_subj *n = lq_find(l, subject, NULL);
         yes = n && !n->wild && (n->plain || n->queues);
-        for (const lq_subj *w = l->qwild; w && !yes; w = w->wnext)
-            yes = (w->plain || w->queues) && fx_subject_match(w->subject, subject);
+        if (!yes && l->qwild && fx_subject_valid(subject, false))
+            for (const lq_subj *w = l->qwild; w && !yes; w = w->wnext)
+                yes = (w->plain || w->queues) && w->valid &&
+                      fx_subject_match_valid(w->subject, subject);
     }
     pthread_rwlock_unlock(&l->qlk);
     return yes;
@@ -1137,6 +1145,7 @@ void fx_leaf_get_stats(fx_leaf *l, fx_leaf_stats *o)
     o->connects = atomic_load(&l->st_connects);
     o->msgs = atomic_load(&l->st_msgs);
     o->bytes = atomic_load(&l->st_bytes);
+    o->writes = atomic_load(&l->st_writes);
     o->server_pings = atomic_load(&l->st_server_pings);
     o->pongs = atomic_load(&l->st_pongs);
     o->server_errors = atomic_load(&l->st_errors);
@@ -1165,6 +1174,60 @@ static bool subject_ok(const char *s, size_t *len)
     }
     *len = n;
     return n > 0;
+}
+
+/* Bounded line builder: `over` once something did not fit (the rest is dropped). */
+typedef struct lb {
+    char *p, *end;
+    bool over;
+} lb;
+
+static void lb_put(lb *b, const char *s, size_t n)
+{
+    if (b->over || n > (size_t)(b->end - b->p)) {
+        b->over = true;
+        return;
+    }
+    memcpy(b->p, s, n);
+    b->p += n;
+}
+
+static void lb_num(lb *b, size_t v)
+{
+    char t[24];
+    size_t i = sizeof t;
+    do {
+        t[--i] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    lb_put(b, t + i, sizeof t - i);
+}
+
+/* fx_leaf_cork: the leaf this thread corked (NULL: none) and how often (nesting). */
+static _Thread_local fx_leaf *t_cork;
+static _Thread_local unsigned t_cork_depth;
+
+void fx_leaf_cork(fx_leaf *l)
+{
+    if (!l) return;
+    if (t_cork && t_cork != l) { /* one leaf at a time per thread: the first is sent now */
+        t_cork_depth = 1;
+        fx_leaf_uncork(t_cork);
+    }
+    if (t_cork != l) t_cork_depth = 0;
+    t_cork = l;
+    t_cork_depth++;
+}
+
+void fx_leaf_uncork(fx_leaf *l)
+{
+    if (!l || t_cork != l) return;
+    if (--t_cork_depth) return;
+    t_cork = NULL;
+    pthread_mutex_lock(&l->mu);
+    if (atomic_load(&l->state) == ST_UP && l->fd >= 0 && !l->broken && !l->want_out && l->wlen)
+        flush_locked(l);
+    pthread_mutex_unlock(&l->mu);
 }
 
 fx_err fx_leaf_publish(fx_leaf *l, const char *subject, const char *reply, const void *hdr,
@@ -1196,23 +1259,32 @@ fx_err fx_leaf_publish(fx_leaf *l, const char *subject, const char *reply, const
                            "frame may name (%d names, %d bytes); the others do not get it",
                            subject, FX_LEAF_MAX_QUEUES_PER_MSG, CTRL_LINE_MAX);
     }
+    /* "HMSG <subj> + <reply> <q...> <hdr> <total>", "HMSG <subj> | <q...> <hdr> <total>",
+     * "HMSG <subj> [<reply>] <hdr> <total>", and the LMSG forms with <size> only. */
     char line[CTRL_LINE_MAX];
-    int n;
-    if (nq && hlen)
-        n = snprintf(line, sizeof line, "HMSG %s %s%s %s %zu %zu\r\n", subject, rl ? "+ " : "|",
-                     rl ? reply : "", qn, hlen, hlen + dlen);
-    else if (nq)
-        n = snprintf(line, sizeof line, "LMSG %s %s%s %s %zu\r\n", subject, rl ? "+ " : "|",
-                     rl ? reply : "", qn, dlen);
-    else if (hlen)
-        n = snprintf(line, sizeof line, "HMSG %s%s%s %zu %zu\r\n", subject, rl ? " " : "",
-                     rl ? reply : "", hlen, hlen + dlen);
-    else
-        n = snprintf(line, sizeof line, "LMSG %s%s%s %zu\r\n", subject, rl ? " " : "",
-                     rl ? reply : "", dlen);
-    if (n < 0 || (size_t)n >= sizeof line)
+    lb b = {line, line + sizeof line - 1, false}; /* one byte kept: the line stays a C string */
+    lb_put(&b, hlen ? "HMSG " : "LMSG ", 5);
+    lb_put(&b, subject, sl);
+    if (nq) {
+        lb_put(&b, rl ? " + " : " |", rl ? 3 : 2);
+        lb_put(&b, reply, rl);
+        lb_put(&b, " ", 1);
+        lb_put(&b, qn, strlen(qn));
+    } else if (rl) {
+        lb_put(&b, " ", 1);
+        lb_put(&b, reply, rl);
+    }
+    if (hlen) {
+        lb_put(&b, " ", 1);
+        lb_num(&b, hlen);
+    }
+    lb_put(&b, " ", 1);
+    lb_num(&b, hlen + dlen);
+    lb_put(&b, "\r\n", 2);
+    if (b.over)
         return fx_seterr(FX_EINVAL, "leaf publish: subjects longer than the protocol allows");
-    size_t total = (size_t)n + hlen + dlen + 2;
+    size_t n = (size_t)(b.p - line);
+    size_t total = n + hlen + dlen + 2;
     fx_err e = FX_OK;
     pthread_mutex_lock(&l->mu);
     if (atomic_load(&l->state) != ST_UP || l->broken || l->fd < 0) {
@@ -1223,11 +1295,12 @@ fx_err fx_leaf_publish(fx_leaf *l, const char *subject, const char *reply, const
     } else if (!wroom_locked(l, total, l->max_pending)) {
         e = fx_seterr(FX_EFULL, "nats leaf: write buffer full (%zu bytes pending)", l->wlen);
     } else {
-        wput_locked(l, line, (size_t)n);
+        wput_locked(l, line, n);
         wput_locked(l, hdr, hlen);
         wput_locked(l, data, dlen);
         wput_locked(l, "\r\n", 2);
-        if (!l->want_out) flush_locked(l);
+        /* corked by this thread: the frame waits for fx_leaf_uncork (or a full batch) */
+        if (!l->want_out && (t_cork != l || l->wlen >= CORK_FLUSH_BYTES)) flush_locked(l);
         if (l->broken) {
             e = fx_seterr(FX_EUNAVAIL, "nats leaf: %s", l->why);
         } else {

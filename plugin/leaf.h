@@ -33,8 +33,9 @@
  * Threads: one I/O thread (connect with timeout, handshake, reads, PONG answers, keepalive PINGs,
  * flushing what the socket did not take, reconnect with bounded backoff). fx_leaf_publish may be
  * called from any number of threads: it appends the frame to a bounded write buffer under a
- * mutex and writes it to the socket at once (non-blocking, like cnats' SendAsap); what does not
- * fit in the socket is flushed by the I/O thread. Publishing while disconnected, or with the
+ * mutex and writes it to the socket at once (non-blocking, like cnats' SendAsap; a thread that
+ * corked the leaf writes once per batch, fx_leaf_cork); what does not fit in the socket is
+ * flushed by the I/O thread. Publishing while disconnected, or with the
  * buffer full, fails at once (the caller retries later): nothing is buffered across reconnects.
  * fx_leaf_stop interrupts every wait (connect, handshake, backoff, poll) through an eventfd.
  *
@@ -82,6 +83,7 @@ typedef struct fx_leaf fx_leaf;
 typedef struct fx_leaf_stats {
     uint64_t connects;     /* successful handshakes */
     uint64_t msgs, bytes;  /* frames accepted by fx_leaf_publish */
+    uint64_t writes;       /* send() calls that wrote buffered bytes (frames and PINGs/PONGs) */
     uint64_t server_pings; /* PINGs from the server answered */
     uint64_t pongs;        /* PONGs received (answers to our PINGs) */
     uint64_t server_errors;/* -ERR lines received */
@@ -113,6 +115,15 @@ void fx_leaf_get_stats(fx_leaf *l, fx_leaf_stats *out);
  * Thread-safe; never blocks on the network. */
 fx_err fx_leaf_publish(fx_leaf *l, const char *subject, const char *reply, const void *hdr,
                        size_t hlen, const void *data, size_t dlen);
+/* Batching (one send for a round of publishes instead of one per message): between
+ * fx_leaf_cork(l) and fx_leaf_uncork(l) on one thread, that thread's fx_leaf_publish calls only
+ * append to the write buffer (until CORK_FLUSH_BYTES, 32 KiB, are pending: then it sends as
+ * usual); fx_leaf_uncork sends what is pending. Frames of other threads are not held (and a
+ * publish of another thread sends the corked ones too). Calls nest (counted); a thread corks one
+ * leaf at a time (corking another uncorks the first). The caller must uncork before it waits for
+ * anything: corked frames wait for it. Thread-local state: no locking between threads. */
+void fx_leaf_cork(fx_leaf *l);
+void fx_leaf_uncork(fx_leaf *l);
 /* The queue names (space-separated, in buf) a message on `subject` would carry now; returns
  * their count. For diagnostics and tests (e.g. to wait until an LS+ / LS- was processed). */
 int fx_leaf_queue_names(fx_leaf *l, const char *subject, char *buf, size_t cap);

@@ -1,10 +1,10 @@
 /* origin.c -- Fluxon-Origin: the keyed tag that proves a message is this bridge's own delivery
- * (loop prevention by proof; daemon_int.h FX_DM_HDR_ORIGIN). Contract: daemon_int.h. */
+ * (loop prevention by proof). Contract: origin.h. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "daemon_int.h"
+#include "origin.h"
 
 /* SipHash-2-4 (Aumasson, Bernstein) of subject, a 0 byte and reply under a 128-bit key. */
 #define ROTL(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
@@ -56,16 +56,18 @@ static uint64_t siphash_origin(const uint64_t key[2], const char *subject, const
     return v0 ^ v1 ^ v2 ^ v3;
 }
 
-void dm_origin_tag(const fx_daemon *d, const char *subject, const char *reply, char *out, size_t cap)
+void dm_origin_tag(const uint64_t key[2], const char *subject, const char *reply, char *out,
+                   size_t cap)
 {
-    snprintf(out, cap, "%016" PRIx64, siphash_origin(d->origin_key, subject ? subject : "", reply));
+    snprintf(out, cap, "%016" PRIx64, siphash_origin(key, subject ? subject : "", reply));
 }
 
-bool dm_origin_ours(const fx_daemon *d, const char *subject, const char *reply, const char *value)
+bool dm_origin_ours(const uint64_t key[2], const char *subject, const char *reply,
+                    const char *value)
 {
     if (!value || strlen(value) != FX_DM_ORIGIN_LEN) return false;
     char want[FX_DM_ORIGIN_LEN + 1];
-    dm_origin_tag(d, subject, reply, want, sizeof want);
+    dm_origin_tag(key, subject, reply, want, sizeof want);
     unsigned diff = 0; /* constant time: the tag is a secret */
     for (size_t i = 0; i < FX_DM_ORIGIN_LEN; i++) diff |= (unsigned)(want[i] ^ value[i]);
     return diff == 0;

@@ -54,7 +54,7 @@ void dm_pq_item_done(pq_item *it, fx_err result)
 {
     it->result = result;
     if (it->done)
-        it->done(it);
+        it->done(it, result);
     else
         free(it);
 }

@@ -8,8 +8,8 @@
  * (and answers or frees it). An item taken from the queue (dm_pq_take_locked) belongs to the
  * taker until it is requeued (dm_pq_requeue_front*: the queue owns it again) or completed. An
  * item with a completion hook (`done`: a dead letter, which holds a reference on its claim and
- * goes back to it) is ended by dm_pq_item_done, which sets its result and hands it to the hook;
- * the queue's users never call into whoever queued it. The queue itself never frees an item: its
+ * goes back to it; a due delayed message) is ended by dm_pq_item_done, which sets its result and
+ * hands it to the hook; the queue's users never call into whoever queued it. The queue itself never frees an item: its
  * owner (the channel) empties it before dm_pq_destroy.
  *
  * Threads: `mu` guards every field of dm_pq, and the items while queued (their `next`). Writers:
@@ -56,12 +56,17 @@ typedef struct pq_item {
     dm_claim *claim;     /* reference held while the item lives */
     uint32_t ent_idx;
     uint64_t ent_gen;
-    fx_err result;       /* set by the producer thread (dm_pq_item_done) */
-    /* Completion hook (NULL: the item is freed when done). Set by whoever creates the item; runs
-     * on the thread that ends the item (the producer thread, a put worker, or the last
-     * dm_chan_unref), takes the item, must not block and must not push to this queue. */
-    void (*done)(struct pq_item *it);
+    fx_err result;       /* set by dm_pq_item_done */
     uint8_t reopens;     /* put retried after the producer was reopened (at most 2) */
+    /* Completion hook: an item queued by another module instead of a NATS publish (a dead letter,
+     * claim.c; a due delayed message, delayq.h) sets it. Its end (stored, duplicate, failed, or
+     * freed unstored with FX_ECLOSED) goes through dm_pq_item_done, which calls done(it, result)
+     * exactly once instead of a PubAck; done takes (frees or keeps) the item. It runs on the
+     * thread that ends the item (the producer thread, a put job of the channel's producer, or
+     * the last dm_chan_unref), must not block and must not push to this queue. NULL: the item
+     * is freed. done_arg and ent_idx are then the caller's. */
+    void (*done)(struct pq_item *it, fx_err e);
+    void *done_arg;
 } pq_item;
 
 typedef struct dm_pq {

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "daemon_int.h"
+#include "leaf.h"
 
 #define NS_PER_MS 1000000LL
 
@@ -27,7 +28,7 @@ static bool num(const cJSON *o, const char *k, int64_t min, int64_t max, int64_t
 void dm_pull_cfg_from_json(const cJSON *c, const fx_chan_settings *cs, dm_pull_cfg *out)
 {
     memset(out, 0, sizeof *out);
-    int64_t ack_wait = 0, max_deliver = 0, map = 0, mw = 0, mb = 0, mby = 0, mexp = 0;
+    int64_t ack_wait = 0, max_deliver = 0, map = 0, mw = 0, mb = 0, mby = 0, mexp = 0, nakd = -1;
     num(c, "ack_wait", 0, FX_PULL_MAX_DUR_MS * NS_PER_MS, &ack_wait);
     num(c, "max_deliver", -1, 1000000, &max_deliver);
     num(c, "max_ack_pending", -1, 1000000, &map);
@@ -35,6 +36,7 @@ void dm_pull_cfg_from_json(const cJSON *c, const fx_chan_settings *cs, dm_pull_c
     num(c, "max_batch", 0, FX_PULL_MAX_BATCH, &mb);
     num(c, "max_bytes", 0, INT64_C(1) << 40, &mby);
     num(c, "max_expires", 0, FX_PULL_MAX_DUR_MS * NS_PER_MS, &mexp);
+    num(c, "nak_delay", 0, FX_PULL_MAX_DUR_MS * NS_PER_MS, &nakd);
     out->ack_wait_ms = ack_wait >= 100 * NS_PER_MS ? ack_wait / NS_PER_MS : cs->ack_wait_ms;
     out->max_deliver = max_deliver > 0 ? max_deliver : cs->max_deliver;
     out->max_ack_pending = map > 0 ? map : cs->max_ack_pending;
@@ -42,13 +44,14 @@ void dm_pull_cfg_from_json(const cJSON *c, const fx_chan_settings *cs, dm_pull_c
     out->max_batch = mb;
     out->max_bytes = mby;
     out->max_expires_ms = mexp / NS_PER_MS;
+    out->nak_delay_ms = nakd >= 0 ? nakd / NS_PER_MS : cs->nak_delay_ms;
     const cJSON *bo = cJSON_GetObjectItemCaseSensitive(c, "backoff");
     if (cJSON_IsArray(bo)) {
         for (const cJSON *it = bo->child; it && out->n_backoff < FX_CFG_MAX_BACKOFF; it = it->next)
             if (cJSON_IsNumber(it) && it->valuedouble >= 0 &&
                 it->valuedouble <= (double)FX_PULL_MAX_DUR_MS * NS_PER_MS)
                 out->backoff_ms[out->n_backoff++] = (int64_t)it->valuedouble / NS_PER_MS;
-    } else {
+    } else if (nakd < 0) { /* a consumer's own nak_delay replaces the channel's NAK policy */
         out->n_backoff = cs->n_backoff;
         memcpy(out->backoff_ms, cs->backoff_ms, sizeof out->backoff_ms);
     }
@@ -195,4 +198,14 @@ void dm_pull_rotate(dm_pull *p)
     dm_pull_req tmp = p->wq[p->head];
     p->head = (p->head + 1) % cap;
     p->wq[(p->head + p->n - 1) % cap] = tmp;
+}
+
+bool dm_pull_abandoned(fx_daemon *d, dm_pull_req *r)
+{
+    if (!d->leaf || !fx_leaf_connected(d->leaf)) return false;
+    if (fx_leaf_has_interest(d->leaf, r->reply)) {
+        r->had_interest = true;
+        return false;
+    }
+    return r->had_interest;
 }

@@ -1,7 +1,7 @@
 /* pull.h -- the pull front-end of the delivery engine (DESIGN 5.1): JetStream pull requests
  * ($JS.API.CONSUMER.MSG.NEXT.<channel>.<consumer>) for a durable consumer created through the
  * JetStream API (jsapi.h). A pull consumer is a claim (claim.c) named after the consumer, run with
- * the consumer's stored settings (ack_wait, max_deliver, max_ack_pending, backoff); its waiting
+ * the consumer's stored settings (ack_wait, max_deliver, max_ack_pending, backoff, nak_delay); its waiting
  * pull requests are its interest: the claim is made ready while requests wait on this bridge and
  * released after the channel's release_after with no request waiting and no ack (plus the
  * consumer's ack_wait while delivered messages await their ack).
@@ -25,6 +25,8 @@
  *   409 Consumer Deleted       the consumer was deleted (to every waiting request)
  *   409 Server Shutdown        the bridge drains
  *   100 Idle Heartbeat         every idle_heartbeat while a request waits without a message
+ * A waiting request whose client is gone (no subscriber on its reply: dm_pull_abandoned) is
+ * dropped without an answer, before it is served and by the timers, as JetStream does.
  * Pull consumers need nats.leaf_url (a "$JS.ACK." reply and a status line can only be sent over
  * the leaf connection); without it MSG.NEXT is answered with a JetStream error (400/10003).
  *
@@ -57,6 +59,7 @@ typedef struct dm_pull_cfg {
     int64_t ack_wait_ms, max_deliver, max_ack_pending;
     int64_t backoff_ms[FX_CFG_MAX_BACKOFF];
     size_t n_backoff;
+    int64_t nak_delay_ms; /* a plain NAK's delay when there is no backoff list */
     int64_t max_waiting;
     int64_t max_batch, max_bytes, max_expires_ms; /* 0: no limit of the consumer */
 } dm_pull_cfg;
@@ -72,6 +75,7 @@ typedef struct dm_pull_req {
     int64_t delivered;  /* messages sent to it */
     bool no_wait;
     bool sending;       /* a delivery to it is being published (the claim's step; not expired) */
+    bool had_interest;  /* the hub has shown a subscriber for its reply (dm_pull_abandoned) */
 } dm_pull_req;
 
 /* The waiting requests of one pull claim (dm_claim.pull), under the claim's mutex. */
@@ -88,7 +92,8 @@ typedef struct dm_pull {
     uint64_t delivered_seq, ack_floor_seq;
 } dm_pull;
 
-/* The consumer's settings from its stored config (the channel's fill what is missing). */
+/* The consumer's settings from its stored config (the channel's fill what is missing: backoff
+ * when the config has neither "backoff" nor "nak_delay", nak_delay when it has no "nak_delay"). */
 void dm_pull_cfg_from_json(const struct cJSON *config, const fx_chan_settings *cs, dm_pull_cfg *out);
 /* Parse a pull request body (len bytes, not necessarily NUL-terminated) against cfg. true: *out
  * filled (reply copied, deadlines from now_ms). false: *code and desc (a JetStream status, e.g.
@@ -99,6 +104,15 @@ bool dm_pull_parse(const char *body, size_t len, const char *reply, const dm_pul
  * Nats-Pending-Messages / Nats-Pending-Bytes headers. false: not sent (no leaf, or it failed). */
 bool dm_pull_status(struct fx_daemon *d, const char *reply, int code, const char *desc,
                     int64_t pend_msgs, int64_t pend_bytes);
+
+/* Is the client of request r gone? JetStream drops a waiting request whose reply subject has no
+ * subscriber left (a worker that stopped or died); so does the bridge, from the hub's interest
+ * on the leaf connection (fx_leaf_has_interest): true when the reply had a subscriber and has
+ * none now. A reply that never showed one (its LS+ not here yet: it travels on the leaf
+ * connection, the request on the client connection; or a reply the hub does not announce)
+ * keeps its request until it expires. false while the leaf is down. Caller holds the claim's
+ * mutex (r->had_interest is updated). */
+bool dm_pull_abandoned(struct fx_daemon *d, dm_pull_req *r);
 
 /* Ring operations (caller holds the claim's mutex). */
 bool dm_pull_push(dm_pull *p, const dm_pull_req *r); /* false: max_waiting requests wait */

@@ -98,6 +98,11 @@ static bool tok_eq(const tok_iter *a, const tok_iter *b)
 bool fx_subject_match(const char *pattern, const char *lit)
 {
     if (!fx_subject_valid(pattern, true) || !fx_subject_valid(lit, false)) return false;
+    return fx_subject_match_valid(pattern, lit);
+}
+
+bool fx_subject_match_valid(const char *pattern, const char *lit)
+{
     tok_iter p, l;
     tok_first(&p, pattern);
     tok_first(&l, lit);

@@ -16,6 +16,10 @@ bool fx_subject_valid(const char *s, bool allow_wildcards);
 bool fx_subject_token_valid(const char *s);
 /* Does the literal subject `lit` match `pattern` (which may hold wildcards)? */
 bool fx_subject_match(const char *pattern, const char *lit);
+/* The same for inputs the caller has validated already (fx_subject_valid(pattern, true) and
+ * fx_subject_valid(lit, false) both true): no validation pass, for one literal matched against
+ * many stored patterns. Invalid inputs give an unspecified answer (never a crash). */
+bool fx_subject_match_valid(const char *pattern, const char *lit);
 /* Could some literal subject match both patterns? (used for config overlap checks) */
 bool fx_subject_overlap(const char *a, const char *b);
 

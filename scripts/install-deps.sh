@@ -12,6 +12,7 @@ PKGS=(
   libhiredis-dev
   etcd-server etcd-client nats-server redis-server
   curl valgrind
+  linux-perf              # make bench: perf record / report for the per-process profile
   systemd                 # systemd-analyze: the install test verifies the installed units
   clang libclang-rt-dev   # make fuzz: clang -fsanitize=fuzzer (libFuzzer runtime)
   golang-go golang-github-nats-io-go-nats-dev

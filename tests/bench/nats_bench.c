@@ -47,6 +47,22 @@
  * etcd, the fused txn), "redis-everysec" or "redis-always" (kv.backend redis on a redis-server
  * started here with appendonly yes and that appendfsync; the split plane). Printed in the header.
  *
+ * After the main table, a CPU-per-message table: CPU microseconds per message (utime+stime over the
+ * measured window / messages of the row in the window, i.e. CPU% / msgs/s) of the bridge, etcd,
+ * nats-server, redis-server (-K redis-*) and this program, and their sum.
+ *
+ * -X: the bridge talks to etcd through a counting proxy (tests/support/fxt_proxy, inside this
+ * program: it adds a hop to every etcd call and its CPU shows in the client column), and a third
+ * table gives etcd requests, request bytes and answer bytes per consumed message by kind: the
+ * fused payload+offset txn, the producer offset txn, consumer offset commits, attempt records,
+ * watches (bytes of the stream), lease keepalives, other lease calls, range reads (views,
+ * backlog, claims) and the rest. Use it for counts, not for the rates of the main table.
+ * -J: the bridge's config carries no jetstream.domain key (for comparing with bridges that predate
+ * it and refuse it; such a bridge answers no JetStream API, so rows 2 and 3 are still JetStream's).
+ * -p 'command': run `sh -c command` at each row's window start (for -d seconds), with BRIDGE_PID,
+ * ETCD_PID, NATS_PID, REDIS_PID (0 without Redis), BENCH_PID, ROW, SIZE and WINDOW_S in its
+ * environment; the row waits for it to exit (tests/bench/profile.sh runs `perf record` so).
+ *
  * FX_BENCH_ETCD_ARGS="--unsafe-no-fsync" (any extra etcd flags) runs the same rows against an etcd
  * with those flags, for what-if comparisons; the flags are printed above the table.
  * Output: one markdown table and ratio lines on stdout; progress on stderr. Exit 0 when every row
@@ -73,6 +89,7 @@
 #endif
 #include <curl/curl.h>
 #include <errno.h>
+#include <execinfo.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <getopt.h>
@@ -95,6 +112,7 @@
 #include <unistd.h>
 
 #include "tests/support/fxt.h"
+#include "tests/support/fxt_proxy.h"
 
 #define MAX_PUBS 16
 #define MAX_NAMES 4
@@ -106,6 +124,36 @@
 
 static atomic_bool g_stop;
 static void on_signal(int sig) { (void)sig; atomic_store(&g_stop, true); }
+
+/* A crash names the row it happened in and prints a backtrace on stderr (then the default action:
+ * a core dump where enabled), so a rare crash in a long `make bench` can be traced. */
+static char g_row_label[160] = "nats_bench: crashed before the first row\n";
+
+static void on_fatal(int sig)
+{
+    static const char hdr[] = "nats_bench: fatal signal in ";
+    ssize_t w = write(2, hdr, sizeof hdr - 1);
+    w = write(2, g_row_label, strlen(g_row_label));
+    void *bt[64];
+    int n = backtrace(bt, 64);
+    backtrace_symbols_fd(bt, n, 2);
+    (void)w;
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void install_fatal_handlers(void)
+{
+    void *bt[4];
+    backtrace(bt, 4); /* loads libgcc now: the handler must not allocate */
+    struct sigaction sa = {0};
+    sa.sa_handler = on_fatal;
+    sa.sa_flags = SA_RESETHAND;
+    sigaction(SIGSEGV, &sa, NULL);
+    sigaction(SIGBUS, &sa, NULL);
+    sigaction(SIGABRT, &sa, NULL);
+    sigaction(SIGFPE, &sa, NULL);
+}
 
 static int64_t rt_ns(void)
 {
@@ -169,6 +217,8 @@ static char g_tmp[512];      /* our temp dir */
 static pid_t g_nats_pid, g_bridge_pid;
 static fxt_etcd g_etcd;
 static fxt_redis g_redis;        /* -K redis-*: the payload plane */
+static bool g_count_kinds;       /* -X */
+static bool g_no_js_domain;      /* -J */
 static const char *g_plane = "etcd";
 static int g_nats_port, g_mon_port, g_leaf_port, g_http_port;
 static char g_nats_url[64];
@@ -249,9 +299,86 @@ static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw
     return 0;
 }
 
+static pid_t g_hook_pid;
+
+/* ---- -X: etcd requests by kind, through a counting proxy -------------------------------------- */
+
+static fxt_proxy *g_px;
+enum {
+    PK_FUSED, PK_PAYLOAD, PK_POFF, PK_COFF, PK_ATT, PK_FETCH, PK_DEL, PK_RANGE, PK_WATCH, PK_KEEPALIVE,
+    PK_LEASE, PK_OTHER_W, PK_OTHER, PK_N
+};
+static const char *const k_pk_name[PK_N] = {
+    "payload+offset txn (fused)", "payload put (no offset)", "producer offset txn",
+    "consumer offset commit (+ payload delete)", "attempt record", "payload fetch (range)", "payload delete",
+    "other range read (views, backlog, claims)", "watch (stream bytes)", "lease keepalive",
+    "other lease call", "other put / txn / delete", "other",
+};
+
+/* The kind of one etcd JSON-gateway request: its path and the keys in its body (base64). */
+static int px_classify(const char *line, size_t ll, const char *body, size_t bl)
+{
+    char path[96];
+    const char *sp = memchr(line, ' ', ll);
+    size_t pl = 0;
+    if (sp) {
+        const char *p0 = sp + 1, *p1 = memchr(p0, ' ', ll - (size_t)(p0 - line));
+        pl = p1 ? (size_t)(p1 - p0) : ll - (size_t)(p0 - line);
+        if (pl >= sizeof path) pl = sizeof path - 1;
+        memcpy(path, p0, pl);
+    }
+    path[pl] = 0;
+    if (strstr(path, "/watch")) return PK_WATCH;
+    if (strstr(path, "/lease/keepalive")) return PK_KEEPALIVE;
+    if (strstr(path, "/lease/")) return PK_LEASE;
+    bool msg = false, poff = false, coff = false, att = false;
+    for (const char *b = body, *e = body + bl; b < e;) {
+        const char *k = memmem(b, (size_t)(e - b), "\"key\":\"", 7);
+        if (!k) break;
+        k += 7;
+        const char *q = memchr(k, '"', (size_t)(e - k));
+        if (!q) break;
+        char key[600];
+        fxt_proxy_unb64(k, (size_t)(q - k), key, sizeof key);
+        if (strstr(key, "_msg_") || strstr(key, "/msg_")) msg = true;
+        if (strstr(key, "producer_offset_of_all_producer")) poff = true;
+        if (strstr(key, "consumer_offset_of_all_producer")) coff = true;
+        if (strstr(key, "/attempts/")) att = true;
+        b = q + 1;
+    }
+    bool range = strstr(path, "/kv/range") != NULL;
+    if (range) return msg ? PK_FETCH : PK_RANGE;
+    if (!strstr(path, "/kv/")) return PK_OTHER;
+    if (msg && strstr(path, "/kv/deleterange")) return PK_DEL;
+    if (msg && poff) return PK_FUSED;
+    if (coff) return PK_COFF; /* the commit txn also deletes the committed payload keys */
+    if (att) return PK_ATT;
+    if (msg) return PK_PAYLOAD;
+    if (poff) return PK_POFF;
+    return PK_OTHER_W;
+}
+
+static void px_snap(fxt_proxy_class_stats *st)
+{
+    for (int i = 0; i < PK_N; i++) fxt_proxy_class_stats_get(g_px, i, &st[i]);
+}
+
+static int port_of(const char *url)
+{
+    const char *c = strrchr(url, ':');
+    return c ? atoi(c + 1) : 0;
+}
+
 static void cleanup_all(void)
 {
+    if (g_hook_pid > 0) {
+        kill(g_hook_pid, SIGTERM);
+        waitpid(g_hook_pid, NULL, 0);
+        g_hook_pid = 0;
+    }
     stop_child("bridge", &g_bridge_pid);
+    fxt_proxy_stop(g_px);
+    g_px = NULL;
     stop_child("nats", &g_nats_pid);
     fxt_etcd_destroy(&g_etcd);
     fxt_redis_destroy(&g_redis);
@@ -419,6 +546,12 @@ static int start_stack(const char *bridge_bin)
     }
     logf_("temp dir %s; starting etcd", g_tmp);
     if (fxt_etcd_start(&g_etcd) != 0) return -1;
+    const char *bridge_etcd = g_etcd.endpoint; /* the bridge's etcd: -X puts the proxy between */
+    if (g_count_kinds) {
+        if (!(g_px = fxt_proxy_start(port_of(g_etcd.endpoint)))) return -1;
+        fxt_proxy_set_classifier(g_px, px_classify);
+        bridge_etcd = fxt_proxy_eps(g_px)[0];
+    }
 
     g_nats_port = free_port();
     g_mon_port = free_port();
@@ -457,7 +590,7 @@ static int start_stack(const char *bridge_bin)
         }
         snprintf(kvj, sizeof kvj, "{\"backend\":\"redis\",\"url\":\"%s\"}", g_redis.url);
     } else {
-        snprintf(kvj, sizeof kvj, "{\"backend\":\"etcd\",\"endpoints\":[\"%s\"]}", g_etcd.endpoint);
+        snprintf(kvj, sizeof kvj, "{\"backend\":\"etcd\",\"endpoints\":[\"%s\"]}", bridge_etcd);
     }
     char bconf[600], blog[600];
     snprintf(bconf, sizeof bconf, "%s/bridge.json", g_tmp);
@@ -472,12 +605,14 @@ static int start_stack(const char *bridge_bin)
             " \"kv\":%s,\n"
             " \"http\":{\"listen\":\"127.0.0.1:%d\"},\n"
             /* the server runs JetStream (rows 2, 3): the bridge's JetStream API goes under a
-             * domain, as beside any real JetStream */
-            " \"jetstream\":{\"domain\":\"fxbench\"},\n"
+             * domain, as beside any real JetStream (-J: left out, for older bridges) */
+            "%s"
             " \"channels\":[{\"name\":\"bench\",\"subjects\":[\"bench.>\"],\"deliver_prefix\":\"q.bench\","
             "\"ttl_seconds\":30,\"capacity\":1000000,\"ack\":\"explicit\",\"max_ack_pending\":5000,"
             "\"interest_poll\":\"200ms\",\"release_after\":\"%dms\"}]}\n",
-            g_nats_url, g_mon_port, g_leaf_port, g_etcd.endpoint, kvj, g_http_port, BENCH_RELEASE_MS);
+            g_nats_url, g_mon_port, g_leaf_port, bridge_etcd, kvj, g_http_port,
+            g_no_js_domain ? "" : " \"jetstream\":{\"domain\":\"fxbench\"},\n",
+            BENCH_RELEASE_MS);
     fclose(f);
     if (access(bridge_bin, X_OK) != 0) {
         logf_("bridge binary %s is not executable (-b)", bridge_bin);
@@ -509,7 +644,8 @@ typedef struct row {
     hist e2e, pack;
     bool has_e2e, has_pack, bridge;
     /* results */
-    double rate, mbs, bridge_cpu, etcd_cpu, nats_cpu, client_cpu, req_per_msg;
+    double rate, mbs, bridge_cpu, etcd_cpu, nats_cpu, client_cpu, redis_cpu, req_per_msg;
+    fxt_proxy_class_stats px0[FXT_PROXY_CLASSES], px1[FXT_PROXY_CLASSES]; /* -X: at row start, end */
     long rss_kib;
     char err[200];
 } row;
@@ -595,7 +731,7 @@ static void drain(row *r, bool need_consume, bool pubwin, int drain_ms)
 typedef struct sampler {
     row *r;
     pthread_t th;
-    int64_t c0[4], c1[4];
+    int64_t c0[5], c1[5];
     double wall_s;
 } sampler;
 
@@ -605,6 +741,7 @@ static void sample(int64_t *c)
     c[1] = proc_cpu_ticks(g_etcd.pid);
     c[2] = proc_cpu_ticks(g_nats_pid);
     c[3] = proc_cpu_ticks(getpid()); /* this program: the NATS clients of the scenario */
+    c[4] = g_redis.pid > 0 ? proc_cpu_ticks(g_redis.pid) : -1;
 }
 
 /* Soak mode: set when the row's traffic ended before its window did (error), so the waits for the
@@ -620,6 +757,39 @@ static void sleep_until_rt(int64_t t)
     }
 }
 
+/* -p: the window hook (a shell command run at each row's window start). */
+static const char *g_hook;
+static int g_dur_s; /* -d (defined with its default below) */
+
+static pid_t hook_start(row *r)
+{
+    char env[8][64];
+    snprintf(env[0], 64, "BRIDGE_PID=%d", (int)g_bridge_pid);
+    snprintf(env[1], 64, "ETCD_PID=%d", (int)g_etcd.pid);
+    snprintf(env[2], 64, "NATS_PID=%d", (int)g_nats_pid);
+    snprintf(env[3], 64, "REDIS_PID=%d", (int)(g_redis.pid > 0 ? g_redis.pid : 0));
+    snprintf(env[4], 64, "BENCH_PID=%d", (int)getpid());
+    snprintf(env[5], 64, "ROW=%s", r->scen);
+    snprintf(env[6], 64, "SIZE=%zu", r->size);
+    snprintf(env[7], 64, "WINDOW_S=%d", g_dur_s);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(127);
+        for (int i = 0; i < 8; i++) putenv(env[i]);
+        int nul = open("/dev/null", O_RDONLY);
+        if (nul >= 0) dup2(nul, 0);
+        dup2(2, 1); /* its output goes to our stderr: stdout is the tables */
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        execl("/bin/sh", "sh", "-c", g_hook, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
 static void *sampler_main(void *arg)
 {
     sampler *s = arg;
@@ -627,9 +797,22 @@ static void *sampler_main(void *arg)
     int64_t a = rt_ns();
     sample(s->c0);
     if (s->r->bridge) proc_reset_hwm(g_bridge_pid);
+    if (g_hook && !atomic_load(&g_stop)) g_hook_pid = hook_start(s->r);
     sleep_until_rt(s->r->t1);
     sample(s->c1);
     s->wall_s = (rt_ns() - a) / 1e9;
+    if (g_hook_pid > 0) { /* bounded: the hook runs for the window; SIGTERM after 30 s more */
+        int64_t deadline = fxt_now_ms() + 30000;
+        while (waitpid(g_hook_pid, NULL, WNOHANG) == 0) {
+            if (fxt_now_ms() > deadline || atomic_load(&g_stop)) {
+                kill(g_hook_pid, SIGTERM);
+                waitpid(g_hook_pid, NULL, 0);
+                break;
+            }
+            sleep_us(20000);
+        }
+        g_hook_pid = 0;
+    }
     return NULL;
 }
 
@@ -1284,6 +1467,8 @@ static void run_row(row *r)
     char *payload = calloc(1, r->size);
     memset(payload + 16, 'x', r->size - 16);
     logf_("row %s %s, %zu B", r->scen, r->desc, r->size);
+    snprintf(g_row_label, sizeof g_row_label, "row %s (%s), %zu B, plane %s\n", r->scen, r->desc,
+             r->size, g_plane);
     if (r->bridge && !child_alive(g_bridge_pid)) {
         row_err(r, "bridge is not running");
         free(payload);
@@ -1291,6 +1476,7 @@ static void run_row(row *r)
     }
     if (r->bridge) wait_claims_released(r);
     double req0 = r->bridge ? bridge_etcd_requests() : -1;
+    if (g_px) px_snap(r->px0);
     r->t0 = rt_ns() + (int64_t)g_warm_ms * 1000000;
     r->t1 = r->t0 + (int64_t)g_dur_s * 1000000000;
     sampler smp = {.r = r};
@@ -1327,7 +1513,9 @@ static void run_row(row *r)
     r->etcd_cpu = r->bridge ? cpu_pct(&smp, 1) : -1;
     r->nats_cpu = cpu_pct(&smp, 2);
     r->client_cpu = cpu_pct(&smp, 3);
+    r->redis_cpu = cpu_pct(&smp, 4);
     r->rss_kib = r->bridge ? proc_hwm_kib(g_bridge_pid) : -1;
+    if (g_px) px_snap(r->px1);
     r->req_per_msg = -1;
     if (r->bridge) {
         double req1 = bridge_etcd_requests();
@@ -1363,6 +1551,72 @@ static void print_row(row *r)
     printf("| %s | %s | %s | %.0f | %.2f | %s / %s / %s | %s / %s | %s | %s | %s | %s | %s | %s | %s |\n",
            r->scen, r->desc, szs, r->rate, r->mbs, e50, e99, e999, p50, p99, rss, bc, ec, nc, cc,
            rq, r->err[0] ? r->err : "");
+}
+
+static void size_str(char *o, size_t n, size_t size)
+{
+    if (size == 4096) snprintf(o, n, "4 KiB");
+    else snprintf(o, n, "%zu B", size);
+}
+
+/* CPU microseconds per message: CPU% / msgs/s (both over the measured window). */
+static void fmt_us(char *o, size_t n, double pct, double rate)
+{
+    if (pct < 0 || rate <= 0) snprintf(o, n, "-");
+    else snprintf(o, n, "%.1f", pct / 100.0 * 1e6 / rate);
+}
+
+static void print_cpu_table(row **rows, int nrows)
+{
+    printf("CPU per message (us of CPU time per message, over the measured window: CPU%% / msgs/s; "
+           "client = this program)\n\n");
+    printf("| # | size | msgs/s | bridge us/msg | etcd us/msg | nats-server us/msg | redis us/msg | "
+           "client us/msg | total us/msg |\n");
+    printf("|---|---|---|---|---|---|---|---|---|\n");
+    for (int i = 0; i < nrows; i++) {
+        row *r = rows[i];
+        char sz[16], b[16], e[16], n[16], rd[16], c[16], t[16];
+        size_str(sz, sizeof sz, r->size);
+        fmt_us(b, 16, r->bridge_cpu, r->rate);
+        fmt_us(e, 16, r->etcd_cpu, r->rate);
+        fmt_us(n, 16, r->nats_cpu, r->rate);
+        fmt_us(rd, 16, r->redis_cpu, r->rate);
+        fmt_us(c, 16, r->client_cpu, r->rate);
+        double tot = 0;
+        const double parts[] = {r->bridge_cpu, r->etcd_cpu, r->nats_cpu, r->redis_cpu, r->client_cpu};
+        for (int k = 0; k < 5; k++)
+            if (parts[k] > 0) tot += parts[k];
+        fmt_us(t, 16, tot, r->rate);
+        printf("| %s | %s | %.0f | %s | %s | %s | %s | %s | %s |\n", r->scen, sz, r->rate, b, e, n, rd,
+               c, t);
+    }
+    printf("\n");
+}
+
+static void print_kind_table(row **rows, int nrows)
+{
+    printf("etcd requests per consumed message by kind (-X: counted by a proxy in front of etcd; the "
+           "whole row, warm-up and drain included; bytes are HTTP request and answer bytes)\n\n");
+    printf("| # | size | kind | req/msg | req B/msg | answer B/msg |\n");
+    printf("|---|---|---|---|---|---|\n");
+    for (int i = 0; i < nrows; i++) {
+        row *r = rows[i];
+        long long c = atomic_load(&r->consumed);
+        if (!r->bridge || c <= 0) continue;
+        char sz[16];
+        size_str(sz, sizeof sz, r->size);
+        double tr = 0, tq = 0, ta = 0;
+        for (int k = 0; k < PK_N; k++) {
+            double q = (double)(r->px1[k].reqs - r->px0[k].reqs) / (double)c;
+            double qb = (double)(r->px1[k].req_bytes - r->px0[k].req_bytes) / (double)c;
+            double ab = (double)(r->px1[k].resp_bytes - r->px0[k].resp_bytes) / (double)c;
+            if (q <= 0 && ab <= 0) continue;
+            tr += q, tq += qb, ta += ab;
+            printf("| %s | %s | %s | %.4f | %.1f | %.1f |\n", r->scen, sz, k_pk_name[k], q, qb, ab);
+        }
+        printf("| %s | %s | **all** | %.4f | %.1f | %.1f |\n", r->scen, sz, tr, tq, ta);
+    }
+    printf("\n");
 }
 
 static const struct {
@@ -1403,6 +1657,10 @@ static void usage(void)
     fprintf(stderr, "usage: nats_bench [-d seconds] [-w warmup_ms] [-b bridge] [-D drain_ms] [-W window] "
                     "[-P publishers] [-o 1,2,3,4a,4b,4c,5,5n] [-s 128,4096] [-M] [-K etcd|redis-everysec|redis-always]\n"
                     "  -M  bridge publishes carry a unique Nats-Msg-Id (cost of dedup)\n"
+                    "  -X  the bridge's etcd through a counting proxy: etcd requests and bytes per message by kind\n"
+                    "  -J  no jetstream.domain key in the bridge's config (bridges older than that key)\n"
+                    "  -p 'cmd'  run sh -c cmd at each row's window start (env BRIDGE_PID ETCD_PID NATS_PID\n"
+                    "      REDIS_PID BENCH_PID ROW SIZE WINDOW_S); the row waits for it\n"
                     "       nats_bench -S seconds [-s size] [-w warmup_ms] [-b bridge] [-D drain_ms] [-W window]\n"
                     "  -S  soak (at least %d s): scenario 4a's traffic (default 128 B) for that long, a line of\n"
                     "      rate / bridge RSS / CPU / etcd db size every %d s, then the RSS verdict: PASS when\n"
@@ -1416,10 +1674,13 @@ int main(int argc, char **argv)
     const char *bridge = NULL, *only = NULL, *sizes_arg = NULL;
     bool dur_given = false;
     int c;
-    while ((c = getopt(argc, argv, "d:w:b:D:W:P:o:s:S:MK:h")) != -1) {
+    while ((c = getopt(argc, argv, "d:w:b:D:W:P:o:s:S:MK:XJp:h")) != -1) {
         switch (c) {
         case 'd': g_dur_s = atoi(optarg), dur_given = true; break;
         case 'M': g_msgid = true; break;
+        case 'X': g_count_kinds = true; break;
+        case 'J': g_no_js_domain = true; break;
+        case 'p': g_hook = optarg; break;
         case 'S': g_soak_s = atoi(optarg); if (g_soak_s < SOAK_MIN_S) usage(); break;
         case 'w': g_warm_ms = atoi(optarg); break;
         case 'b': bridge = optarg; break;
@@ -1465,6 +1726,7 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    install_fatal_handlers();
     curl_global_init(CURL_GLOBAL_ALL);
     nats_Open(-1);
 
@@ -1547,6 +1809,8 @@ int main(int argc, char **argv)
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < nrows; i++) print_row(rows[i]);
     printf("| 6 | raw etcd txn rate | | see the etcd_bench table (txn, conc 1 and 8) | | | | | | | | | | |\n\n");
+    print_cpu_table(rows, nrows);
+    if (g_px) print_kind_table(rows, nrows);
     for (int si = 0; si < nsizes; si++) {
         char sz[32];
         if (sizes[si] == 4096) snprintf(sz, sizeof sz, "4 KiB");

@@ -4,6 +4,8 @@
 #   tests/bench/run.sh --soak [seconds]   only the bridge memory soak (nats_bench -S, default 300)
 #   tests/bench/run.sh --cluster          only the cluster-shape row (2 bridges vs 1)
 #   tests/bench/run.sh --claims           only the claims-scale table (1,000 claims)
+#   tests/bench/run.sh --natscli          only the nats bench rows (bridge vs JetStream WorkQueue)
+#   tests/bench/run.sh --profile          only the CPU-per-message / perf / etcd-kinds tables
 # Environment: BUILD (build dir, default build); FX_ETCD_ENDPOINT to bench an existing etcd
 # instead of one started by the program. The etcd a bench starts lives in a fresh temp dir that
 # is removed (and any leftover process killed) when this script ends, also on failure or Ctrl-C.
@@ -19,12 +21,18 @@ fi
 SOAK=
 CLUSTER_ONLY=
 CLAIMS_ONLY=
+NATSCLI_ONLY=
+PROFILE_ONLY=
 if [ "${1:-}" = "--soak" ]; then
   SOAK=${2:-300}
 elif [ "${1:-}" = "--cluster" ]; then
   CLUSTER_ONLY=1
 elif [ "${1:-}" = "--claims" ]; then
   CLAIMS_ONLY=1
+elif [ "${1:-}" = "--natscli" ]; then
+  NATSCLI_ONLY=1
+elif [ "${1:-}" = "--profile" ]; then
+  PROFILE_ONLY=1
 fi
 
 export FXT_TMPDIR
@@ -48,6 +56,20 @@ run_soak() {
   echo "command: $NB -S $SOAK -b $BUILD/fluxon-bridge"
   echo
   "$NB" -S "$SOAK" -b "$BUILD/fluxon-bridge"
+}
+
+# nats_bench with one retry when it died of a signal: the crash stays visible (a line in the
+# tables, and nats_bench's own report on stderr: the row and a backtrace), the run goes on.
+run_nb() {
+  "$NB" "$@"
+  local rc=$?
+  if [ "$rc" -gt 128 ]; then
+    echo "nats_bench $* died of signal $((rc - 128)) (the row and a backtrace are on stderr); run again once:"
+    echo
+    "$NB" "$@"
+    rc=$?
+  fi
+  return "$rc"
 }
 
 run_all() {
@@ -86,7 +108,7 @@ run_all() {
   echo "command: $NB -d 5 -b $BUILD/fluxon-bridge"
   echo "row 6 (raw etcd rate at the bridge's concurrency): the txn rows of the etcd_bench table and the payload_bench table above"
   echo
-  "$NB" -d 5 -b "$BUILD/fluxon-bridge" || exit 1
+  run_nb -d 5 -b "$BUILD/fluxon-bridge" || exit 1
 
   # The same bridge rows on the Redis payload plane (kv.backend "redis", split: payload put then
   # the offset txn), with the JetStream rows again so each table's ratios are from one run.
@@ -96,10 +118,42 @@ run_all() {
     echo
     echo "command: $NB -d 5 -K $plane -o 2,3,4,5 -b $BUILD/fluxon-bridge"
     echo
-    "$NB" -d 5 -K "$plane" -o 2,3,4,5 -b "$BUILD/fluxon-bridge" || exit 1
+    run_nb -d 5 -K "$plane" -o 2,3,4,5 -b "$BUILD/fluxon-bridge" || exit 1
   done
+  run_profile
   run_cluster
   run_claims
+  run_natscli
+}
+
+# The standard tool: the same `nats bench` command lines (--js publish with --syncpub and async,
+# --pull --consumer C --sub N) against the bridge and against a JetStream WorkQueue stream on this
+# machine (an e2e scale test; its table rows are the lines starting with "|" of its log). The nats
+# CLI is the one the e2e harness builds (natscli 0.0.35, once, into $BUILD/natscli).
+# FXBENCH_NATSCLI_MSGS (default 10000) and FXBENCH_NATSCLI_SUBS (default 2) size it.
+run_natscli() {
+  echo
+  echo "## nats bench: bridge vs JetStream WorkQueue, the same command lines (issue 22)"
+  echo
+  echo "machine: $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1); $(nats-server --version 2>/dev/null | head -1)"
+  echo "command: FXE2E_SCALE=1 BUILD=$BUILD tests/e2e/run.sh '^bench_natscli_js\$'"
+  echo "(two nats-servers: one with the bridge beside it, etcd payload plane; one with JetStream, stream orders: WorkQueue, file storage, its default sync; only --server differs; the rates are the ones nats bench prints)"
+  echo
+  local log="$FXT_TMPDIR/natscli-bench.log"
+  FXE2E_SCALE=1 BUILD=$BUILD tests/e2e/run.sh '^bench_natscli_js$' >"$log" 2>&1 ||
+    { tail -20 "$log" >&2; exit 1; }
+  sed -n 's/^ *\[bench_natscli_js [^]]*\] //p' "$log" | grep '^|'
+}
+
+# CPU per message per process, the top symbols of each (perf) and etcd requests per message by
+# kind, on the bridge rows of both payload planes (tests/bench/profile.sh).
+run_profile() {
+  echo
+  echo "## CPU per message and where it goes (issue 24)"
+  echo
+  echo "command: BUILD=$BUILD tests/bench/profile.sh"
+  echo
+  BUILD=$BUILD bash tests/bench/profile.sh || exit 1
 }
 
 # Claims scale on one bridge: threads, descriptors, RSS per 100 claims opened and the
@@ -160,6 +214,12 @@ if [ -n "$CLUSTER_ONLY" ]; then
   exit $?
 elif [ -n "$CLAIMS_ONLY" ]; then
   run_claims
+  exit $?
+elif [ -n "$NATSCLI_ONLY" ]; then
+  run_natscli
+  exit $?
+elif [ -n "$PROFILE_ONLY" ]; then
+  run_profile
   exit $?
 elif [ -n "$SOAK" ]; then
   run_soak | tee "$OUT"

@@ -1,12 +1,14 @@
 // e2e_jetstream_coexistence: on a nats-server with JetStream on, a bridge with the JetStream API on
 // the default prefix refuses to start (exit 2) with an error that names jetstream.domain and
 // jetstream.api; with jetstream.domain set it starts, `nats --js-domain fx stream ls` reaches the
-// bridge (its channels; npm nats' jetstreamManager({domain}) too), and the server's own JetStream (default prefix) still serves its own
+// bridge (its channels; npm nats' jetstreamManager({domain}) and nats.go's nats.Domain("fx") with
+// a pull consumer too), and the server's own JetStream (default prefix) still serves its own
 // stream: publishes to it are stored and `nats stream info` counts them.
 import fs from "node:fs";
 import path from "node:path";
 import { test } from "./lib/runner.mjs";
-import { startStack, runCmd, natsCli, bridgeRun } from "./lib/stack.mjs";
+import { startStack, runCmd, natsCli, bridgeRun, SLOW } from "./lib/stack.mjs";
+import { buildGo } from "./14_go_client_compat.test.mjs";
 import { natsConnect, makeMsg, publishAll, waitBacklog } from "./lib/client.mjs";
 import { assert } from "./lib/check.mjs";
 
@@ -42,6 +44,21 @@ test("e2e_jetstream_coexistence", async (ctx) => {
     ctx.log(`nats ${args.join(" ")} -> ${r.code}\n${(r.stdout + r.stderr).trimEnd()}`);
     return r;
   };
+  // nats.go with nats.Domain("fx"): AddConsumer, two workers PullSubscribe + Fetch, ConsumerInfo,
+  // all through $JS.fx.API (tests/e2e/go/pull -domain fx -phase1).
+  const gobin = await buildGo("pull");
+  const gr = await runCmd(gobin, ["-url", st.nats.url, "-channel", "orders", "-capture", "orders.godom",
+    "-dlq", "q.orders-dlq", "-consumer", "godom", "-domain", "fx", "-phase1", "-n", "20", "-slow", String(SLOW)],
+  { timeout: 120_000 * SLOW });
+  for (const l of gr.stdout.split("\n").filter(Boolean)) ctx.log(`go: ${l.slice(0, 2000)}`);
+  if (gr.stderr) ctx.log(`go stderr: ${gr.stderr.slice(0, 2000)}`);
+  const gres = gr.stdout.split("\n").find((l) => l.startsWith("RESULT "));
+  assert.ok(gres, "the Go program printed its RESULT line");
+  assert.deepEqual(JSON.parse(gres.slice(7)).failures || [], [], "nats.go with nats.Domain(\"fx\")");
+  assert.equal(gr.code, 0, `go client exit ${gr.code}`);
+  const r0 = await cli("--js-domain", "fx", "consumer", "ls", "orders", "--names");
+  assert.ok(r0.stdout.split(/\s+/).includes("godom"), `the durable made through the domain is the bridge's: ${r0.stdout}`);
+
   const N = 10;
   let res = await publishAll(nc, Array.from({ length: N }, (_, i) => makeMsg("co", i, "orders.co")));
   assert.equal(res.acked.size, N);

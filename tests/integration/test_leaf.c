@@ -593,6 +593,102 @@ static void leaf_queue_and_plain(void **state)
     natsConnection_Destroy(nc);
 }
 
+/* A corked round of publishes goes out in one write (not one per message), nothing leaves before
+ * the uncork, and every frame form arrives intact and once: plain subscriber and queue group. */
+static void leaf_cork_one_write_per_round(void **state)
+{
+    (void)state;
+    natsConnection *nc = connect_client();
+    natsSubscription *subs[2] = {sub(nc, "q.cork.a"), qsub(nc, "q.cork.*", "workers")};
+    natsSubscription_SetPendingLimits(subs[0], -1, -1);
+    natsSubscription_SetPendingLimits(subs[1], -1, -1);
+    fx_leaf *l = leaf_new(srv.leaf_url, 0, 0);
+    wait_connected(l);
+    wait_queue(l, "q.cork.a", "workers", true);
+    const int n = 100; /* ~20 KB of frames: under the corked batch bound */
+    fx_leaf_stats st0, st1, st2;
+    fx_leaf_get_stats(l, &st0);
+    fx_leaf_cork(l);
+    fx_leaf_cork(l); /* nested: only the outer uncork sends */
+    for (int i = 0; i < n; i++) {
+        char d[48];
+        int dl = snprintf(d, sizeof d, "k%d", i);
+        const char *reply = (i & 1) ? JS_REPLY : NULL;
+        bool hdr = (i & 2) != 0;
+        assert_int_equal(fx_leaf_publish(l, "q.cork.a", reply, hdr ? HDR_BLOCK : NULL,
+                                         hdr ? strlen(HDR_BLOCK) : 0, d, (size_t)dl),
+                         FX_OK);
+    }
+    fx_leaf_uncork(l);
+    fx_leaf_get_stats(l, &st1);
+    fx_leaf_uncork(l);
+    fx_leaf_get_stats(l, &st2);
+    assert_int_equal(st2.msgs - st0.msgs, n);
+    /* the I/O thread may write a PONG meanwhile; never one write per message */
+    if (st1.writes - st0.writes > 2)
+        fail_msg("corked publishes wrote %llu times before the uncork",
+                 (unsigned long long)(st1.writes - st0.writes));
+    if (st2.writes - st0.writes > 4)
+        fail_msg("a corked round of %d publishes took %llu writes", n,
+                 (unsigned long long)(st2.writes - st0.writes));
+    int per[1];
+    expect_n_once(&subs[0], 1, "k", n, per);
+    assert_int_equal(per[0], n);
+    expect_n_once(&subs[1], 1, "k", n, per);
+    assert_int_equal(per[0], n);
+    /* uncorked: one write per publish again (positive control of the write counter) */
+    fx_leaf_get_stats(l, &st0);
+    for (int i = 0; i < 10; i++) assert_int_equal(fx_leaf_publish(l, "q.cork.a", NULL, NULL, 0, "u", 1), FX_OK);
+    fx_leaf_get_stats(l, &st1);
+    assert_true(st1.writes - st0.writes >= 10);
+    assert_int_equal(fx_leaf_flush(l, 5000), FX_OK);
+    fx_leaf_free(l);
+    for (int k = 0; k < 2; k++) natsSubscription_Destroy(subs[k]);
+    natsConnection_Destroy(nc);
+}
+
+/* A corked round is bounded: past 32 KiB pending the frames go out without waiting for the
+ * uncork, and every one arrives once. */
+static void leaf_cork_bounded(void **state)
+{
+    (void)state;
+    natsConnection *nc = connect_client();
+    natsSubscription *s = sub(nc, "q.corkb.a");
+    natsSubscription_SetPendingLimits(s, -1, -1);
+    fx_leaf *l = leaf_new(srv.leaf_url, 0, 0);
+    wait_connected(l);
+    static char big[1024];
+    memset(big, 'b', sizeof big);
+    const int n = 100; /* 100 KiB of payload: three times the bound */
+    fx_leaf_stats st0, st1;
+    fx_leaf_get_stats(l, &st0);
+    fx_leaf_cork(l);
+    for (int i = 0; i < n; i++) {
+        int dl = snprintf(big, 16, "c%d", i);
+        big[dl] = ' ';
+        assert_int_equal(fx_leaf_publish(l, "q.corkb.a", NULL, NULL, 0, big, sizeof big), FX_OK);
+    }
+    fx_leaf_get_stats(l, &st1);
+    fx_leaf_uncork(l);
+    if (st1.writes - st0.writes < 2)
+        fail_msg("a corked round of %d KiB was held whole (%llu writes before the uncork)", n,
+                 (unsigned long long)(st1.writes - st0.writes));
+    char *seen = calloc((size_t)n, 1);
+    assert_non_null(seen);
+    for (int got = 0; got < n; got++) {
+        natsMsg *m = next_msg(s);
+        assert_int_equal(natsMsg_GetDataLength(m), (int)sizeof big);
+        int i = atoi(natsMsg_GetData(m) + 1);
+        assert_true(i >= 0 && i < n && !seen[i]);
+        seen[i] = 1;
+        natsMsg_Destroy(m);
+    }
+    free(seen);
+    fx_leaf_free(l);
+    natsSubscription_Destroy(s);
+    natsConnection_Destroy(nc);
+}
+
 static void leaf_queue_unsubscribe(void **state)
 {
     (void)state;
@@ -702,6 +798,8 @@ int main(void)
         cmocka_unit_test(leaf_queue_group_exactly_once),
         cmocka_unit_test(leaf_queue_and_plain),
         cmocka_unit_test(leaf_queue_unsubscribe),
+        cmocka_unit_test(leaf_cork_one_write_per_round),
+        cmocka_unit_test(leaf_cork_bounded),
         cmocka_unit_test(leaf_reconnect_after_restart),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

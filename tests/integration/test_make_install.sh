@@ -46,6 +46,7 @@ else
   mode_is "$P/lib/systemd/system/fluxon-bridge@.service" 644
   mode_is "$P/share/doc/fluxon/README.md" 644
   mode_is "$P/share/doc/fluxon/ARCHITECTURE.md" 644
+  mode_is "$P/share/doc/fluxon/EXECUTOR.md" 644
   mode_is "$P/share/doc/fluxon/DEPLOY.md" 644
   for f in bridge-single.json bridge-a.json bridge-b.json bridge-redis.json nats-server.conf; do
     mode_is "$P/share/doc/fluxon/examples/$f" 644

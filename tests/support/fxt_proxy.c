@@ -24,6 +24,7 @@ typedef struct px_conn {
     pthread_t t_c2s, t_s2c;
     bool started;
     atomic_bool swallow; /* FXT_PROXY_DROP_ANSWER: the next bytes from etcd are dropped */
+    atomic_int cls;      /* accounting class of the last request forwarded (-1: none) */
 } px_conn;
 
 typedef struct px_rule {
@@ -50,6 +51,9 @@ struct fxt_proxy {
     int nconn;
     char ep[64];
     const char *eps[1];
+    _Atomic(fxt_proxy_classify_fn) classify;
+    atomic_llong st_reqs[FXT_PROXY_CLASSES], st_req_bytes[FXT_PROXY_CLASSES],
+        st_resp_bytes[FXT_PROXY_CLASSES];
 };
 
 static bool px_write_all(int fd, const void *buf, size_t n)
@@ -79,6 +83,8 @@ static void *px_s2c(void *arg)
         ssize_t n = recv(c->sfd, buf, sizeof buf, 0);
         if (n < 0 && errno == EINTR) continue;
         if (n > 0 && atomic_load(&c->swallow)) break; /* etcd answered: the client never sees it */
+        int cls = atomic_load(&c->cls);
+        if (n > 0 && cls >= 0) atomic_fetch_add(&c->px->st_resp_bytes[cls], (long long)n);
         if (n <= 0 || !px_write_all(c->cfd, buf, (size_t)n)) break;
     }
     px_kill(c);
@@ -143,6 +149,20 @@ static void px_hold(struct fxt_proxy *px, const char *body, size_t len)
     pthread_mutex_unlock(&px->mu);
 }
 
+/* Request accounting: classify the request (request line + body) and count it. */
+static void px_account(px_conn *c, const char *req, size_t hlen, size_t clen)
+{
+    fxt_proxy_classify_fn fn = atomic_load(&c->px->classify);
+    if (!fn) return;
+    const char *eol = memchr(req, '\r', hlen);
+    int cls = fn(req, eol ? (size_t)(eol - req) : hlen, req + hlen, clen);
+    if (cls < 0 || cls >= FXT_PROXY_CLASSES) cls = -1;
+    atomic_store(&c->cls, cls);
+    if (cls < 0) return;
+    atomic_fetch_add(&c->px->st_reqs[cls], 1);
+    atomic_fetch_add(&c->px->st_req_bytes[cls], (long long)(hlen + clen));
+}
+
 static void *px_c2s(void *arg)
 {
     px_conn *c = arg;
@@ -181,6 +201,7 @@ static void *px_c2s(void *arg)
                 goto out;
             }
             if (clen) px_hold(px, buf + hlen, clen);
+            px_account(c, buf, hlen, clen);
             if (!px_write_all(c->sfd, buf + hdr_sent, hlen + clen - hdr_sent)) goto out;
             memmove(buf, buf + hlen + clen, len - hlen - clen);
             len -= hlen + clen;
@@ -233,6 +254,7 @@ static void *px_accept(void *arg)
         }
         c->px = px;
         atomic_init(&c->swallow, false);
+        atomic_init(&c->cls, -1);
         c->cfd = cfd;
         c->sfd = sfd;
         c->started = pthread_create(&c->t_c2s, NULL, px_c2s, c) == 0;
@@ -373,6 +395,42 @@ void fxt_proxy_b64(const char *s, char *out, size_t cap)
         out[o++] = i + 2 < n ? tbl[v & 63] : '=';
     }
     out[o] = 0;
+}
+
+void fxt_proxy_set_classifier(fxt_proxy *px, fxt_proxy_classify_fn fn) { atomic_store(&px->classify, fn); }
+
+void fxt_proxy_class_stats_get(fxt_proxy *px, int cls, fxt_proxy_class_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (cls < 0 || cls >= FXT_PROXY_CLASSES) return;
+    out->reqs = atomic_load(&px->st_reqs[cls]);
+    out->req_bytes = atomic_load(&px->st_req_bytes[cls]);
+    out->resp_bytes = atomic_load(&px->st_resp_bytes[cls]);
+}
+
+size_t fxt_proxy_unb64(const char *in, size_t len, char *out, size_t cap)
+{
+    unsigned v = 0;
+    int bits = 0;
+    size_t o = 0;
+    if (!cap) return 0;
+    for (size_t i = 0; i < len; i++) {
+        int c = (unsigned char)in[i], d;
+        if (c >= 'A' && c <= 'Z') d = c - 'A';
+        else if (c >= 'a' && c <= 'z') d = c - 'a' + 26;
+        else if (c >= '0' && c <= '9') d = c - '0' + 52;
+        else if (c == '+') d = 62;
+        else if (c == '/') d = 63;
+        else break;
+        v = (v << 6) | (unsigned)d;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            if (o + 1 < cap) out[o++] = (char)((v >> bits) & 0xff);
+        }
+    }
+    out[o] = 0;
+    return o;
 }
 
 void fxt_proxy_block_key(fxt_proxy *px, const char *key)

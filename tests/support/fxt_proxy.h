@@ -64,6 +64,25 @@ void fxt_proxy_hold(fxt_proxy *px, const char *const *needles, size_t n);
 int fxt_proxy_held(fxt_proxy *px);
 int fxt_proxy_held_peak(fxt_proxy *px);
 
+/* Request accounting (benchmarks): with a classifier set, every request the proxy forwards gets a
+ * class 0..FXT_PROXY_CLASSES-1 from fn(request line, body) (out of range: not counted), and the
+ * proxy counts per class the requests, their bytes (headers + body) and the bytes etcd sends back
+ * on that connection until its next request (so a watch or keepalive stream's answers count for
+ * the request that opened it). fn runs on the proxy's relay threads, concurrently: it must be
+ * pure. Set it before the client connects; the counters may be read from any thread. */
+#define FXT_PROXY_CLASSES 16
+typedef int (*fxt_proxy_classify_fn)(const char *line, size_t line_len, const char *body,
+                                     size_t body_len);
+void fxt_proxy_set_classifier(fxt_proxy *px, fxt_proxy_classify_fn fn);
+typedef struct fxt_proxy_class_stats {
+    long long reqs, req_bytes, resp_bytes;
+} fxt_proxy_class_stats;
+/* Counters of class cls so far (zeros for a class out of range). */
+void fxt_proxy_class_stats_get(fxt_proxy *px, int cls, fxt_proxy_class_stats *out);
+/* Decode standard base64 (padding optional; stops at the first other byte) into out; returns the
+ * decoded length (at most cap - 1; out is NUL-terminated). */
+size_t fxt_proxy_unb64(const char *in, size_t len, char *out, size_t cap);
+
 /* Base64 of a string into out (cap >= 4/3 strlen + 5). */
 void fxt_proxy_b64(const char *s, char *out, size_t cap);
 

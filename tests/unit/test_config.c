@@ -48,6 +48,7 @@ static void assert_default_settings(const fx_chan_settings *s)
     assert_int_equal(s->full_wait_ms, 0);
     assert_int_equal(s->nak_delay_ms, 0);
     assert_int_equal(s->duplicate_window_ms, 120000);
+    assert_int_equal(s->max_delay_ms, 86400000); /* delayed publishes: 1 d */
 }
 
 static void test_defaults(void **state)
@@ -252,8 +253,9 @@ static void test_duration_json_forms(void **state)
     fx_config c;
     parse_ok("{\"defaults\":{\"ack_wait\":30,\"release_after\":0.25,\"interest_poll\":\"1.5\","
              "\"backoff\":[0, 0.1, \"1h\"],\"full_wait\":\"250ms\",\"duplicate_window\":\"0s\","
-             "\"nak_delay\":\"2s\"}," CHANNELS "}",
+             "\"nak_delay\":\"2s\",\"max_delay\":\"7d\"}," CHANNELS "}",
              &c);
+    assert_int_equal(c.defaults.max_delay_ms, 7LL * 86400000);
     assert_int_equal(c.defaults.full_wait_ms, 250);
     assert_int_equal(c.defaults.nak_delay_ms, 2000);
     assert_int_equal(c.defaults.duplicate_window_ms, 0);
@@ -441,6 +443,8 @@ static void test_err_ranges_and_durations(void **state)
         {"{\"defaults\":{\"nak_delay\":\"2d\"}," CHANNELS "}",
          "defaults.nak_delay: 48h out of range [0ms, 24h]"},
         {"{\"defaults\":{\"nak_delay\":-1}," CHANNELS "}", "defaults.nak_delay: must not be negative"},
+        {"{\"defaults\":{\"max_delay\":\"soon\"}," CHANNELS "}",
+         "defaults.max_delay: \"soon\" is not a duration"},
         {"{\"defaults\":{\"release_after\":\"2w\"}," CHANNELS "}",
          "defaults.release_after: \"2w\" is not a duration"},
         {"{\"defaults\":{\"retention\":\"1s\"}," CHANNELS "}",

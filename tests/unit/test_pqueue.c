@@ -193,10 +193,11 @@ static int hook_calls;
 static fx_err hook_result;
 static pq_item *hook_item;
 
-static void hook(pq_item *it)
+static void hook(pq_item *it, fx_err e)
 {
     hook_calls++;
-    hook_result = it->result;
+    hook_result = e;
+    assert_int_equal(it->result, e);
     hook_item = it;
     free(it); /* the hook takes the item */
 }

@@ -141,6 +141,7 @@ static void config(void **state)
     cs.max_ack_pending = 1000;
     cs.backoff_ms[0] = 200;
     cs.n_backoff = 1;
+    cs.nak_delay_ms = 700;
     cJSON *c = cJSON_Parse("{\"ack_wait\":2000000000,\"max_deliver\":3,\"max_waiting\":64,"
                            "\"backoff\":[1000000000,5000000000],\"max_batch\":10}");
     assert_non_null(c);
@@ -160,6 +161,19 @@ static void config(void **state)
     assert_int_equal(pc.max_waiting, 512);
     assert_int_equal(pc.n_backoff, 1);
     assert_int_equal(pc.backoff_ms[0], 200);
+    assert_int_equal(pc.nak_delay_ms, 700);
+    cJSON_Delete(c);
+    /* the consumer's own nak_delay replaces the channel's NAK policy (no backoff list) */
+    c = cJSON_Parse("{\"nak_delay\":2000000000}");
+    dm_pull_cfg_from_json(c, &cs, &pc);
+    assert_int_equal(pc.nak_delay_ms, 2000);
+    assert_int_equal(pc.n_backoff, 0);
+    cJSON_Delete(c);
+    c = cJSON_Parse("{\"nak_delay\":2000000000,\"backoff\":[3000000000]}");
+    dm_pull_cfg_from_json(c, &cs, &pc);
+    assert_int_equal(pc.nak_delay_ms, 2000);
+    assert_int_equal(pc.n_backoff, 1);
+    assert_int_equal(pc.backoff_ms[0], 3000);
     cJSON_Delete(c);
 }
 

@@ -126,6 +126,11 @@ static void test_match(void **state)
         if (fx_subject_match(c->pattern, c->lit) != c->match)
             fail_msg("case %zu: match(\"%s\", \"%s\") expected %d", i, c->pattern, c->lit,
                      c->match);
+        /* the no-validation form (the leaf's lookups) answers the same for valid inputs */
+        if (fx_subject_valid(c->pattern, true) && fx_subject_valid(c->lit, false) &&
+            fx_subject_match_valid(c->pattern, c->lit) != c->match)
+            fail_msg("case %zu: match_valid(\"%s\", \"%s\") expected %d", i, c->pattern,
+                     c->lit, c->match);
     }
     assert_false(fx_subject_match(NULL, "a"));
     assert_false(fx_subject_match("a", NULL));

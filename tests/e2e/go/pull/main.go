@@ -10,6 +10,7 @@
 // NakWithDelay(1.5s) (back no sooner), InProgress (kept past ack_wait, no redelivery), Term (dead
 // letter, reason term) and a poison message always NAKed (delivered max_deliver = 3 times, then
 // dead-lettered, never a 4th time). Dead letters are read from the dead-letter channel's claim.
+// -domain D: the JetStream context uses nats.Domain(D) ($JS.D.API); -phase1: phase 1 only.
 // Prints "FAIL: ..." per violated expectation and a RESULT JSON line; exit 0 only when all held.
 package main
 
@@ -50,6 +51,8 @@ func main() {
 	consumer := flag.String("consumer", "gopull", "durable consumer")
 	n := flag.Int("n", 40, "messages of the first phase")
 	slowF := flag.Int("slow", 1, "slow-build factor")
+	domain := flag.String("domain", "", "JetStream domain (nats.Domain): the bridge's jetstream.domain")
+	phase1 := flag.Bool("phase1", false, "only phase 1 (then ConsumerInfo and the RESULT line)")
 	flag.Parse()
 	slow := time.Duration(*slowF)
 	if slow < 1 {
@@ -61,7 +64,11 @@ func main() {
 		os.Exit(1)
 	}
 	defer nc.Close()
-	js, err := nc.JetStream(nats.MaxWait(5 * time.Second))
+	jsOpts := []nats.JSOpt{nats.MaxWait(5 * time.Second)}
+	if *domain != "" {
+		jsOpts = append(jsOpts, nats.Domain(*domain))
+	}
+	js, err := nc.JetStream(jsOpts...)
 	if err != nil {
 		fmt.Println("FAIL: JetStream context:", err)
 		os.Exit(1)
@@ -148,6 +155,21 @@ func main() {
 	fmt.Printf("phase 1: %d unique, per worker %v\n", len(got), perWorker)
 	if perWorker[0] == 0 || perWorker[1] == 0 {
 		fail("phase 1: both workers should be served (per worker %v)", perWorker)
+	}
+
+	if *phase1 {
+		ci, err := js.ConsumerInfo(*channel, *consumer)
+		if err != nil {
+			fail("ConsumerInfo: %v", err)
+		} else if ci.Stream != *channel || ci.Name != *consumer {
+			fail("ConsumerInfo: %s/%s", ci.Stream, ci.Name)
+		}
+		out, _ := json.Marshal(map[string]interface{}{"failures": failures, "phase1_per_worker": perWorker})
+		fmt.Println("RESULT " + string(out))
+		if len(failures) > 0 {
+			os.Exit(1)
+		}
+		return
 	}
 
 	// Phase 2: the ack helpers.
