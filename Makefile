@@ -50,7 +50,7 @@ LEASE_TESTS  := fxt fxt_proxy test_b64 test_etcd_json test_fx_err test_lease_reg
 BRIDGE_TESTS := test_bridge_flatdict test_bridge_keys test_bridge_lifecycle test_bridge_meta test_bridge_segment \
                 test_chanq test_inspect test_jsext test_mpmc test_mpsc test_mq_accept test_mq_edges mq_bench \
                 fuzz_flatdict fuzz_segment test_claim_table test_delivery_engine test_delay test_executor \
-                test_commit_pool
+                test_commit_pool test_chanq_prod
 test_layer = $(if $(filter $(LEASE_TESTS),$(1)),lease,$(if $(filter $(BRIDGE_TESTS),$(1)),bridge,plugin))
 # The layer of the target being built ($@: an object or a program under $(BUILD)).
 layer_of = $(if $(filter $(BUILD)/lease/%,$@),lease,$(if $(filter $(BUILD)/bridge/%,$@),bridge,$(if \

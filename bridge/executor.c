@@ -81,7 +81,7 @@ void fx_exec_cfg_defaults(fx_exec_cfg *cfg)
     cfg->kinds[FX_EXEC_K_REVOKE] = (fx_exec_kind_cfg){"revoke", 256, 1};
     cfg->kinds[FX_EXEC_K_CLAIM] = (fx_exec_kind_cfg){"claim", 65536, 8};
     cfg->kinds[FX_EXEC_K_WRITE] = (fx_exec_kind_cfg){"write", 65536, 4};
-    cfg->kinds[FX_EXEC_K_PUT] = (fx_exec_kind_cfg){"put", 65536, 8};
+    cfg->kinds[FX_EXEC_K_PUT] = (fx_exec_kind_cfg){"put", 65536, 32};
     cfg->kinds[FX_EXEC_K_CHANQ] = (fx_exec_kind_cfg){"chanq", 4096, 6};
 }
 

@@ -336,7 +336,7 @@ static bool send_to(cst *s, const ent *e, const char *to)
              e->dv.id.msg);
 
     char origin[FX_DM_ORIGIN_LEN + 1];
-    dm_origin_tag(d, to, reply, origin, sizeof origin);
+    dm_origin_tag(d->origin_key, to, reply, origin, sizeof origin);
 
     const char *kv[] = {FX_DM_HDR_CHANNEL, ch->name, FX_DM_HDR_SUBJECT,   orig,
                         FX_DM_HDR_SEQ,     seq,      FX_DM_HDR_DELIVERED, att,
@@ -446,6 +446,13 @@ static uint64_t op_nonce(void *ctx)
 
 /* ---- dead letters ------------------------------------------------------------------------------ */
 
+/* The dead-letter item's completion hook (pqueue.h): the producer side ends it here. */
+static void dlq_hook(pq_item *it, fx_err e)
+{
+    (void)e; /* it->result holds it (dm_pq_item_done) */
+    dm_claim_dlq_complete(it);
+}
+
 /* Engine op: queue entry idx's message to the <channel>-dlq producer with the reason in its
  * headers (the completion comes back through dm_claim_dlq_complete). */
 static fx_dlv_dlq op_dead_letter(void *ctx, uint32_t idx, const ent *e, const char *reason)
@@ -480,6 +487,7 @@ static fx_dlv_dlq op_dead_letter(void *ctx, uint32_t idx, const ent *e, const ch
     bool queued = false, no_dlq = false;
     if (!err) {
         it->claim = s->cl;
+        it->done = dlq_hook;
         it->ent_idx = idx;
         it->ent_gen = e->gen;
         atomic_fetch_add(&s->cl->refs, 1);

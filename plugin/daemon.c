@@ -839,7 +839,7 @@ static bool chans_append(dm_chan ***arr, size_t *n, dm_chan *ch)
 /* Create, register (active) and start one channel. */
 static fx_err chan_add(fx_daemon *d, const fx_chan_config *cc)
 {
-    dm_chan *ch = dm_chan_new(d, cc);
+    dm_chan *ch = dm_chan_new(d, d->mq, d->metrics, cc);
     if (!ch) return fx_seterr(FX_ENOMEM, "channel %s: out of memory", cc->name);
     pthread_rwlock_wrlock(&d->reg);
     bool ok = chans_append(&d->chans, &d->n_chans, ch);

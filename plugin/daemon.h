@@ -24,11 +24,12 @@
  * Threads (all created after main blocked SIGINT/SIGTERM/SIGHUP):
  *   cnats: reader, flusher, timers and a global delivery pool of FX_DM_DELIVERY_THREADS; NATS
  *          callbacks only copy and enqueue (never etcd).
- *   producer (one per channel, DLQ channels included): capture queue -> batches (what queued,
- *          <= 1024 msgs / 1 MiB, <= queued / ready sub-MPSCs with many) -> up to
- *          FX_DM_INFLIGHT put workers of the channel (started on demand), each batch to its own
- *          sub-MPSC (fx_mpmc_put_hold: one segment, one etcd txn) -> PubAck replies /
- *          dead-letter completions; with one ready sub-MPSC the producer thread stores it.
+ *   producer (one per channel, DLQ channels included, capture.c): capture queue -> batches
+ *          (what queued, <= 1024 msgs / 1 MiB, <= queued / ready streams with many) -> the
+ *          channel's producer (bridge/chanq_prod.h fx_chanq_submit: up to FX_DM_INFLIGHT
+ *          batches in flight as put jobs of the executor, bridge/executor.h; one batch at a
+ *          time on the producer thread itself) -> completions in order per stream: PubAck
+ *          replies, dead-letter completion hooks (pqueue.h).
  *   executor (bridge/executor.h, docs/EXECUTOR.md; one per daemon, created at start, freed
  *          last): a claim has no thread of its own, it is a strand of the executor's "claim"
  *          kind, which runs its steps one at a time (fx_chanq_cons_get -> delivery engine ->

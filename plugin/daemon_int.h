@@ -1,4 +1,5 @@
-/* daemon_int.h -- internal contract between daemon.c, capture.c and claim.c (not a public API).
+/* daemon_int.h -- internal contract between daemon.c, chan.c, capture.c, origin.c and claim.c (not
+ * a public API).
  *
  * Ownership and threads (docs/ARCHITECTURE.md "Threads": one owner per piece of state, bounded
  * queues):
@@ -6,7 +7,7 @@
  *    every channel's claim list. Writers: the interest thread (claims) and the control thread
  *    (channels, drain). Readers: NATS callbacks (ack routing), house-keeping, admin.
  *    Lock order: reg -> claim.mu / pq.mu / chan.mu. Nobody takes reg while holding another lock.
- *  - dm_chan: one configured (or DLQ) channel. Its producer queue `q` is written by NATS capture
+ *  - dm_chan (chan.h): one configured (or DLQ) channel. Its producer queue `q` is written by NATS capture
  *    callbacks and by claims (dead letters) and read by its producer thread only. Reference
  *    counted (`refs`): the daemon while the channel is configured (dropped once a reload has
  *    stopped it), each capture subscription until its completion callback (cnats
@@ -35,6 +36,7 @@
 #include <stdint.h>
 
 #include "chanq.h"
+#include "chan.h"
 #include "config.h"
 #include "daemon.h"
 #include "fluxon_mq.h"
@@ -43,6 +45,7 @@
 #include "http.h"
 #include "leaf.h"
 #include "metrics.h"
+#include "origin.h"
 #include "pqueue.h"
 
 /* ---- bounds ------------------------------------------------------------------------------------ */
@@ -55,8 +58,9 @@
  * and bytes; the MQ writes it as one segment (<= 4096 msgs, 1 MiB) in one etcd txn. */
 #define FX_DM_BATCH_MSGS 1024
 #define FX_DM_BATCH_BYTES (1u << 20)
-/* Batches of one channel being stored at once, each to a distinct sub-MPSC (fx_mpmc_put_hold),
- * at most one per ready sub-MPSC: a publisher is not bound by one store latency at a time. */
+/* Batches of one channel being stored at once (the in-flight bound of its fx_chanq_prod,
+ * bridge/chanq_prod.h), at most one per ready stream: a publisher is not bound by one store
+ * latency at a time. */
 #define FX_DM_INFLIGHT 4
 /* A burst spreads over the ready sub-MPSCs R (when R > FX_DM_INFLIGHT): a batch takes at most
  * queued / R messages, but not fewer than this (one store round trip per few messages would cost
@@ -93,7 +97,6 @@
  * headers (e.g. a delivery republished to a capture subject) is captured and counted in
  * fluxon_foreign_headers_total. */
 #define FX_DM_HDR_ORIGIN "Fluxon-Origin"
-#define FX_DM_ORIGIN_LEN 16 /* hex digits of the tag */
 /* ack none reply: _FLUXON.NR.<bridge>.<chan>.<claim>.<claim seq>.<nonce> (the nonce binds a
  * no-responders status to the one delivery the bridge made; deploy/README.md "Securing a deployment") */
 #define FX_DM_NR_PREFIX "_FLUXON.NR."
@@ -122,55 +125,7 @@ static inline uint64_t dm_seq(int64_t chan, int64_t pidx, int64_t msg)
 }
 #define DM_SEQ(id) dm_seq((id)->chan, (id)->pidx, (id)->msg)
 
-typedef struct dm_chan dm_chan;
-typedef struct dm_claim dm_claim;
-
-typedef struct dm_chan_metrics {
-    fx_metric *captured, *stored, *delivered, *acked, *redelivered, *dead, *dropped,
-        *invalid_acks, *backlog, *claims, *store_errors, *foreign_headers, *own_skipped,
-        *full_dropped, *duplicates, *inflight, *inflight_peak, *reclaimed, *dedup_forgotten,
-        *dedup_ids, *nak_delay_held;
-} dm_chan_metrics;
-
-/* ---- producer queue: pqueue.h (pq_item, dm_pq) ---------------------------------------------- */
-
-/* ---- channel ------------------------------------------------------------------------------------- */
-struct dm_chan {
-    fx_daemon *d;
-    char *name;
-    char *deliver_prefix;
-    char **subjects;
-    size_t n_subjects;
-    fx_chan_settings s;
-    bool is_dlq;
-    dm_chan_metrics m;
-
-    atomic_int refs;         /* see the top of this file */
-    /* capture subs (destroyed with the channel); subs, sub_dropped and n_subs are set by
-     * dm_chan_start under d->reg (write) and read by house-keeping under d->reg (read) */
-    natsSubscription **subs;
-    int64_t *sub_dropped;    /* last natsSubscription_GetDropped seen (house-keeping) */
-    size_t n_subs;
-
-    dm_pq q;
-    pthread_t prod_thr;
-    bool prod_started;
-    fx_mpmc_producer *prod; /* opened and closed by the producer thread (its put workers use it
-                             * between hand-over and completion of a batch: capture.c) */
-    struct dm_dedup *dedup;  /* producer thread and put workers, under the flight's dd_mu */
-    struct dm_flight *fl;    /* the producer thread's put workers (capture.c) */
-
-    pthread_mutex_t mu; /* mpmc id cache, attach_err */
-    int64_t mpmc;
-    bool have_mpmc;
-    /* The producer is open: the channel's data leases are registered and kept alive (written by
-     * the producer thread, read by /healthz). attach_err: why it is not (under mu). */
-    atomic_bool attached;
-    char attach_err[320];
-
-    dm_claim *claims; /* under d->reg */
-    atomic_bool draining;
-};
+/* ---- channel: chan.h (dm_chan, its metrics and references); producer queue: pqueue.h -------- */
 
 /* ---- claim ----------------------------------------------------------------------------------------- */
 enum { EV_ACK = 0, EV_NAK, EV_WPI, EV_TERM, EV_NORESP };
@@ -299,28 +254,17 @@ struct fx_daemon {
 };
 
 /* ---- capture.c ---------------------------------------------------------------------------------- */
-dm_chan *dm_chan_new(fx_daemon *d, const fx_chan_config *cc);
-/* A new channel holds one reference (the caller's). */
-dm_chan *dm_chan_ref(dm_chan *ch);
-void dm_chan_unref(dm_chan *ch); /* the last one frees it (any thread, NULL ignored) */
-bool dm_chan_same(const dm_chan *ch, const fx_chan_config *cc);
 fx_err dm_chan_start(dm_chan *ch);          /* producer thread + capture subscriptions */
 /* Drain the capture subscriptions (unsubscribe when NATS is down), then wait until deadline. */
 void dm_chan_drain_capture_begin(dm_chan *ch);
 void dm_chan_drain_capture_wait(dm_chan *ch, int64_t deadline_ms);
 void dm_chan_stop_producer_begin(dm_chan *ch);
 void dm_chan_stop_producer_wait(dm_chan *ch);
-/* Resolve the channel's MPMC id (cached; force re-resolves). */
-fx_err dm_chan_resolve(dm_chan *ch, bool force, int64_t *out);
-void dm_chan_forget_mpmc(dm_chan *ch);
 /* The producer queue (dm_pq_*): pqueue.h. The header block codec (dm_hdr_*): hdr.h. */
 size_t dm_max_msg_bytes(fx_daemon *d);
 void dm_reply_error(fx_daemon *d, const char *reply, int code, const char *desc);
-/* Fluxon-Origin of a delivery on subject with reply (NULL: none): FX_DM_ORIGIN_LEN hex digits and
- * a NUL into out (cap > FX_DM_ORIGIN_LEN). Pure, any thread. */
-void dm_origin_tag(const fx_daemon *d, const char *subject, const char *reply, char *out, size_t cap);
-/* true when value is the Fluxon-Origin this process gives a delivery on subject with reply. */
-bool dm_origin_ours(const fx_daemon *d, const char *subject, const char *reply, const char *value);
+
+/* ---- origin.c: origin.h (dm_origin_tag, dm_origin_ours) ----------------------------------------- */
 
 /* ---- claim.c ------------------------------------------------------------------------------------ */
 void *dm_interest_main(void *arg);
@@ -333,7 +277,8 @@ bool dm_claims_sched_stop(fx_daemon *d);
 /* Only ask (no wait): lets a drain stop the claims of every channel in parallel. */
 void dm_claims_request_stop(fx_daemon *d, dm_chan *ch, int mode);
 void dm_claim_unref(dm_claim *cl);
-/* A dead letter came back from the producer (result set). Takes the item. */
+/* A dead letter came back from the producer (result set): the completion hook claim.c puts on
+ * its dead-letter items (pq_item.done). Takes the item. */
 void dm_claim_dlq_complete(pq_item *it);
 void dm_on_ack(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg);
 void dm_on_nr(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg);

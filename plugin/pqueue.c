@@ -50,6 +50,15 @@ pq_item *dm_pq_item_new_id(int kind, const char *reply, const char *msgid, size_
 
 void dm_pq_item_free(pq_item *it) { free(it); }
 
+void dm_pq_item_done(pq_item *it, fx_err result)
+{
+    it->result = result;
+    if (it->done)
+        it->done(it, result);
+    else
+        free(it);
+}
+
 static bool pq_push_kind(dm_pq *q, pq_item *it)
 {
     pthread_mutex_lock(&q->mu);

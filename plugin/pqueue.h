@@ -6,17 +6,19 @@
  *
  * Ownership: dm_pq_push takes the item when it returns true; on false the caller still owns it
  * (and answers or frees it). An item taken from the queue (dm_pq_take_locked) belongs to the
- * taker until it is requeued (dm_pq_requeue_front*: the queue owns it again) or completed. A
- * dead-letter item holds a reference on its claim; whoever ends it hands it back to the claim
- * (dm_claim_dlq_complete, claim.c) instead of dm_pq_item_free. The queue itself never frees an
- * item: its owner (the channel) empties it before dm_pq_destroy.
+ * taker until it is requeued (dm_pq_requeue_front*: the queue owns it again) or completed. An
+ * item with a completion hook (`done`: a dead letter, which holds a reference on its claim and
+ * goes back to it; a due delayed message) is ended by dm_pq_item_done, which sets its result and
+ * hands it to the hook; the queue's users never call into whoever queued it. The queue itself never frees an item: its
+ * owner (the channel) empties it before dm_pq_destroy.
  *
  * Threads: `mu` guards every field of dm_pq, and the items while queued (their `next`). Writers:
  * NATS capture callbacks and claims (dead letters) through dm_pq_push, which locks. Reader: the
- * channel's producer thread (and its put workers when they give a batch back), through the
- * *_locked calls under mu. `cv` is signalled when the queue turns non-empty; the producer also
- * uses mu and cv for its own flight state (capture.c), so mu is held only briefly, and the lock
- * order is reg -> mu (daemon_int.h); dd_mu (capture.c) before mu.
+ * channel's producer thread (and a batch's completion, which gives back what was not stored),
+ * through the *_locked calls under mu. `cv` is signalled when the queue turns non-empty; the producer also
+ * uses mu and cv for its own batch state (capture.c), so mu is held only briefly, and the lock
+ * order is reg -> mu (daemon_int.h); dd_mu (capture.c) before mu; mu before the lock of the
+ * channel's producer (bridge/chanq_prod.h, taken by fx_chanq_prod_room under mu).
  *
  * Bounds: at most FX_DM_CAPQ_MAX_MSGS items and FX_DM_CAPQ_MAX_BYTES bytes of records
  * (rec_len) per queue. A push that would exceed either is refused (false; capture answers
@@ -54,12 +56,15 @@ typedef struct pq_item {
     dm_claim *claim;     /* reference held while the item lives */
     uint32_t ent_idx;
     uint64_t ent_gen;
-    fx_err result;       /* set by the producer thread */
+    fx_err result;       /* set by dm_pq_item_done */
     uint8_t reopens;     /* put retried after the producer was reopened (at most 2) */
-    /* A capture item queued by another module (a due delayed message, delayq.h) instead of a
-     * NATS publish: when set, the item's end (stored, duplicate, failed, or freed unstored with
-     * FX_ECLOSED) calls done(it, result) exactly once instead of a PubAck, and done frees it.
-     * ent_idx is then the caller's index. */
+    /* Completion hook: an item queued by another module instead of a NATS publish (a dead letter,
+     * claim.c; a due delayed message, delayq.h) sets it. Its end (stored, duplicate, failed, or
+     * freed unstored with FX_ECLOSED) goes through dm_pq_item_done, which calls done(it, result)
+     * exactly once instead of a PubAck; done takes (frees or keeps) the item. It runs on the
+     * thread that ends the item (the producer thread, a put job of the channel's producer, or
+     * the last dm_chan_unref), must not block and must not push to this queue. NULL: the item
+     * is freed. done_arg and ent_idx are then the caller's. */
     void (*done)(struct pq_item *it, fx_err e);
     void *done_arg;
 } pq_item;
@@ -81,7 +86,9 @@ void dm_pq_destroy(dm_pq *q);
  * record bytes at it->rec; in_ms is now, the rest zero. NULL when out of memory. Any thread. */
 pq_item *dm_pq_item_new(int kind, const char *reply, size_t rec_len);
 pq_item *dm_pq_item_new_id(int kind, const char *reply, const char *msgid, size_t rec_len);
-void dm_pq_item_free(pq_item *it); /* a capture item (not a dead letter: see above) */
+void dm_pq_item_free(pq_item *it); /* an item without a completion hook */
+/* End an item: result set, then its hook runs (which takes it), or it is freed. Any thread. */
+void dm_pq_item_done(pq_item *it, fx_err result);
 
 /* Queue it at the tail. false when the queue is full or closed (item not taken). Locks mu. */
 bool dm_pq_push(dm_pq *q, pq_item *it);

@@ -10,6 +10,9 @@
 #      of that layer, so no header of a higher layer can be reached even by accident.
 #   3. link: no symbol left undefined in libfxlease.a is defined by libfxbridge.a or libfxplugin.a,
 #      and none left undefined in libfxbridge.a is defined by libfxplugin.a.
+#   4. the channel wall: libfxplugin.a uses no bridge-internal symbol (fx__*) and none of the
+#      sub-MPSC calls that bridge/ keeps below its channel API (PLUGIN_FORBIDDEN below: the
+#      producer's reservation tokens live in bridge/chanq_prod.c).
 # Environment: CC, CFLAGS (language and warning flags, no include paths), BUILD (dir of the
 # libraries), LEASE_TESTS, BRIDGE_TESTS (space-separated program names). Exit 1 on a violation.
 set -u
@@ -102,7 +105,18 @@ if [ $bad = 0 ]; then
   [ -z "$hit" ] || fail "libfxbridge.a uses symbols of the plugin layer: $(echo $hit)"
 fi
 
+# 4. plugin/ talks to channels, not to sub-MPSCs
+PLUGIN_FORBIDDEN="fx_mpmc_put_hold fx_mpmc_put_release fx_mpmc_producer_ready"
 if [ $bad = 0 ]; then
-  echo "layers: ok (lease <- bridge <- plugin: includes, per-layer compile, library symbols)"
+  hit=$(undefined "$plugin_lib" | grep -E "^fx__")
+  for sym in $PLUGIN_FORBIDDEN; do
+    undefined "$plugin_lib" | grep -qx "$sym" && hit="$hit $sym"
+  done
+  [ -z "$hit" ] || fail "libfxplugin.a uses sub-MPSC or bridge-internal calls: $(echo $hit)" \
+    "($(for o in "$BUILD"/plugin/*.o; do for h in $hit; do nm -u "$o" | grep -qw "$h" && echo -n "$(basename "$o" .o):$h "; done; done))"
+fi
+
+if [ $bad = 0 ]; then
+  echo "layers: ok (lease <- bridge <- plugin: includes, per-layer compile, library symbols, no sub-MPSC call in plugin/)"
 fi
 exit $bad

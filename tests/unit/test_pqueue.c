@@ -1,6 +1,8 @@
 /* Unit tests: a channel's producer queue (plugin/pqueue): items own their reply and Nats-Msg-Id
- * copies, FIFO order, the count and byte bounds (refused, not taken), a closed queue, and
- * requeueing at the head keeping the order of the items given back. */
+ * copies, FIFO order, the count and byte bounds (refused, not taken), a closed queue,
+ * requeueing at the head keeping the order of the items given back, and ending an item: its
+ * completion hook gets it with the result (a dead letter goes back to its claim), an item
+ * without a hook is freed. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -187,6 +189,36 @@ static void pqueue_requeue_front_keeps_order(void **state)
     dm_pq_destroy(&q);
 }
 
+static int hook_calls;
+static fx_err hook_result;
+static pq_item *hook_item;
+
+static void hook(pq_item *it, fx_err e)
+{
+    hook_calls++;
+    hook_result = e;
+    assert_int_equal(it->result, e);
+    hook_item = it;
+    free(it); /* the hook takes the item */
+}
+
+static void pqueue_item_done_runs_its_hook(void **state)
+{
+    (void)state;
+    hook_calls = 0;
+    pq_item *it = dm_pq_item_new(PQ_DEADLETTER, NULL, 4);
+    assert_non_null(it);
+    it->done = hook;
+    dm_pq_item_done(it, FX_ECLOSED);
+    assert_int_equal(hook_calls, 1);
+    assert_int_equal(hook_result, FX_ECLOSED);
+    assert_ptr_equal(hook_item, it);
+    pq_item *plain = dm_pq_item_new(PQ_CAPTURE, "r", 4);
+    assert_non_null(plain);
+    dm_pq_item_done(plain, FX_OK); /* no hook: freed (valgrind and ASan see a leak otherwise) */
+    assert_int_equal(hook_calls, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -194,6 +226,7 @@ int main(void)
         cmocka_unit_test(pqueue_fifo_and_count_cap),
         cmocka_unit_test(pqueue_byte_bound),
         cmocka_unit_test(pqueue_requeue_front_keeps_order),
+        cmocka_unit_test(pqueue_item_done_runs_its_hook),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
