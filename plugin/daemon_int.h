@@ -69,7 +69,7 @@
 #define FX_DM_PUT_TIMEOUT_MS 4000          /* etcd work of one batch (plus the channel's full_wait) */
 #define FX_DM_MAX_MSG_BYTES (1u << 20)     /* payload + header block, before the headroom */
 #define FX_DM_DELIVERY_HEADROOM 4096       /* room for the Fluxon-* delivery headers */
-#define FX_DM_FETCH_MAX 128                /* messages per fx_mpmc_get */
+#define FX_DM_FETCH_MAX 128                /* messages per fx_chanq_cons_get */
 #define FX_DM_EVQ_MIN 1024                 /* claim ack queue: max(2 * max_ack_pending, this) */
 #define FX_DM_EVQ_MAX (1u << 20)
 #define FX_DM_ADMINQ_MAX 64                /* admin requests waiting; full -> 503 */

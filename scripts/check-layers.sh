@@ -10,9 +10,10 @@
 #      of that layer, so no header of a higher layer can be reached even by accident.
 #   3. link: no symbol left undefined in libfxlease.a is defined by libfxbridge.a or libfxplugin.a,
 #      and none left undefined in libfxbridge.a is defined by libfxplugin.a.
-#   4. the channel wall: libfxplugin.a uses no bridge-internal symbol (fx__*) and none of the
-#      sub-MPSC calls that bridge/ keeps below its channel API (PLUGIN_FORBIDDEN below: the
-#      producer's reservation tokens live in bridge/chanq_prod.c).
+#   4. the channel wall: plugin/ talks to channels (bridge/chanq.h), not to sub-MPSCs. Its
+#      library uses no bridge-internal symbol (fx__*) and no MPMC/sub-MPSC endpoint call (every
+#      fx_mpmc_* but fx_mpmc_resolve, every fx_mpsc_*, fx_attempts_*: PLUGIN_FORBIDDEN below), and
+#      no plugin/ source file names one of them (a macro or a function pointer would escape nm).
 # Environment: CC, CFLAGS (language and warning flags, no include paths), BUILD (dir of the
 # libraries), LEASE_TESTS, BRIDGE_TESTS (space-separated program names). Exit 1 on a violation.
 set -u
@@ -106,14 +107,17 @@ if [ $bad = 0 ]; then
 fi
 
 # 4. plugin/ talks to channels, not to sub-MPSCs
-PLUGIN_FORBIDDEN="fx_mpmc_put_hold fx_mpmc_put_release fx_mpmc_producer_ready"
+PLUGIN_FORBIDDEN='^(fx__[A-Za-z0-9_]*|fx_mpsc_[A-Za-z0-9_]*|fx_attempts_[A-Za-z0-9_]*|fx_mpmc_(put|put_hold|put_release|get|ack|flush|reclaim|producer_[a-z_]+|consumer_[a-z_]+))$'
 if [ $bad = 0 ]; then
-  hit=$(undefined "$plugin_lib" | grep -E "^fx__")
-  for sym in $PLUGIN_FORBIDDEN; do
-    undefined "$plugin_lib" | grep -qx "$sym" && hit="$hit $sym"
-  done
+  hit=$(undefined "$plugin_lib" | grep -E "$PLUGIN_FORBIDDEN")
   [ -z "$hit" ] || fail "libfxplugin.a uses sub-MPSC or bridge-internal calls: $(echo $hit)" \
     "($(for o in "$BUILD"/plugin/*.o; do for h in $hit; do nm -u "$o" | grep -qw "$h" && echo -n "$(basename "$o" .o):$h "; done; done))"
+  # the same names in the sources (comments included: the wall is also what plugin/ talks about)
+  while IFS= read -r line; do
+    fail "${line%%:*} names a sub-MPSC API ($(echo "$line" | grep -oE '\bfx_(mpsc|attempts|mpmc)_[A-Za-z0-9_]+|\bfx__[A-Za-z0-9_]+' | grep -E "$PLUGIN_FORBIDDEN" | sort -u | tr '\n' ' ')): $line"
+  done < <(grep -nowE 'fx_(mpsc|attempts|mpmc)_[A-Za-z0-9_]+|fx__[A-Za-z0-9_]+' plugin/*.c plugin/*.h |
+           awk -F: -v re="$PLUGIN_FORBIDDEN" '$3 ~ re {print $1":"$2}' | sort -u |
+           while IFS=: read -r f n; do echo "$f:$n: $(sed -n "${n}p" "$f" | sed 's/^[[:space:]]*//')"; done)
 fi
 
 if [ $bad = 0 ]; then
