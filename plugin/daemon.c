@@ -253,7 +253,7 @@ static fx_err nats_options(fx_daemon *d, const char *cname, natsOptions **out)
     return nats_options_cfg(d, d->cfg, cname, out);
 }
 
-fx_err dm_nats_connect_aux(fx_daemon *d, const char *cname, natsConnection **out)
+static fx_err nats_connect_aux(fx_daemon *d, const char *cname, natsConnection **out)
 {
     *out = NULL;
     natsOptions *o = NULL;
@@ -1082,6 +1082,7 @@ fx_err fx_daemon_new(fx_config *cfg, const char *cfg_path, fx_daemon **out)
     memset(cfg, 0, sizeof *cfg);
     fx_config_share(d->cfg);
     d->cfg_start = fx_config_ref(d->cfg);
+    d->nats_connect_aux = nats_connect_aux;
     snprintf(d->name, sizeof d->name, "%s", d->cfg->name ? d->cfg->name : "fluxon");
     pthread_mutex_init(&d->cfg_mu, NULL);
     pthread_mutex_init(&d->mu, NULL);

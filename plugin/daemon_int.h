@@ -203,6 +203,11 @@ struct fx_daemon {
     size_t n_admin_subs;
     struct fx_jsapi *jsapi; /* JetStream API subset (jsapi.h); NULL when off */
     struct dm_delayq *dq;   /* delayed messages (delayq.h): set by start, read by capture */
+    /* A connection of its own with the daemon's NATS settings (the start config) and no daemon
+     * callbacks, for a tool the bridge runs as a client (redrive.h); the caller closes and
+     * destroys it. Its subscriptions count as interest (only the daemon's own connections are
+     * excluded). Set by fx_daemon_new, read-only after; any thread. */
+    fx_err (*nats_connect_aux)(fx_daemon *d, const char *cname, natsConnection **out);
     atomic_int_fast64_t max_payload;
 
     /* The daemon's executor (bridge/executor.h, docs/EXECUTOR.md): every claim's steps (a strand
@@ -292,10 +297,6 @@ dm_chan *dm_find_chan_locked(fx_daemon *d, const char *name);
 /* Interruptible wait on d->cv for ms; returns true when the interest thread must stop. */
 bool dm_bg_wait(fx_daemon *d, int64_t ms);
 bool dm_nats_connected(fx_daemon *d);
-/* A connection of its own with the daemon's NATS settings (the start config) and no daemon
- * callbacks, for a tool the bridge runs as a client (redrive.h); the caller closes and destroys
- * it. Its subscriptions count as interest (only the daemon's own connections are excluded). */
-fx_err dm_nats_connect_aux(fx_daemon *d, const char *cname, natsConnection **out);
 /* The current config with a reference (release with fx_config_unref). Any thread. */
 fx_config *dm_cfg_get(fx_daemon *d);
 uint64_t dm_rand64(void);
