@@ -39,6 +39,7 @@
 #include "chan.h"
 #include "config.h"
 #include "daemon.h"
+#include "dmctx.h"
 #include "fluxon_mq.h"
 #include "fx_log.h"
 #include "hdr.h"
@@ -290,15 +291,5 @@ void dm_on_nr(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg);
 /* A control message (ack, no-responders status) the bridge did not cause: counted in
  * fluxon_invalid_control_total and logged at most every 10 s; it changes no state. Any thread. */
 void dm_invalid_control(fx_daemon *d, const char *what);
-
-/* ---- daemon.c ----------------------------------------------------------------------------------- */
-/* Active channel by name (caller holds reg). */
-dm_chan *dm_find_chan_locked(fx_daemon *d, const char *name);
-/* Interruptible wait on d->cv for ms; returns true when the interest thread must stop. */
-bool dm_bg_wait(fx_daemon *d, int64_t ms);
-bool dm_nats_connected(fx_daemon *d);
-/* The current config with a reference (release with fx_config_unref). Any thread. */
-fx_config *dm_cfg_get(fx_daemon *d);
-uint64_t dm_rand64(void);
 
 #endif
