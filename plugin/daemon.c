@@ -1,5 +1,6 @@
 /* daemon.c -- fluxon-bridge lifecycle: NATS connection, MQ client, channels, admin, house-keeping,
- * health, reload and drain. Contracts: daemon.h (public), daemon_int.h (internal). */
+ * health, reload and drain. Contracts: daemon.h (public), dmctx.h (the
+ * context it shares with the modules it wires: capture.h, claim.h, ...). */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -13,7 +14,10 @@
 
 #include "admin.h"
 #include "jsapi.h"
-#include "daemon_int.h"
+#include "capture.h"
+#include "claim.h"
+#include "daemon.h"
+#include "dmctx.h"
 #include "delayq.h"
 #include "redrive.h"
 #include "fx_url.h"

@@ -5,7 +5,6 @@
 #include <sys/random.h>
 #include <time.h>
 
-#include "daemon_int.h"
 #include "fx_time.h"
 
 uint64_t dm_rand64(void)

@@ -16,7 +16,8 @@
 #include <cjson/cJSON.h>
 
 #include "admin.h"
-#include "daemon_int.h"
+#include "capture.h"
+#include "dmctx.h"
 
 static int64_t mono_ms(void)
 {
