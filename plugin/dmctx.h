@@ -15,9 +15,9 @@
  *    (channels, drain). Readers: NATS callbacks (ack routing), house-keeping, admin.
  *    Lock order: reg -> claim.mu / pq.mu / chan.mu. Nobody takes reg while holding another lock.
  *  - dm_chan (chan.h): one configured (or DLQ) channel. Its producer queue `q` is written by
- *    NATS capture callbacks and by claims (dead letters) and read by its producer thread only. Reference
- *    counted (`refs`): the daemon while the channel is configured (dropped once a reload has
- *    stopped it), each capture subscription until its completion callback (cnats
+ *    NATS capture callbacks and by claims (dead letters) and read by its producer thread only.
+ *    Reference counted (`refs`): the daemon while the channel is configured (dropped once a
+ *    reload has stopped it), each capture subscription until its completion callback (cnats
  *    natsSubscription_SetOnCompleteCB: the last message callback has returned), and house-keeping
  *    while it works on a snapshot. The last reference frees it (dm_chan_unref).
  *  - fx_config: the current one is shared (fx_config_share); readers that use it outside cfg_mu
