@@ -131,24 +131,16 @@ static inline uint64_t dm_seq(int64_t chan, int64_t pidx, int64_t msg)
 
 /* ---- daemon ----------------------------------------------------------------------------------- */
 struct fx_daemon {
-    char *cfg_path;
     fx_config *cfg;       /* current (shared; one reference); replaced by reload under cfg_mu */
     fx_config *cfg_start; /* the start config: a reference kept for the daemon's lifetime (the
                              connections made at start were set up from it) */
     pthread_mutex_t cfg_mu;
     char name[128];
-    int64_t start_ms;
     uint64_t origin_key[2]; /* Fluxon-Origin key: getrandom at start, read-only after, never logged */
 
-    natsOptions *opts;
     natsConnection *nc;
     fx_leaf *leaf; /* nats.leaf_url set: explicit-ack deliveries go through it (read-only after
                       start; thread-safe) */
-    bool nats_opened;
-    natsSubscription *ack_sub, *js_ack_sub, *nr_sub;
-    natsSubscription *admin_subs[5];
-    size_t n_admin_subs;
-    struct fx_jsapi *jsapi; /* JetStream API subset (jsapi.h); NULL when off */
     struct dm_delayq *dq;   /* delayed messages (delayq.h): set by start, read by capture */
     /* A connection of its own with the daemon's NATS settings (the start config) and no daemon
      * callbacks, for a tool the bridge runs as a client (redrive.h); the caller closes and
@@ -169,41 +161,25 @@ struct fx_daemon {
     fx_mq_client *mq;
     fx_chanq_keeper *keeper; /* the consumed channels' keeper (bridge/chanq_keeper.h), with mq */
     fx_metrics *metrics;
-    fx_http *http;
-    fx_metric *g_invalid_acks, *g_stale_acks, *g_invalid_control, *g_acks_dropped, *g_lease_ka_fail,
-        *g_etcd_req, *g_etcd_lat, *g_reconnects, *g_slow, *g_payload_missing, *g_claims_total, *g_leaf_up, *g_leaf_connects;
-    fx_metric *g_plane_lost, *g_kv_refusing, *g_kv_refused, *g_kv_oom, *g_kv_wait_short;
+    fx_metric *g_invalid_acks, *g_stale_acks, *g_invalid_control, *g_acks_dropped;
 
     pthread_rwlock_t reg;
     dm_chan **chans; /* active (the daemon's reference each) */
     size_t n_chans;
 
-    /* background threads (interest, house-keeping, admin) */
+    /* background threads (interest, house-keeping, admin): their stop flags and the control
+     * requests (daemon.c's own, in `own`) are under mu and signalled on cv */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool stop_interest; /* interest thread (first step of a drain) */
-    bool stop_late;     /* house-keeping and admin threads (just before the MQ client closes) */
-    pthread_t interest_thr, hk_thr, admin_thr, ctl_thr;
-    bool interest_started, hk_started, admin_started, ctl_started;
-
-    /* admin queue (under mu) */
-    struct dm_admin_req *aq_head, *aq_tail;
-    size_t aq_n;
-
-    /* control (under mu) */
-    bool ctl_reload, ctl_stop, ctl_exit;
-
-    /* health (under health_mu) */
-    pthread_mutex_t health_mu;
-    bool etcd_ok;
-    char etcd_err[256];
 
     atomic_bool stopping; /* drain started: no new claims, no new deliveries */
-    atomic_bool fatal;
-    bool drained;
-    int done_fd;
-    atomic_int exit_code; /* written by the control thread, read by main after done_fd */
+
+    /* daemon.c's own state (threads, subscriptions, admin queue, control flags, health, its
+     * metrics): defined there, read by no module. */
+    struct dm_own *own;
 };
+
 
 /* ---- accessors (dmctx.c) ----------------------------------------------------------------------- */
 /* Active channel by name (caller holds d->reg). */
