@@ -21,6 +21,7 @@
 #include "delayq.h"
 #include "redrive.h"
 #include "fx_url.h"
+#include "http.h"
 #include "fx_time.h"
 #include "inspect.h"
 #include "jsack.h"

@@ -43,7 +43,6 @@
 #include "fluxon_mq.h"
 #include "fx_log.h"
 #include "hdr.h"
-#include "http.h"
 #include "leaf.h"
 #include "metrics.h"
 #include "origin.h"
