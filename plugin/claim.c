@@ -76,6 +76,8 @@ typedef struct cst {
     fx_chanq_cons *cq; /* the channel consumer (bridge/chanq_cons.h) */
     bool opened;       /* cq was open at the last turn (log, fluxon_claims) */
     fx_chanq_attempt *attbuf; /* one item per table entry (fx_chanq_cons_count) */
+    uint32_t *attidx;         /* per attbuf item: its entry's index (persist_counts) */
+    uint32_t *plk;            /* the attbuf items of planned entries (persist_counts) */
     uint64_t *counts;         /* attempts made before, per delivery fetched */
     bool explicit_ack;
     bool use_leaf; /* explicit ack and d->leaf: deliveries over the leaf connection */
@@ -97,6 +99,12 @@ static bool op_grow(void *ctx, uint32_t nn)
     fx_chanq_attempt *nab = realloc(s->attbuf, nn * sizeof *nab);
     if (!nab) return false;
     s->attbuf = nab;
+    uint32_t *ni = realloc(s->attidx, nn * sizeof *ni);
+    if (!ni) return false;
+    s->attidx = ni;
+    uint32_t *np = realloc(s->plk, nn * sizeof *np);
+    if (!np) return false;
+    s->plk = np;
     return true;
 }
 
@@ -171,24 +179,27 @@ static size_t cq_held(void *arg, int64_t src)
 /* ---- persisted attempts (chanq_cons.h fx_chanq_cons_count) ------------------------------------- */
 
 /* The attempt counts of every entry (planned: the count it will have once this round is out);
- * planned entries remember the record generation that holds their count (op_ready waits). */
+ * planned entries remember the record generation that holds their count (op_ready waits).
+ * One walk over the table that stops at the last used entry; the planned ones are found again
+ * through plk (their items' indexes), not by a second walk. */
 static void persist_counts(cst *s)
 {
     if (!s->explicit_ack) return;
-    size_t k = 0;
-    for (uint32_t i = 0; i < s->q.t.n_ents; i++) {
-        ent *e = &s->q.t.ents[i];
+    ctab *t = &s->q.t;
+    size_t k = 0, np = 0;
+    for (uint32_t i = 0, seen = 0; i < t->n_ents && seen < t->n_used; i++) {
+        ent *e = &t->ents[i];
         if (e->state == E_FREE) continue;
+        seen++;
         uint64_t n = e->delivered + (e->planned ? 1 : 0);
+        if (e->planned) s->plk[np++] = (uint32_t)k;
+        s->attidx[k] = i;
         s->attbuf[k++] = (fx_chanq_attempt){e->dv.id, n > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)n, 0};
     }
     fx_chanq_cons_count(s->cq, s->attbuf, k);
-    k = 0;
-    for (uint32_t i = 0; i < s->q.t.n_ents; i++) {
-        ent *e = &s->q.t.ents[i];
-        if (e->state == E_FREE) continue;
-        uint64_t gen = s->attbuf[k++].gen;
-        if (!e->planned) continue;
+    for (size_t j = 0; j < np; j++) {
+        ent *e = &t->ents[s->attidx[s->plk[j]]];
+        uint64_t gen = s->attbuf[s->plk[j]].gen;
         e->planned = false;
         uint32_t n = (uint32_t)(e->delivered + 1);
         if (e->rec_n != n || !e->rec_gen) {
@@ -198,14 +209,15 @@ static void persist_counts(cst *s)
     }
 }
 
-/* Before a round of deliveries: the records with the counts the round will make. */
+/* Before a round of deliveries: the records with the counts the round will make. Only entries of
+ * the send queue are planned, and persist_counts clears each flag it set. */
 static void persist_attempts(cst *s)
 {
+    if (!s->explicit_ack) return;
     ctab *t = &s->q.t;
     for (uint32_t i = 0; i < s->q.n_send; i++)
         if (t->ents[s->q.sendq[i]].state == E_WAIT_SEND) t->ents[s->q.sendq[i]].planned = true;
     persist_counts(s);
-    for (uint32_t i = 0; i < t->n_ents; i++) t->ents[i].planned = false;
 }
 
 /* May this entry be published now (its attempt count durable)? */
@@ -1005,6 +1017,8 @@ static void claim_end(dm_claim *cl, bool ran)
     }
     fx_dlv_free(&s->q);
     free(s->attbuf);
+    free(s->attidx);
+    free(s->plk);
     fx_chanq_cons_close(s->cq); /* not ran: nothing was opened */
     free(s->counts);
     for (size_t i = 0; s->getbuf && i < FX_DM_FETCH_MAX; i++) fx_mq_delivery_free(&s->getbuf[i]);
