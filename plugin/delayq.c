@@ -449,7 +449,7 @@ static size_t move_entries(struct dm_delayq *q, dm_chan *ch, dq_chan *c, fx_dela
     int64_t deadline = fx_now_ms() + FX_DM_PUT_TIMEOUT_MS + ch->s.full_wait_ms + 2000;
     pthread_mutex_lock(&q->mu);
     while (b->ended < pushed && !q->mstop && fx_ms_left(deadline) > 0) {
-        struct timespec ts = fx_deadline_ts(fx_ms_left(deadline) < 100 ? fx_ms_left(deadline) : 100);
+        struct timespec ts = fx_deadline_ts(fx_ms_left(deadline) < 100 ? deadline : fx_now_ms() + 100);
         pthread_cond_timedwait(&q->cv, &q->mu, &ts);
     }
     fx_delay_entry ok[FX_DQ_WINDOW];
@@ -595,7 +595,7 @@ static void *counter_main(void *arg)
         }
         pthread_mutex_lock(&q->mu);
         if (!q->mstop) {
-            struct timespec ts = fx_deadline_ts(FX_DQ_POLL_MS);
+            struct timespec ts = fx_deadline_ts(fx_now_ms() + FX_DQ_POLL_MS);
             pthread_cond_timedwait(&q->cv, &q->mu, &ts);
         }
         pthread_mutex_unlock(&q->mu);
@@ -649,7 +649,7 @@ static void *mover_main(void *arg)
         if (busy && left > 100) left = 100; /* the rate budget refills */
         pthread_mutex_lock(&q->mu);
         if (!q->mstop && left > 0 && !q->kick) {
-            struct timespec ts = fx_deadline_ts(left);
+            struct timespec ts = fx_deadline_ts(fx_now_ms() + left);
             pthread_cond_timedwait(&q->cv, &q->mu, &ts);
         }
         q->kick = false;
