@@ -692,10 +692,31 @@ static part *part_of(fx_chanq_cons *c, int64_t chan)
 static void count_part(fx_chanq_cons *c, part *p, fx_chanq_attempt *items, size_t n)
 {
     if (!p->as.att || !p->as.w) return;
+    /* A record is the producers' high marks plus the exceptions (attempts.h): an item counted
+     * once only raises its producer's mark, so of those only the highest per producer is
+     * passed (the record built is the same); unpublished and redelivered items all are. Past
+     * ATT_PRODS producers in one part the rest are passed as they are. */
+    enum { ATT_PRODS = 16 };
+    int64_t pp[ATT_PRODS];
+    size_t pk[ATT_PRODS], npp = 0;
     size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (items[i].id.chan == p->chan)
-            c->attbuf[k++] = (fx_attempt){items[i].id.pidx, items[i].id.msg, items[i].count};
+    for (size_t i = 0; i < n; i++) {
+        if (items[i].id.chan != p->chan) continue;
+        fx_attempt x = {items[i].id.pidx, items[i].id.msg, items[i].count};
+        if (x.n == 1) {
+            size_t j = 0;
+            while (j < npp && pp[j] != x.pidx) j++;
+            if (j < npp) {
+                if (x.msg > c->attbuf[pk[j]].msg) c->attbuf[pk[j]] = x;
+                continue;
+            }
+            if (npp < ATT_PRODS) {
+                pp[npp] = x.pidx;
+                pk[npp++] = k;
+            }
+        }
+        c->attbuf[k++] = x;
+    }
     const uint8_t *val = NULL;
     size_t len = 0;
     if (fx_attempts_build(p->as.att, c->attbuf, k, &val, &len) &&

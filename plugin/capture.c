@@ -50,6 +50,11 @@ static void reply_ok(fx_daemon *d, dm_chan *ch, const char *reply, const fx_mq_m
         if (k <= 0 || (size_t)k >= sizeof buf - (size_t)n) return;
         n += k;
     }
+    /* nats.leaf_pubacks: over the leaf while it is up (a corked batch leaves in one write),
+     * else, or when the leaf refuses it (down, buffer full), over the client connection */
+    if (d->leaf && d->cfg_start->nats.leaf_pubacks && fx_leaf_connected(d->leaf) &&
+        fx_leaf_publish(d->leaf, reply, NULL, NULL, 0, buf, (size_t)n) == FX_OK)
+        return;
     natsStatus s = natsConnection_Publish(d->nc, reply, buf, n);
     if (s != NATS_OK) {
         static fx_log_slot slot;
@@ -299,7 +304,10 @@ static void dedup_report(dm_chan *ch, dm_dedup *dd)
 /* The held captures are stored: answer them (their ids recorded or, after an error, not). */
 static void dedup_pending_clear(dm_chan *ch, dm_dedup *dd)
 {
+    fx_leaf *lf = ch->d->cfg_start->nats.leaf_pubacks ? ch->d->leaf : NULL;
+    if (lf) fx_leaf_cork(lf); /* the PubAcks in one write (reply_ok) */
     for (size_t i = 0; i < dd->n; i++) complete(ch, dd->items[i], FX_OK, &dd->sids[i]);
+    if (lf) fx_leaf_uncork(lf);
     dd->n = 0;
 }
 
@@ -469,10 +477,13 @@ static void cap_done(void *arg, const fx_chanq_done *d)
             if (cp->dedup) dedup_hold(ch, items, d->ids, d->n);
             pthread_mutex_unlock(&cp->dd_mu);
         }
+        fx_leaf *lf = ch->d->cfg_start->nats.leaf_pubacks ? ch->d->leaf : NULL;
+        if (lf) fx_leaf_cork(lf); /* the run's PubAcks in one write (reply_ok) */
         for (size_t i = 0; i < d->n; i++) {
             if (items[i]) complete(ch, items[i], FX_OK, &d->ids[i]);
             items[i] = NULL;
         }
+        if (lf) fx_leaf_uncork(lf);
         return;
     }
     bool reopen = d->e == FX_ELEASE_LOST || d->e == FX_ECLOSED;

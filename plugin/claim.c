@@ -76,6 +76,8 @@ typedef struct cst {
     fx_chanq_cons *cq; /* the channel consumer (bridge/chanq_cons.h) */
     bool opened;       /* cq was open at the last turn (log, fluxon_claims) */
     fx_chanq_attempt *attbuf; /* one item per table entry (fx_chanq_cons_count) */
+    uint32_t *attidx;         /* per attbuf item: its entry's index (persist_counts) */
+    uint32_t *plk;            /* the attbuf items of planned entries (persist_counts) */
     uint64_t *counts;         /* attempts made before, per delivery fetched */
     bool explicit_ack;
     bool use_leaf; /* explicit ack and d->leaf: deliveries over the leaf connection */
@@ -97,6 +99,12 @@ static bool op_grow(void *ctx, uint32_t nn)
     fx_chanq_attempt *nab = realloc(s->attbuf, nn * sizeof *nab);
     if (!nab) return false;
     s->attbuf = nab;
+    uint32_t *ni = realloc(s->attidx, nn * sizeof *ni);
+    if (!ni) return false;
+    s->attidx = ni;
+    uint32_t *np = realloc(s->plk, nn * sizeof *np);
+    if (!np) return false;
+    s->plk = np;
     return true;
 }
 
@@ -171,24 +179,27 @@ static size_t cq_held(void *arg, int64_t src)
 /* ---- persisted attempts (chanq_cons.h fx_chanq_cons_count) ------------------------------------- */
 
 /* The attempt counts of every entry (planned: the count it will have once this round is out);
- * planned entries remember the record generation that holds their count (op_ready waits). */
+ * planned entries remember the record generation that holds their count (op_ready waits).
+ * One walk over the table that stops at the last used entry; the planned ones are found again
+ * through plk (their items' indexes), not by a second walk. */
 static void persist_counts(cst *s)
 {
     if (!s->explicit_ack) return;
-    size_t k = 0;
-    for (uint32_t i = 0; i < s->q.t.n_ents; i++) {
-        ent *e = &s->q.t.ents[i];
+    ctab *t = &s->q.t;
+    size_t k = 0, np = 0;
+    for (uint32_t i = 0, seen = 0; i < t->n_ents && seen < t->n_used; i++) {
+        ent *e = &t->ents[i];
         if (e->state == E_FREE) continue;
+        seen++;
         uint64_t n = e->delivered + (e->planned ? 1 : 0);
+        if (e->planned) s->plk[np++] = (uint32_t)k;
+        s->attidx[k] = i;
         s->attbuf[k++] = (fx_chanq_attempt){e->dv.id, n > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)n, 0};
     }
     fx_chanq_cons_count(s->cq, s->attbuf, k);
-    k = 0;
-    for (uint32_t i = 0; i < s->q.t.n_ents; i++) {
-        ent *e = &s->q.t.ents[i];
-        if (e->state == E_FREE) continue;
-        uint64_t gen = s->attbuf[k++].gen;
-        if (!e->planned) continue;
+    for (size_t j = 0; j < np; j++) {
+        ent *e = &t->ents[s->attidx[s->plk[j]]];
+        uint64_t gen = s->attbuf[s->plk[j]].gen;
         e->planned = false;
         uint32_t n = (uint32_t)(e->delivered + 1);
         if (e->rec_n != n || !e->rec_gen) {
@@ -198,14 +209,15 @@ static void persist_counts(cst *s)
     }
 }
 
-/* Before a round of deliveries: the records with the counts the round will make. */
+/* Before a round of deliveries: the records with the counts the round will make. Only entries of
+ * the send queue are planned, and persist_counts clears each flag it set. */
 static void persist_attempts(cst *s)
 {
+    if (!s->explicit_ack) return;
     ctab *t = &s->q.t;
     for (uint32_t i = 0; i < s->q.n_send; i++)
         if (t->ents[s->q.sendq[i]].state == E_WAIT_SEND) t->ents[s->q.sendq[i]].planned = true;
     persist_counts(s);
-    for (uint32_t i = 0; i < t->n_ents; i++) t->ents[i].planned = false;
 }
 
 /* May this entry be published now (its attempt count durable)? */
@@ -287,6 +299,33 @@ static bool op_send(void *ctx, uint32_t idx, const ent *e)
     return ok;
 }
 
+/* Small formatting without printf (send_to runs once per delivery). */
+static void copy_name(char *dst, size_t cap, const char *src) /* snprintf(dst, cap, "%s", src) */
+{
+    size_t l = strnlen(src, cap - 1);
+    memcpy(dst, src, l);
+    dst[l] = '\0';
+}
+
+static size_t put_u64(char *out, uint64_t v) /* decimal, no NUL; out has room for 20 bytes */
+{
+    char t[20];
+    size_t i = sizeof t;
+    do {
+        t[--i] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    memcpy(out, t + i, sizeof t - i);
+    return sizeof t - i;
+}
+
+static size_t put_i64(char *out, int64_t v)
+{
+    if (v >= 0) return put_u64(out, (uint64_t)v);
+    out[0] = '-';
+    return 1 + put_u64(out + 1, (uint64_t)0 - (uint64_t)v);
+}
+
 /* Publish entry e to subject `to` (the claim's subject, or a pull request's inbox). */
 static bool send_to(cst *s, const ent *e, const char *to)
 {
@@ -296,10 +335,10 @@ static bool send_to(cst *s, const ent *e, const char *to)
 
     char reply[FX_JSACK_SUBJECT_MAX + 64];
     if (s->explicit_ack) {
-        fx_ack_meta meta = {0};
-        snprintf(meta.bridge, sizeof meta.bridge, "%s", d->name);
-        snprintf(meta.channel, sizeof meta.channel, "%s", ch->name);
-        snprintf(meta.claim, sizeof meta.claim, "%s", s->cl->token);
+        fx_ack_meta meta;
+        copy_name(meta.bridge, sizeof meta.bridge, d->name);
+        copy_name(meta.channel, sizeof meta.channel, ch->name);
+        copy_name(meta.claim, sizeof meta.claim, s->cl->token);
         meta.delivered = attempt;
         meta.seq = DM_SEQ(&e->dv.id);
         meta.claim_seq = e->claim_seq;
@@ -309,31 +348,59 @@ static bool send_to(cst *s, const ent *e, const char *to)
         int64_t used = (int64_t)s->q.t.n_used, backlog = fx_chanq_cons_pending(s->cq);
         meta.pending = backlog > used ? (uint64_t)(backlog - used) : 0;
         meta.nonce = e->nonce;
-        char js[FX_JSACK_SUBJECT_MAX];
-        if (fx_ack_subject_build(&meta, js, sizeof js) < 0 ||
-            strncmp(js, FX_DM_JS_ACK_PREFIX, sizeof FX_DM_JS_ACK_PREFIX - 1) != 0) {
+        /* the exact JetStream form on the leaf path; else the same tokens after FX_DM_ACK_PREFIX */
+        const size_t jl = sizeof FX_DM_JS_ACK_PREFIX - 1, fl = sizeof FX_DM_ACK_PREFIX - 1;
+        size_t off = s->use_leaf ? 0 : fl - jl;
+        _Static_assert(sizeof FX_DM_ACK_PREFIX >= sizeof FX_DM_JS_ACK_PREFIX, "prefix room");
+        int n = fx_ack_subject_build(&meta, reply + off, sizeof reply - off);
+        if (n < 0 || strncmp(reply + off, FX_DM_JS_ACK_PREFIX, jl) != 0) {
             fx_log_ratelimited(&s->slot_pub, 5000, FX_LOG_ERR,
                                "claim %s: cannot build the ack subject", s->cl->subject);
             return false;
         }
-        if (s->use_leaf)
-            snprintf(reply, sizeof reply, "%s", js); /* the exact JetStream form */
-        else
-            snprintf(reply, sizeof reply, "%s%s", FX_DM_ACK_PREFIX,
-                     js + sizeof FX_DM_JS_ACK_PREFIX - 1);
+        if (off) memcpy(reply, FX_DM_ACK_PREFIX, fl);
     } else {
-        snprintf(reply, sizeof reply, FX_DM_NR_PREFIX "%s.%s.%s.%" PRIu64 ".%" PRIu64, d->name,
-                 ch->name, s->cl->token, e->claim_seq, e->nonce);
+        /* FX_DM_NR_PREFIX "<bridge>.<channel>.<claim>.<claim seq>.<nonce>" */
+        size_t bl = strlen(d->name), cl = strlen(ch->name), tl = strlen(s->cl->token);
+        const size_t pl = sizeof FX_DM_NR_PREFIX - 1;
+        if (pl + bl + cl + tl + 3 + 2 * 20 + 2 > sizeof reply) {
+            fx_log_ratelimited(&s->slot_pub, 5000, FX_LOG_ERR,
+                               "claim %s: cannot build the reply subject", s->cl->subject);
+            return false;
+        }
+        char *w = reply;
+        memcpy(w, FX_DM_NR_PREFIX, pl);
+        w += pl;
+        memcpy(w, d->name, bl);
+        w += bl;
+        *w++ = '.';
+        memcpy(w, ch->name, cl);
+        w += cl;
+        *w++ = '.';
+        memcpy(w, s->cl->token, tl);
+        w += tl;
+        *w++ = '.';
+        w += put_u64(w, e->claim_seq);
+        *w++ = '.';
+        w += put_u64(w, e->nonce);
+        *w = '\0';
     }
     char orig[FX_SUBJECT_MAX + 1];
     size_t sl = e->msg.subject.len < FX_SUBJECT_MAX ? e->msg.subject.len : FX_SUBJECT_MAX;
     memcpy(orig, e->msg.subject.data, sl);
     orig[sl] = '\0';
     char seq[32], att[32], fid[96];
-    snprintf(seq, sizeof seq, "%" PRIu64, DM_SEQ(&e->dv.id));
-    snprintf(att, sizeof att, "%" PRIu64, attempt);
-    snprintf(fid, sizeof fid, "%" PRId64 ".%" PRId64 ".%" PRId64, e->dv.id.chan, e->dv.id.pidx,
-             e->dv.id.msg);
+    seq[put_u64(seq, DM_SEQ(&e->dv.id))] = '\0';
+    att[put_u64(att, attempt)] = '\0';
+    {
+        char *w = fid;
+        w += put_i64(w, e->dv.id.chan);
+        *w++ = '.';
+        w += put_i64(w, e->dv.id.pidx);
+        *w++ = '.';
+        w += put_i64(w, e->dv.id.msg);
+        *w = '\0';
+    }
 
     char origin[FX_DM_ORIGIN_LEN + 1];
     dm_origin_tag(d->origin_key, to, reply, origin, sizeof origin);
@@ -1005,6 +1072,8 @@ static void claim_end(dm_claim *cl, bool ran)
     }
     fx_dlv_free(&s->q);
     free(s->attbuf);
+    free(s->attidx);
+    free(s->plk);
     fx_chanq_cons_close(s->cq); /* not ran: nothing was opened */
     free(s->counts);
     for (size_t i = 0; s->getbuf && i < FX_DM_FETCH_MAX; i++) fx_mq_delivery_free(&s->getbuf[i]);

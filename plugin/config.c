@@ -612,12 +612,12 @@ static int check_name(pctx *p, const char *path, const char *name, bool channel)
 static int read_nats(pctx *p, const cJSON *node, fx_config *c)
 {
     enum { URL, MONITOR, ACCOUNT, USER, PASSWORD, TOKEN, CREDS, NKEY, CA, CERT, KEY, INSECURE,
-           LEAF, NK };
+           LEAF, LEAF_PUBACKS, NK };
     static const char *const keys[NK] = {
         [URL] = "url", [MONITOR] = "monitor_url", [ACCOUNT] = "account", [USER] = "user",
         [PASSWORD] = "password", [TOKEN] = "token", [CREDS] = "creds_file",
         [NKEY] = "nkey_seed_file", [CA] = "ca_file", [CERT] = "cert_file", [KEY] = "key_file",
-        [INSECURE] = "tls_insecure", [LEAF] = "leaf_url",
+        [INSECURE] = "tls_insecure", [LEAF] = "leaf_url", [LEAF_PUBACKS] = "leaf_pubacks",
     };
     const cJSON *v[NK];
     if (!node) return 0;
@@ -630,7 +630,8 @@ static int read_nats(pctx *p, const cJSON *node, fx_config *c)
     if (read_nonempty_string(p, v[URL], "nats.url", &c->nats.url) != 0 ||
         read_nonempty_string(p, v[MONITOR], "nats.monitor_url", &c->nats.monitor_url) != 0 ||
         read_nonempty_string(p, v[ACCOUNT], "nats.account", &c->nats.account) != 0 ||
-        read_bool(p, v[INSECURE], "nats.tls_insecure", &c->nats.tls_insecure) != 0)
+        read_bool(p, v[INSECURE], "nats.tls_insecure", &c->nats.tls_insecure) != 0 ||
+        read_bool(p, v[LEAF_PUBACKS], "nats.leaf_pubacks", &c->nats.leaf_pubacks) != 0)
         return -1;
     for (int i = 0; i < NK; i++) {
         if (!opt[i]) continue;

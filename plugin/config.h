@@ -76,6 +76,9 @@ typedef struct fx_config {
         char *user, *password, *token, *creds_file, *nkey_seed_file;
         char *ca_file, *cert_file, *key_file;
         bool tls_insecure;
+        bool leaf_pubacks; /* with leaf_url: PubAcks go over the leaf connection while it is up,
+                              a stored batch's in one write (default false: the leaf user then
+                              needs publish rights on the publishers' reply subjects) */
     } nats;
     struct {
         char **endpoints;  /* default {"http://127.0.0.1:2379"} */

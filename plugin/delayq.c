@@ -54,10 +54,13 @@ struct dm_delayq {
     bool kick; /* a delayed publish was stored: the mover looks again now */
     pthread_t writers[FX_DQ_WRITERS], mover, counter;
     size_t n_writers;
+    size_t idle_writers; /* writers waiting for work (under mu) */
     bool mover_started, counter_started;
     dq_chan *chans[FX_DQ_CHANS_MAX];
     size_t n_chans;
 };
+
+static void *writer_main(void *arg);
 
 static int64_t wall_ms(void) { return fx_wall_ns() / 1000000; }
 
@@ -248,9 +251,18 @@ bool dm_delayq_capture(dm_chan *ch, const char *subj, const char *reply, const c
         q->tail = w;
         q->n++;
         q->bytes += rl;
+        /* writers start on demand (an idle bridge keeps none), up to FX_DQ_WRITERS */
+        if (q->idle_writers == 0 && q->n_writers < FX_DQ_WRITERS &&
+            pthread_create(&q->writers[q->n_writers], NULL, writer_main, q) == 0)
+            q->n_writers++;
         pthread_cond_broadcast(&q->cv);
     }
+    bool writer = q->n_writers > 0;
     pthread_mutex_unlock(&q->mu);
+    if (ok && !writer) { /* not even one writer thread: the stop answers what is queued */
+        static fx_log_slot slot;
+        fx_log_ratelimited(&slot, 5000, FX_LOG_ERR, "delayed publishes: cannot start a writer thread");
+    }
     if (!ok) {
         free(w);
         static fx_log_slot slot;
@@ -322,7 +334,9 @@ static void *writer_main(void *arg)
     fx_delay_put puts[FX_DELAY_TXN_OPS];
     for (;;) {
         pthread_mutex_lock(&q->mu);
+        q->idle_writers++;
         while (!q->head && !q->wstop) pthread_cond_wait(&q->cv, &q->mu);
+        q->idle_writers--;
         if (!q->head) {
             pthread_mutex_unlock(&q->mu);
             break;
@@ -449,7 +463,7 @@ static size_t move_entries(struct dm_delayq *q, dm_chan *ch, dq_chan *c, fx_dela
     int64_t deadline = fx_now_ms() + FX_DM_PUT_TIMEOUT_MS + ch->s.full_wait_ms + 2000;
     pthread_mutex_lock(&q->mu);
     while (b->ended < pushed && !q->mstop && fx_ms_left(deadline) > 0) {
-        struct timespec ts = fx_deadline_ts(fx_ms_left(deadline) < 100 ? fx_ms_left(deadline) : 100);
+        struct timespec ts = fx_deadline_ts(fx_ms_left(deadline) < 100 ? deadline : fx_now_ms() + 100);
         pthread_cond_timedwait(&q->cv, &q->mu, &ts);
     }
     fx_delay_entry ok[FX_DQ_WINDOW];
@@ -595,7 +609,7 @@ static void *counter_main(void *arg)
         }
         pthread_mutex_lock(&q->mu);
         if (!q->mstop) {
-            struct timespec ts = fx_deadline_ts(FX_DQ_POLL_MS);
+            struct timespec ts = fx_deadline_ts(fx_now_ms() + FX_DQ_POLL_MS);
             pthread_cond_timedwait(&q->cv, &q->mu, &ts);
         }
         pthread_mutex_unlock(&q->mu);
@@ -649,7 +663,7 @@ static void *mover_main(void *arg)
         if (busy && left > 100) left = 100; /* the rate budget refills */
         pthread_mutex_lock(&q->mu);
         if (!q->mstop && left > 0 && !q->kick) {
-            struct timespec ts = fx_deadline_ts(left);
+            struct timespec ts = fx_deadline_ts(fx_now_ms() + left);
             pthread_cond_timedwait(&q->cv, &q->mu, &ts);
         }
         q->kick = false;
@@ -686,11 +700,6 @@ fx_err dm_delayq_start(fx_daemon *d)
     pthread_cond_init(&q->cv, &ca);
     pthread_condattr_destroy(&ca);
     d->dq = q;
-    for (size_t i = 0; i < FX_DQ_WRITERS; i++) {
-        if (pthread_create(&q->writers[i], NULL, writer_main, q) != 0)
-            return fx_seterr(FX_ENOMEM, "cannot start a delayed-write thread");
-        q->n_writers++;
-    }
     if (pthread_create(&q->mover, NULL, mover_main, q) != 0)
         return fx_seterr(FX_ENOMEM, "cannot start the delayed-message mover");
     q->mover_started = true;

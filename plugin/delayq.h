@@ -6,7 +6,7 @@
  * the channel's max_delay (min(max_delay, retention)), is answered at once with a 400 PubAck
  * error and nothing is stored; a due time already passed returns false (the message is stored
  * as any other, at once); otherwise the message goes into the bounded write queue
- * (FX_DQ_WQ_MSGS / FX_DQ_WQ_BYTES; full -> 503 "bridge queue full"), and FX_DQ_WRITERS threads
+ * (FX_DQ_WQ_MSGS / FX_DQ_WQ_BYTES; full -> 503 "bridge queue full"), and up to FX_DQ_WRITERS threads
  * store it in the delay index (bridge/delay.h: batched txns, the channel's metadata lease) and
  * PubAck it ({"stream":..,"seq":0,"fluxon_due_ms":N}) only once the txn is committed. A channel
  * whose backlog plus waiting delayed messages reach its capacity refuses delayed publishes with
@@ -28,7 +28,8 @@
  * Counts: fluxon_delayed_messages{channel} is refreshed by a count_only range every
  * FX_DQ_COUNT_MS (and by this bridge's stores and moves in between).
  *
- * Threads and ownership: FX_DQ_WRITERS writer threads, the mover and a counter thread (counts
+ * Threads and ownership: up to FX_DQ_WRITERS writer threads (started on demand: a publish
+ * finding no idle writer starts one; an idle bridge has none), the mover and a counter thread (counts
  * take seconds on a large index and never hold up moves); dm_delayq_start/stop/free on the
  * control thread (start, drain, free);
  * dm_delayq_capture on NATS callbacks; dm_delayq_waiting on any thread. The write queue and the

@@ -56,22 +56,48 @@ static size_t b36(uint64_t v, char *buf)
     return n;
 }
 
+/* Canonical decimal of v at w (room for 20 bytes); returns the length. */
+static size_t dec(uint64_t v, char *w)
+{
+    char t[20];
+    size_t i = sizeof t;
+    do {
+        t[--i] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    memcpy(w, t + i, sizeof t - i);
+    return sizeof t - i;
+}
+
+/* Built once per delivery, so without printf. */
 int fx_ack_subject_build(const fx_ack_meta *m, char *out, size_t cap)
 {
     if (!m || !out || cap == 0) return -1;
     if (!name_valid(m->bridge) || !name_valid(m->channel) || !name_valid(m->claim)) return -1;
     if (m->ts_ns < 0) return -1;
-    char nonce[16];
-    b36(m->nonce, nonce);
-    char tmp[FX_JSACK_SUBJECT_MAX];
-    int n = snprintf(tmp, sizeof tmp,
-                     FX_JSACK_PREFIX "%s.%s.%s.%" PRIu64 ".%" PRIu64 ".%" PRIu64 ".%" PRId64
-                                     ".%" PRIu64 ".%s",
-                     m->bridge, m->channel, m->claim, m->delivered, m->seq, m->claim_seq,
-                     m->ts_ns, m->pending, nonce);
-    if (n < 0 || (size_t)n >= sizeof tmp || (size_t)n >= cap) return -1;
-    memcpy(out, tmp, (size_t)n + 1);
-    return n;
+    /* the prefix, three names of at most NAME_MAX_LEN, five numbers, a nonce and the dots */
+    char tmp[sizeof FX_JSACK_PREFIX + 3 * NAME_MAX_LEN + 5 * 20 + 14 + 8];
+    const char *names[3] = {m->bridge, m->channel, m->claim};
+    const uint64_t nums[5] = {m->delivered, m->seq, m->claim_seq, (uint64_t)m->ts_ns, m->pending};
+    char *w = tmp;
+    memcpy(w, FX_JSACK_PREFIX, sizeof FX_JSACK_PREFIX - 1);
+    w += sizeof FX_JSACK_PREFIX - 1;
+    for (int i = 0; i < 3; i++) {
+        size_t l = strlen(names[i]);
+        memcpy(w, names[i], l);
+        w += l;
+        *w++ = '.';
+    }
+    for (int i = 0; i < 5; i++) {
+        w += dec(nums[i], w);
+        *w++ = '.';
+    }
+    w += b36(m->nonce, w);
+    size_t n = (size_t)(w - tmp);
+    if (n >= FX_JSACK_SUBJECT_MAX || n >= cap) return -1;
+    memcpy(out, tmp, n);
+    out[n] = '\0';
+    return (int)n;
 }
 
 /* Canonical decimal uint64 in [p, p+n). */

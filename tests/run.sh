@@ -9,7 +9,8 @@
 # --e2e-filter REGEX: run only the e2e tests whose name matches; every other one is reported as
 #   "[  SKIPPED ]" with the reason (--e2e-skip-reason) and counted (make tsan's daemon subset).
 # Environment: BUILD (build dir, default build), FXT_VALGRIND=1 (unit tests under valgrind),
-# FXT_TEST_TIMEOUT (seconds per program, default 600, times the slow factor).
+# FXT_TEST_TIMEOUT (seconds per program, default 600, times the slow factor); the e2e suite is one
+# program of many tests, each with its own timeout: FXT_E2E_TIMEOUT (default 2400, times the factor).
 # A suite run never shrinks or stretches silently: FXT_SLOW, FXE2E_SLOW, FXE2E_FILTER,
 # FXE2E_EXCLUDE and FXE2E_SKIP_REASON in the caller's environment are refused (exit 2) unless
 # FXT_ALLOW_FILTER=1 is set too (then they apply, and are printed).
@@ -80,7 +81,9 @@ run_prog() { # $1 = suite, $2 = binary
   if [ "$suite" = unit ] && [ "${FXT_VALGRIND:-0}" = 1 ] && [[ "$bin" != *.sh ]]; then
     cmd=(valgrind -q --leak-check=full --show-leak-kinds=definite,indirect --errors-for-leak-kinds=definite,indirect --error-exitcode=99 "$bin")
   fi
-  timeout --signal=TERM --kill-after=10 "$TIMEOUT" "${cmd[@]}" >"$out" 2>&1
+  local limit=$TIMEOUT
+  [ "$suite" = e2e ] && limit=$(( ${FXT_E2E_TIMEOUT:-2400} * SLOW ))
+  timeout --signal=TERM --kill-after=10 "$limit" "${cmd[@]}" >"$out" 2>&1
   rc=$?
   cat "$out"
   total=$(sed -n 's/^\[==========\] Running \([0-9]*\) test(s)\./\1/p' "$out" | awk '{s+=$1} END {print s+0}')
@@ -92,7 +95,7 @@ run_prog() { # $1 = suite, $2 = binary
     fail=1
     echo "!!! $suite/$name exited with status $rc"
   fi
-  [ "$rc" -eq 124 ] && echo "!!! $suite/$name timed out after ${TIMEOUT}s"
+  [ "$rc" -eq 124 ] && echo "!!! $suite/$name timed out after ${limit}s"
   passed=$((passed + ok)); failed=$((failed + fail)); skipped=$((skipped + skip))
   if [ "$fail" -gt 0 ]; then
     failed_names+=("$suite/$name")

@@ -219,6 +219,7 @@ static fxt_etcd g_etcd;
 static fxt_redis g_redis;        /* -K redis-*: the payload plane */
 static bool g_count_kinds;       /* -X */
 static bool g_no_js_domain;      /* -J */
+static bool g_leaf_pubacks;      /* -L */
 static const char *g_plane = "etcd";
 static int g_nats_port, g_mon_port, g_leaf_port, g_http_port;
 static char g_nats_url[64];
@@ -600,7 +601,7 @@ static int start_stack(const char *bridge_bin)
     fprintf(f,
             "{\"name\":\"nbench\",\n"
             " \"nats\":{\"url\":\"%s\",\"monitor_url\":\"http://127.0.0.1:%d\","
-            "\"leaf_url\":\"nats://127.0.0.1:%d\",\"account\":\"$G\"},\n"
+            "\"leaf_url\":\"nats://127.0.0.1:%d\",\"account\":\"$G\"%s},\n"
             " \"etcd\":{\"endpoints\":[\"%s\"],\"prefix\":\"/fxbench\"},\n"
             " \"kv\":%s,\n"
             " \"http\":{\"listen\":\"127.0.0.1:%d\"},\n"
@@ -610,7 +611,8 @@ static int start_stack(const char *bridge_bin)
             " \"channels\":[{\"name\":\"bench\",\"subjects\":[\"bench.>\"],\"deliver_prefix\":\"q.bench\","
             "\"ttl_seconds\":30,\"capacity\":1000000,\"ack\":\"explicit\",\"max_ack_pending\":5000,"
             "\"interest_poll\":\"200ms\",\"release_after\":\"%dms\"}]}\n",
-            g_nats_url, g_mon_port, g_leaf_port, bridge_etcd, kvj, g_http_port,
+            g_nats_url, g_mon_port, g_leaf_port, g_leaf_pubacks ? ",\"leaf_pubacks\":true" : "",
+            bridge_etcd, kvj, g_http_port,
             g_no_js_domain ? "" : " \"jetstream\":{\"domain\":\"fxbench\"},\n",
             BENCH_RELEASE_MS);
     fclose(f);
@@ -1658,6 +1660,7 @@ static void usage(void)
                     "[-P publishers] [-o 1,2,3,4a,4b,4c,5,5n] [-s 128,4096] [-M] [-K etcd|redis-everysec|redis-always]\n"
                     "  -M  bridge publishes carry a unique Nats-Msg-Id (cost of dedup)\n"
                     "  -X  the bridge's etcd through a counting proxy: etcd requests and bytes per message by kind\n"
+                    "  -L  nats.leaf_pubacks in the bridge's config (PubAcks over the leaf connection)\n"
                     "  -J  no jetstream.domain key in the bridge's config (bridges older than that key)\n"
                     "  -p 'cmd'  run sh -c cmd at each row's window start (env BRIDGE_PID ETCD_PID NATS_PID\n"
                     "      REDIS_PID BENCH_PID ROW SIZE WINDOW_S); the row waits for it\n"
@@ -1674,12 +1677,13 @@ int main(int argc, char **argv)
     const char *bridge = NULL, *only = NULL, *sizes_arg = NULL;
     bool dur_given = false;
     int c;
-    while ((c = getopt(argc, argv, "d:w:b:D:W:P:o:s:S:MK:XJp:h")) != -1) {
+    while ((c = getopt(argc, argv, "d:w:b:D:W:P:o:s:S:MK:XJLp:h")) != -1) {
         switch (c) {
         case 'd': g_dur_s = atoi(optarg), dur_given = true; break;
         case 'M': g_msgid = true; break;
         case 'X': g_count_kinds = true; break;
         case 'J': g_no_js_domain = true; break;
+        case 'L': g_leaf_pubacks = true; break;
         case 'p': g_hook = optarg; break;
         case 'S': g_soak_s = atoi(optarg); if (g_soak_s < SOAK_MIN_S) usage(); break;
         case 'w': g_warm_ms = atoi(optarg); break;
