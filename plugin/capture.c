@@ -2,7 +2,7 @@
  * (header policy, size, origin), Nats-Msg-Id dedup, PubAck and error replies, and the producer
  * thread that batches the channel's producer queue (pqueue.h) into the channel's producer
  * (bridge/chanq_prod.h: storing, batches in flight, reopening). Stored header blocks are built by
- * hdr.h, the channel itself is chan.h. Contract: daemon_int.h. */
+ * hdr.h, the channel itself is chan.h. Contract: capture.h. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,7 +10,7 @@
 #include <strings.h>
 
 #include "chanq_prod.h"
-#include "daemon_int.h"
+#include "capture.h"
 #include "dedup.h"
 #include "delayq.h"
 #include "flatdict.h"

@@ -5,13 +5,13 @@
  * Ownership and threads:
  *  - dm_chan_new creates a channel with one reference, the caller's (the daemon's, while the
  *    channel is configured); capture subscriptions and house-keeping snapshots hold more
- *    (daemon_int.h, docs/ARCHITECTURE.md "Handles and lifetimes" rule 14). The last
+ *    (dmctx.h, docs/ARCHITECTURE.md "Handles and lifetimes" rule 14). The last
  *    dm_chan_unref frees it, from any thread: what is still queued is answered (a dead letter's
  *    completion hook runs with FX_ECLOSED, pqueue.h) or freed.
  *  - Immutable after dm_chan_new: d, mq, name, deliver_prefix, subjects, s, is_dlq, the metric
  *    pointers (m; every channel metric of the daemon is registered here).
  *  - `mu` guards the MPMC id cache (mpmc, have_mpmc), attach_err and the house-keeping views.
- *  - Lock order (daemon_int.h): reg -> mu / q.mu.
+ *  - Lock order (dmctx.h): reg -> mu / q.mu.
  */
 #ifndef FX_PLUGIN_CHAN_H
 #define FX_PLUGIN_CHAN_H

@@ -2,7 +2,7 @@
  * front-end of the delivery engine (bridge/delivery.h), which decides what is in flight, what is
  * redelivered, what is dead-lettered and what an ack does; the claim gives it the consumer's
  * operations (op_*: publish over NATS or the leaf, commit through the MQ, queue a dead letter,
- * answer an AckSync). Contract: daemon_int.h.
+ * answer an AckSync). Contract: claim.h.
  *
  * Claims have no thread of their own: each is a strand of the daemon's executor (kind
  * FX_EXEC_K_CLAIM) that runs it in steps (claim_step: one turn of the claim's loop, never waiting
@@ -56,7 +56,7 @@
 #include <time.h>
 
 #include "chanq.h"
-#include "daemon_int.h"
+#include "claim.h"
 #include "delivery.h"
 #include "flatdict.h"
 #include "fx_time.h"

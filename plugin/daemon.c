@@ -1,5 +1,6 @@
 /* daemon.c -- fluxon-bridge lifecycle: NATS connection, MQ client, channels, admin, house-keeping,
- * health, reload and drain. Contracts: daemon.h (public), daemon_int.h (internal). */
+ * health, reload and drain. Contracts: daemon.h (public), dmctx.h (the
+ * context it shares with the modules it wires: capture.h, claim.h, ...). */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -13,10 +14,14 @@
 
 #include "admin.h"
 #include "jsapi.h"
-#include "daemon_int.h"
+#include "capture.h"
+#include "claim.h"
+#include "daemon.h"
+#include "dmctx.h"
 #include "delayq.h"
 #include "redrive.h"
 #include "fx_url.h"
+#include "http.h"
 #include "fx_time.h"
 #include "inspect.h"
 #include "jsack.h"
@@ -27,48 +32,46 @@ typedef struct dm_admin_req {
     char *reply;
 } dm_admin_req;
 
+/* The daemon's own state: what only this file reads (the context the modules share is
+ * struct fx_daemon, dmctx.h). Allocated with the daemon, freed with it. */
+struct dm_own {
+    char *cfg_path;
+    int64_t start_ms;
+    natsOptions *opts;
+    bool nats_opened;
+    natsSubscription *ack_sub, *js_ack_sub, *nr_sub;
+    natsSubscription *admin_subs[5];
+    size_t n_admin_subs;
+    struct fx_jsapi *jsapi; /* JetStream API subset (jsapi.h); NULL when off */
+    fx_http *http;
+    fx_metric *g_lease_ka_fail, *g_etcd_req, *g_etcd_lat, *g_reconnects, *g_slow,
+        *g_payload_missing, *g_claims_total, *g_leaf_up, *g_leaf_connects;
+    fx_metric *g_plane_lost, *g_kv_refusing, *g_kv_refused, *g_kv_oom, *g_kv_wait_short;
+
+    /* background threads (under d->mu, signalled on d->cv) */
+    bool stop_late; /* house-keeping and admin threads (just before the MQ client closes) */
+    pthread_t interest_thr, hk_thr, admin_thr, ctl_thr;
+    bool interest_started, hk_started, admin_started, ctl_started;
+
+    /* admin queue (under d->mu) */
+    struct dm_admin_req *aq_head, *aq_tail;
+    size_t aq_n;
+
+    /* control (under d->mu) */
+    bool ctl_reload, ctl_stop, ctl_exit;
+
+    /* health (under health_mu) */
+    pthread_mutex_t health_mu;
+    bool etcd_ok;
+    char etcd_err[256];
+
+    atomic_bool fatal;
+    bool drained;
+    int done_fd;
+    atomic_int exit_code; /* written by the control thread, read by main after done_fd */
+};
+
 /* ---- small helpers ------------------------------------------------------------------------- */
-
-uint64_t dm_rand64(void)
-{
-    static _Thread_local uint64_t st;
-    if (!st) {
-        if (getrandom(&st, sizeof st, 0) != (ssize_t)sizeof st)
-            st = (uint64_t)fx_wall_ns() ^ (uint64_t)(uintptr_t)&st;
-        st |= 1;
-    }
-    st ^= st >> 12;
-    st ^= st << 25;
-    st ^= st >> 27;
-    return st * 0x2545F4914F6CDD1DULL;
-}
-
-dm_chan *dm_find_chan_locked(fx_daemon *d, const char *name)
-{
-    for (size_t i = 0; i < d->n_chans; i++)
-        if (strcmp(d->chans[i]->name, name) == 0) return d->chans[i];
-    return NULL;
-}
-
-bool dm_nats_connected(fx_daemon *d)
-{
-    return d->nc && natsConnection_Status(d->nc) == NATS_CONN_STATUS_CONNECTED;
-}
-
-static bool wait_flag(fx_daemon *d, const bool *flag, int64_t ms)
-{
-    int64_t deadline = fx_now_ms() + (ms > 0 ? ms : 0);
-    pthread_mutex_lock(&d->mu);
-    while (!*flag && fx_ms_left(deadline) > 0) {
-        struct timespec ts = fx_deadline_ts(deadline);
-        pthread_cond_timedwait(&d->cv, &d->mu, &ts);
-    }
-    bool r = *flag;
-    pthread_mutex_unlock(&d->mu);
-    return r;
-}
-
-bool dm_bg_wait(fx_daemon *d, int64_t ms) { return wait_flag(d, &d->stop_interest, ms); }
 
 static void set_flag(fx_daemon *d, bool *flag)
 {
@@ -127,7 +130,7 @@ static void on_disconnected(natsConnection *nc, void *arg)
 static void on_reconnected(natsConnection *nc, void *arg)
 {
     fx_daemon *d = arg;
-    fx_metric_inc(d->g_reconnects, 1);
+    fx_metric_inc(d->own->g_reconnects, 1);
     log_connected(d, nc, "reconnected");
 }
 
@@ -137,8 +140,8 @@ static void on_closed(natsConnection *nc, void *arg)
     fx_daemon *d = arg;
     if (atomic_load(&d->stopping)) return;
     FX_ERR("nats: connection closed permanently");
-    atomic_store(&d->fatal, true);
-    set_flag(d, &d->ctl_stop);
+    atomic_store(&d->own->fatal, true);
+    set_flag(d, &d->own->ctl_stop);
 }
 
 static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, void *arg)
@@ -148,7 +151,7 @@ static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, 
     fx_daemon *d = arg;
     static fx_log_slot slot_sc, slot_other;
     if (err == NATS_SLOW_CONSUMER) {
-        fx_metric_inc(d->g_slow, 1);
+        fx_metric_inc(d->own->g_slow, 1);
         fx_log_ratelimited(&slot_sc, 5000, FX_LOG_WRN,
                            "nats: slow consumer: messages dropped by the client library");
     } else {
@@ -183,7 +186,7 @@ static fx_err nats_options_cfg(fx_daemon *d, const fx_config *c, const char *cna
 {
     natsStatus s = nats_Open(-1);
     if (s != NATS_OK) return fx_seterr(FX_EUNAVAIL, "nats: library init: %s", natsStatus_GetText(s));
-    d->nats_opened = true;
+    d->own->nats_opened = true;
     if ((s = natsOptions_Create(out)) != NATS_OK)
         return fx_seterr(FX_ENOMEM, "nats: options: %s", natsStatus_GetText(s));
     natsOptions *o = *out;
@@ -253,7 +256,7 @@ static fx_err nats_options(fx_daemon *d, const char *cname, natsOptions **out)
     return nats_options_cfg(d, d->cfg, cname, out);
 }
 
-fx_err dm_nats_connect_aux(fx_daemon *d, const char *cname, natsConnection **out)
+static fx_err nats_connect_aux(fx_daemon *d, const char *cname, natsConnection **out)
 {
     *out = NULL;
     natsOptions *o = NULL;
@@ -279,11 +282,11 @@ static fx_err nats_setup(fx_daemon *d)
     const fx_config *c = d->cfg;
     char cname[200];
     snprintf(cname, sizeof cname, "fluxon-bridge-%s", d->name);
-    fx_err e = nats_options(d, cname, &d->opts);
+    fx_err e = nats_options(d, cname, &d->own->opts);
     if (e) return e;
     nats_SetMessageDeliveryPoolSize(FX_DM_DELIVERY_THREADS);
     const char *url = c->nats.url ? c->nats.url : "nats://127.0.0.1:4222";
-    natsStatus s = natsConnection_Connect(&d->nc, d->opts);
+    natsStatus s = natsConnection_Connect(&d->nc, d->own->opts);
     char red[300];
     redact_url(url, red, sizeof red);
     if (s == NATS_NOT_YET_CONNECTED) {
@@ -457,10 +460,10 @@ static int health_cb(void *arg, char *err, size_t errlen)
         snprintf(err, errlen, "nats leaf: %s", why);
         return -1;
     }
-    pthread_mutex_lock(&d->health_mu);
-    bool ok = d->etcd_ok;
-    if (!ok) snprintf(err, errlen, "etcd: %s", d->etcd_err);
-    pthread_mutex_unlock(&d->health_mu);
+    pthread_mutex_lock(&d->own->health_mu);
+    bool ok = d->own->etcd_ok;
+    if (!ok) snprintf(err, errlen, "etcd: %s", d->own->etcd_err);
+    pthread_mutex_unlock(&d->own->health_mu);
     if (!ok) return -1;
     /* Healthy only once every channel is attached (its data leases registered and kept alive). */
     pthread_rwlock_rdlock(&d->reg);
@@ -515,47 +518,47 @@ static void metrics_setup(fx_daemon *d)
     d->g_acks_dropped = fx_metrics_add(m, "fluxon_acks_dropped_total",
                                        "Acks dropped because a claim's ack queue was full",
                                        FX_METRIC_COUNTER, "");
-    d->g_lease_ka_fail = fx_metrics_add(m, "fluxon_lease_keepalive_failures_total",
+    d->own->g_lease_ka_fail = fx_metrics_add(m, "fluxon_lease_keepalive_failures_total",
                                         "Failed lease keepalive calls", FX_METRIC_COUNTER, "");
-    d->g_etcd_req = fx_metrics_add(m, "fluxon_etcd_requests_total", "etcd HTTP requests sent",
+    d->own->g_etcd_req = fx_metrics_add(m, "fluxon_etcd_requests_total", "etcd HTTP requests sent",
                                    FX_METRIC_COUNTER, "");
-    d->g_etcd_lat = fx_metrics_add(m, "fluxon_etcd_latency_avg_us",
+    d->own->g_etcd_lat = fx_metrics_add(m, "fluxon_etcd_latency_avg_us",
                                    "Average latency of successful etcd calls (microseconds)",
                                    FX_METRIC_GAUGE, "");
-    d->g_reconnects = fx_metrics_add(m, "fluxon_nats_reconnects_total", "NATS reconnections",
+    d->own->g_reconnects = fx_metrics_add(m, "fluxon_nats_reconnects_total", "NATS reconnections",
                                      FX_METRIC_COUNTER, "");
-    d->g_payload_missing = fx_metrics_add(m, "fluxon_payload_missing_total",
+    d->own->g_payload_missing = fx_metrics_add(m, "fluxon_payload_missing_total",
                                           "Message ids whose payload was missing below the produce "
                                           "offset (lost by the payload store), skipped",
                                           FX_METRIC_COUNTER, "");
-    d->g_plane_lost = fx_metrics_add(m, "fluxon_payload_plane_lost_total",
+    d->own->g_plane_lost = fx_metrics_add(m, "fluxon_payload_plane_lost_total",
                                      "Consumers stopped because their channel's whole payload "
                                      "lease was gone from the payload plane (nothing committed "
                                      "past it)", FX_METRIC_COUNTER, "");
     if (d->cfg->kv.url) {
-        d->g_kv_refusing = fx_metrics_add(m, "fluxon_kv_redis_refusing_writes",
+        d->own->g_kv_refusing = fx_metrics_add(m, "fluxon_kv_redis_refusing_writes",
                                           "1 while Redis fails the write guard (an evicting "
                                           "maxmemory-policy, or persistence below "
                                           "kv.require_fsync): writes are refused",
                                           FX_METRIC_GAUGE, "");
-        d->g_kv_refused = fx_metrics_add(m, "fluxon_kv_redis_writes_refused_total",
+        d->own->g_kv_refused = fx_metrics_add(m, "fluxon_kv_redis_writes_refused_total",
                                          "Redis writes refused by the write guard",
                                          FX_METRIC_COUNTER, "");
-        d->g_kv_oom = fx_metrics_add(m, "fluxon_kv_redis_oom_total",
+        d->own->g_kv_oom = fx_metrics_add(m, "fluxon_kv_redis_oom_total",
                                      "Redis writes refused by Redis with OOM (maxmemory reached)",
                                      FX_METRIC_COUNTER, "");
-        d->g_kv_wait_short = fx_metrics_add(m, "fluxon_kv_redis_wait_short_total",
+        d->own->g_kv_wait_short = fx_metrics_add(m, "fluxon_kv_redis_wait_short_total",
                                             "Redis puts failed because WAIT reached fewer than "
                                             "kv.min_replicas replicas", FX_METRIC_COUNTER, "");
     }
-    d->g_slow = fx_metrics_add(m, "fluxon_slow_consumer_events_total",
+    d->own->g_slow = fx_metrics_add(m, "fluxon_slow_consumer_events_total",
                                "NATS slow-consumer episodes (messages dropped by the client library)",
                                FX_METRIC_COUNTER, "");
     if (d->cfg->nats.leaf_url) {
-        d->g_leaf_up = fx_metrics_add(m, "fluxon_nats_leaf_connected",
+        d->own->g_leaf_up = fx_metrics_add(m, "fluxon_nats_leaf_connected",
                                       "1 when the leafnode connection for deliveries is up",
                                       FX_METRIC_GAUGE, "");
-        d->g_leaf_connects = fx_metrics_add(m, "fluxon_nats_leaf_connects_total",
+        d->own->g_leaf_connects = fx_metrics_add(m, "fluxon_nats_leaf_connects_total",
                                             "Leafnode connections established (first and reconnects)",
                                             FX_METRIC_COUNTER, "");
     }
@@ -570,10 +573,10 @@ static void hk_probe_etcd(fx_daemon *d, bool *was_ok)
     fx_err e = fx_etcd_status_get(fx_mq_client_etcd(d->mq), &st, 1500);
     char why[256] = "";
     if (e) snprintf(why, sizeof why, "%s", fx_err_detail()[0] ? fx_err_detail() : fx_strerror(e));
-    pthread_mutex_lock(&d->health_mu);
-    d->etcd_ok = !e;
-    snprintf(d->etcd_err, sizeof d->etcd_err, "%s", e ? why : "");
-    pthread_mutex_unlock(&d->health_mu);
+    pthread_mutex_lock(&d->own->health_mu);
+    d->own->etcd_ok = !e;
+    snprintf(d->own->etcd_err, sizeof d->own->etcd_err, "%s", e ? why : "");
+    pthread_mutex_unlock(&d->own->health_mu);
     if (e && *was_ok) FX_WRN("etcd: unreachable: %s", why);
     if (!e && !*was_ok) FX_INF("etcd: reachable (version %s)", st.version);
     *was_ok = !e;
@@ -583,30 +586,30 @@ static void hk_stats(fx_daemon *d)
 {
     fx_etcd_stats es;
     fx_etcd_get_stats(fx_mq_client_etcd(d->mq), &es);
-    fx_metric_set(d->g_etcd_req, (int64_t)es.requests);
-    fx_metric_set(d->g_etcd_lat, es.latency_count ? (int64_t)(es.latency_us_sum / es.latency_count) : 0);
+    fx_metric_set(d->own->g_etcd_req, (int64_t)es.requests);
+    fx_metric_set(d->own->g_etcd_lat, es.latency_count ? (int64_t)(es.latency_us_sum / es.latency_count) : 0);
     fx_lease_mgr_stats ls;
     fx_lease_mgr_get_stats(fx_mq_client_leases(d->mq), &ls);
-    fx_metric_set(d->g_lease_ka_fail, (int64_t)ls.keepalive_failures);
-    fx_metric_set(d->g_payload_missing, (int64_t)fx_mq_client_payload_missing(d->mq));
-    fx_metric_set(d->g_plane_lost, (int64_t)fx_mq_client_plane_lost(d->mq));
-    if (d->g_kv_refusing) { /* the Redis plane */
+    fx_metric_set(d->own->g_lease_ka_fail, (int64_t)ls.keepalive_failures);
+    fx_metric_set(d->own->g_payload_missing, (int64_t)fx_mq_client_payload_missing(d->mq));
+    fx_metric_set(d->own->g_plane_lost, (int64_t)fx_mq_client_plane_lost(d->mq));
+    if (d->own->g_kv_refusing) { /* the Redis plane */
         /* The write guard's periodic check also while no write comes (the ERR line and the gauge
          * follow a runtime CONFIG SET within this thread's second). */
         fx_kv_store *kv = fx_mq_client_kv(d->mq);
         fx_kv_redis_check(kv, false, NULL, 0, 1000);
         fx_kv_redis_stats ks;
         fx_kv_redis_get_stats(kv, &ks);
-        fx_metric_set(d->g_kv_refusing, ks.refused ? 1 : 0);
-        fx_metric_set(d->g_kv_refused, (int64_t)ks.refused_writes);
-        fx_metric_set(d->g_kv_oom, (int64_t)ks.oom);
-        fx_metric_set(d->g_kv_wait_short, (int64_t)ks.wait_short);
+        fx_metric_set(d->own->g_kv_refusing, ks.refused ? 1 : 0);
+        fx_metric_set(d->own->g_kv_refused, (int64_t)ks.refused_writes);
+        fx_metric_set(d->own->g_kv_oom, (int64_t)ks.oom);
+        fx_metric_set(d->own->g_kv_wait_short, (int64_t)ks.wait_short);
     }
     if (d->leaf) {
         fx_leaf_stats st;
         fx_leaf_get_stats(d->leaf, &st);
-        fx_metric_set(d->g_leaf_up, fx_leaf_connected(d->leaf) ? 1 : 0);
-        fx_metric_set(d->g_leaf_connects, (int64_t)st.connects);
+        fx_metric_set(d->own->g_leaf_up, fx_leaf_connected(d->leaf) ? 1 : 0);
+        fx_metric_set(d->own->g_leaf_connects, (int64_t)st.connects);
     }
     pthread_rwlock_rdlock(&d->reg);
     for (size_t c = 0; c < d->n_chans; c++) {
@@ -641,14 +644,6 @@ static void hk_views(fx_daemon *d)
     pthread_rwlock_unlock(&d->reg);
 }
 
-fx_config *dm_cfg_get(fx_daemon *d)
-{
-    pthread_mutex_lock(&d->cfg_mu);
-    fx_config *c = fx_config_ref(d->cfg);
-    pthread_mutex_unlock(&d->cfg_mu);
-    return c;
-}
-
 static void *hk_main(void *arg)
 {
     fx_daemon *d = arg;
@@ -657,7 +652,7 @@ static void *hk_main(void *arg)
         hk_probe_etcd(d, &etcd_was_ok);
         hk_stats(d);
         hk_views(d);
-        if (wait_flag(d, &d->stop_late, 1000)) break;
+        if (dm_wait_flag(d, &d->own->stop_late, 1000)) break;
     }
     return NULL;
 }
@@ -683,13 +678,13 @@ static void on_admin(natsConnection *nc, natsSubscription *sub, natsMsg *m, void
     bool queued = false;
     if (r && r->subject && r->reply) {
         pthread_mutex_lock(&d->mu);
-        if (d->aq_n < FX_DM_ADMINQ_MAX && !d->stop_late) {
-            if (d->aq_tail)
-                d->aq_tail->next = r;
+        if (d->own->aq_n < FX_DM_ADMINQ_MAX && !d->own->stop_late) {
+            if (d->own->aq_tail)
+                d->own->aq_tail->next = r;
             else
-                d->aq_head = r;
-            d->aq_tail = r;
-            d->aq_n++;
+                d->own->aq_head = r;
+            d->own->aq_tail = r;
+            d->own->aq_n++;
             queued = true;
             pthread_cond_broadcast(&d->cv);
         }
@@ -718,7 +713,7 @@ static char *info_json(fx_daemon *d)
     cJSON_AddStringToObject(o, "server", "fluxon-bridge");
     cJSON_AddStringToObject(o, "name", d->name);
     cJSON_AddStringToObject(o, "version", FX_BRIDGE_VERSION);
-    int64_t up = fx_now_ms() - d->start_ms;
+    int64_t up = fx_now_ms() - d->own->start_ms;
     cJSON_AddNumberToObject(o, "uptime_ms", (double)up);
     char ubuf[64];
     snprintf(ubuf, sizeof ubuf, "%" PRId64 "h%" PRId64 "m%" PRId64 "s", up / 3600000,
@@ -731,10 +726,10 @@ static char *info_json(fx_daemon *d)
     if (conn && natsConnection_GetClientID(d->nc, &cid) == NATS_OK)
         cJSON_AddNumberToObject(n, "client_id", (double)cid);
     cJSON *e = cJSON_AddObjectToObject(o, "etcd");
-    pthread_mutex_lock(&d->health_mu);
-    cJSON_AddBoolToObject(e, "ok", d->etcd_ok);
-    if (!d->etcd_ok) cJSON_AddStringToObject(e, "error", d->etcd_err);
-    pthread_mutex_unlock(&d->health_mu);
+    pthread_mutex_lock(&d->own->health_mu);
+    cJSON_AddBoolToObject(e, "ok", d->own->etcd_ok);
+    if (!d->own->etcd_ok) cJSON_AddStringToObject(e, "error", d->own->etcd_err);
+    pthread_mutex_unlock(&d->own->health_mu);
     cJSON *arr = cJSON_AddArrayToObject(o, "channels");
     pthread_rwlock_rdlock(&d->reg);
     for (size_t i = 0; i < d->n_chans; i++) {
@@ -807,12 +802,12 @@ static void *admin_main(void *arg)
     fx_daemon *d = arg;
     for (;;) {
         pthread_mutex_lock(&d->mu);
-        while (!d->aq_head && !d->stop_late) pthread_cond_wait(&d->cv, &d->mu);
-        dm_admin_req *r = d->aq_head;
+        while (!d->own->aq_head && !d->own->stop_late) pthread_cond_wait(&d->cv, &d->mu);
+        dm_admin_req *r = d->own->aq_head;
         if (r) {
-            d->aq_head = r->next;
-            if (!d->aq_head) d->aq_tail = NULL;
-            d->aq_n--;
+            d->own->aq_head = r->next;
+            if (!d->own->aq_head) d->own->aq_tail = NULL;
+            d->own->aq_n--;
         }
         pthread_mutex_unlock(&d->mu);
         if (!r) break;
@@ -887,7 +882,7 @@ static void reload(fx_daemon *d)
         return;
     }
     char err[512] = "";
-    if (fx_config_load_file(d->cfg_path, nc, err, sizeof err) != 0) {
+    if (fx_config_load_file(d->own->cfg_path, nc, err, sizeof err) != 0) {
         FX_ERR("reload: %s (keeping the running configuration)", err);
         free(nc);
         return;
@@ -976,16 +971,16 @@ static void reload(fx_daemon *d)
 
 static void drain(fx_daemon *d)
 {
-    if (d->drained) return;
-    d->drained = true;
+    if (d->own->drained) return;
+    d->own->drained = true;
     atomic_store(&d->stopping, true);
     int64_t t0 = fx_now_ms();
     FX_INF("draining: stopping capture, releasing claims, flushing batches");
     /* 1. no new claims */
     set_flag(d, &d->stop_interest);
-    if (d->interest_started) {
-        pthread_join(d->interest_thr, NULL);
-        d->interest_started = false;
+    if (d->own->interest_started) {
+        pthread_join(d->own->interest_thr, NULL);
+        d->own->interest_started = false;
     }
     /* Only this thread changes the channel list from here on. */
     dm_chan **chans = d->chans;
@@ -997,8 +992,8 @@ static void drain(fx_daemon *d)
     for (size_t i = 0; i < n; i++) dm_chan_drain_capture_wait(chans[i], cap_deadline);
     dm_delayq_stop(d); /* delayed publishes answered; the mover queues nothing more */
     dm_redrive_stop(d); /* a running redrive NAKs what it holds back while the DLQ claim lives */
-    for (size_t i = 0; i < d->n_admin_subs; i++) natsSubscription_Unsubscribe(d->admin_subs[i]);
-    fx_jsapi_unsubscribe(d->jsapi);
+    for (size_t i = 0; i < d->own->n_admin_subs; i++) natsSubscription_Unsubscribe(d->own->admin_subs[i]);
+    fx_jsapi_unsubscribe(d->own->jsapi);
     /* 3. claims: every channel in parallel (acks still routed while they linger) */
     for (size_t i = 0; i < n; i++) dm_claims_request_stop(d, chans[i], STOP_DRAIN);
     for (size_t i = 0; i < n; i++) dm_claims_stop_all(d, chans[i], STOP_DRAIN);
@@ -1006,22 +1001,22 @@ static void drain(fx_daemon *d)
     for (size_t i = 0; i < n; i++) dm_chan_stop_producer_begin(chans[i]);
     for (size_t i = 0; i < n; i++) dm_chan_stop_producer_wait(chans[i]);
     /* 5. replies out */
-    if (d->ack_sub) natsSubscription_Unsubscribe(d->ack_sub);
-    if (d->js_ack_sub) natsSubscription_Unsubscribe(d->js_ack_sub);
-    if (d->nr_sub) natsSubscription_Unsubscribe(d->nr_sub);
+    if (d->own->ack_sub) natsSubscription_Unsubscribe(d->own->ack_sub);
+    if (d->own->js_ack_sub) natsSubscription_Unsubscribe(d->own->js_ack_sub);
+    if (d->own->nr_sub) natsSubscription_Unsubscribe(d->own->nr_sub);
     if (d->nc && dm_nats_connected(d)) natsConnection_FlushTimeout(d->nc, 2000);
     if (d->leaf && fx_leaf_connected(d->leaf)) fx_leaf_flush(d->leaf, 2000);
     /* 6. house-keeping and admin */
-    set_flag(d, &d->stop_late);
-    if (d->hk_started) {
-        pthread_join(d->hk_thr, NULL);
-        d->hk_started = false;
+    set_flag(d, &d->own->stop_late);
+    if (d->own->hk_started) {
+        pthread_join(d->own->hk_thr, NULL);
+        d->own->hk_started = false;
     }
-    if (d->admin_started) {
-        pthread_join(d->admin_thr, NULL);
-        d->admin_started = false;
+    if (d->own->admin_started) {
+        pthread_join(d->own->admin_thr, NULL);
+        d->own->admin_started = false;
     }
-    fx_jsapi_stop(d->jsapi);
+    fx_jsapi_stop(d->own->jsapi);
     /* 7. the keeper (queued consumer closes run to their end), endpoints and backends */
     fx_chanq_keeper_free(d->keeper);
     d->keeper = NULL;
@@ -1029,8 +1024,8 @@ static void drain(fx_daemon *d)
         fx_err e = fx_mq_client_close(d->mq);
         if (e) FX_WRN("mq: close: %s (%s)", fx_strerror(e), fx_err_detail());
     }
-    fx_http_stop(d->http);
-    d->http = NULL;
+    fx_http_stop(d->own->http);
+    d->own->http = NULL;
     fx_leaf_stop(d->leaf);
     if (d->nc) natsConnection_Close(d->nc);
     FX_INF("drained in %" PRId64 " ms", fx_now_ms() - t0);
@@ -1043,20 +1038,20 @@ static void *ctl_main(void *arg)
     fx_daemon *d = arg;
     for (;;) {
         pthread_mutex_lock(&d->mu);
-        while (!d->ctl_reload && !d->ctl_stop) pthread_cond_wait(&d->cv, &d->mu);
-        bool stop = d->ctl_stop, rl = d->ctl_reload;
-        d->ctl_reload = false;
+        while (!d->own->ctl_reload && !d->own->ctl_stop) pthread_cond_wait(&d->cv, &d->mu);
+        bool stop = d->own->ctl_stop, rl = d->own->ctl_reload;
+        d->own->ctl_reload = false;
         pthread_mutex_unlock(&d->mu);
         if (stop) break;
         if (rl) {
-            FX_INF("reload: reading %s", d->cfg_path);
+            FX_INF("reload: reading %s", d->own->cfg_path);
             reload(d);
         }
     }
     drain(d);
-    atomic_store(&d->exit_code, atomic_load(&d->fatal) ? 1 : 0);
+    atomic_store(&d->own->exit_code, atomic_load(&d->own->fatal) ? 1 : 0);
     uint64_t one = 1;
-    ssize_t w = write(d->done_fd, &one, sizeof one);
+    ssize_t w = write(d->own->done_fd, &one, sizeof one);
     (void)w;
     return NULL;
 }
@@ -1068,13 +1063,19 @@ fx_err fx_daemon_new(fx_config *cfg, const char *cfg_path, fx_daemon **out)
     *out = NULL;
     fx_daemon *d = calloc(1, sizeof *d);
     if (!d) return fx_seterr(FX_ENOMEM, "daemon: out of memory");
+    d->own = calloc(1, sizeof *d->own);
+    if (!d->own) {
+        free(d);
+        return fx_seterr(FX_ENOMEM, "daemon: out of memory");
+    }
     d->cfg = calloc(1, sizeof *d->cfg);
-    d->cfg_path = strdup(cfg_path ? cfg_path : "");
-    d->done_fd = eventfd(0, EFD_CLOEXEC);
-    if (!d->cfg || !d->cfg_path || d->done_fd < 0) {
-        if (d->done_fd >= 0) close(d->done_fd);
+    d->own->cfg_path = strdup(cfg_path ? cfg_path : "");
+    d->own->done_fd = eventfd(0, EFD_CLOEXEC);
+    if (!d->cfg || !d->own->cfg_path || d->own->done_fd < 0) {
+        if (d->own->done_fd >= 0) close(d->own->done_fd);
         free(d->cfg);
-        free(d->cfg_path);
+        free(d->own->cfg_path);
+        free(d->own);
         free(d);
         return fx_seterr(FX_ENOMEM, "daemon: out of resources");
     }
@@ -1082,15 +1083,16 @@ fx_err fx_daemon_new(fx_config *cfg, const char *cfg_path, fx_daemon **out)
     memset(cfg, 0, sizeof *cfg);
     fx_config_share(d->cfg);
     d->cfg_start = fx_config_ref(d->cfg);
+    d->nats_connect_aux = nats_connect_aux;
     snprintf(d->name, sizeof d->name, "%s", d->cfg->name ? d->cfg->name : "fluxon");
     pthread_mutex_init(&d->cfg_mu, NULL);
     pthread_mutex_init(&d->mu, NULL);
     fx_cond_init_monotonic(&d->cv);
-    pthread_mutex_init(&d->health_mu, NULL);
+    pthread_mutex_init(&d->own->health_mu, NULL);
     pthread_rwlock_init(&d->reg, NULL);
     pthread_mutex_init(&d->sched.mu, NULL);
     fx_cond_init_monotonic(&d->sched.fin_cv);
-    snprintf(d->etcd_err, sizeof d->etcd_err, "not probed yet");
+    snprintf(d->own->etcd_err, sizeof d->own->etcd_err, "not probed yet");
     atomic_init(&d->max_payload, 0);
     *out = d;
     return FX_OK;
@@ -1121,7 +1123,7 @@ fx_err fx_daemon_check(fx_daemon *d)
 fx_err fx_daemon_start(fx_daemon *d)
 {
     fx_err e;
-    d->start_ms = fx_now_ms();
+    d->own->start_ms = fx_now_ms();
     if (getrandom(d->origin_key, sizeof d->origin_key, 0) != (ssize_t)sizeof d->origin_key)
         return fx_seterr(FX_EINVAL, "getrandom: cannot draw the Fluxon-Origin key");
     d->metrics = fx_metrics_new(8192);
@@ -1132,7 +1134,7 @@ fx_err fx_daemon_start(fx_daemon *d)
     if ((e = nats_setup(d))) return e;
     if ((e = fx_jsapi_check(d))) return e; /* a real JetStream on our prefix: refuse (exit 2) */
     if (d->cfg->http.listen && *d->cfg->http.listen) {
-        if ((e = fx_http_start(d->cfg->http.listen, health_cb, d, d->metrics, &d->http)))
+        if ((e = fx_http_start(d->cfg->http.listen, health_cb, d, d->metrics, &d->own->http)))
             return e;
     }
     if ((e = dm_delayq_start(d))) return e; /* before capture: delayed publishes go there */
@@ -1142,71 +1144,71 @@ fx_err fx_daemon_start(fx_daemon *d)
     char subj[300];
     natsStatus s;
     snprintf(subj, sizeof subj, FX_DM_ACK_PREFIX "FLUXON.%s.>", d->name);
-    if ((s = natsConnection_Subscribe(&d->ack_sub, d->nc, subj, dm_on_ack, d)) != NATS_OK)
+    if ((s = natsConnection_Subscribe(&d->own->ack_sub, d->nc, subj, dm_on_ack, d)) != NATS_OK)
         return fx_seterr(FX_EUNAVAIL, "nats: subscribe %s: %s", subj, natsStatus_GetText(s));
-    natsSubscription_SetPendingLimits(d->ack_sub, FX_DM_SUB_PENDING_MSGS, FX_DM_SUB_PENDING_BYTES);
+    natsSubscription_SetPendingLimits(d->own->ack_sub, FX_DM_SUB_PENDING_MSGS, FX_DM_SUB_PENDING_BYTES);
     /* Acks sent to the JetStream form of the subject are accepted too (same layout). */
     snprintf(subj, sizeof subj, FX_JSACK_PREFIX "%s.>", d->name);
-    if ((s = natsConnection_Subscribe(&d->js_ack_sub, d->nc, subj, dm_on_ack, d)) != NATS_OK)
+    if ((s = natsConnection_Subscribe(&d->own->js_ack_sub, d->nc, subj, dm_on_ack, d)) != NATS_OK)
         return fx_seterr(FX_EUNAVAIL, "nats: subscribe %s: %s", subj, natsStatus_GetText(s));
-    natsSubscription_SetPendingLimits(d->js_ack_sub, FX_DM_SUB_PENDING_MSGS, FX_DM_SUB_PENDING_BYTES);
+    natsSubscription_SetPendingLimits(d->own->js_ack_sub, FX_DM_SUB_PENDING_MSGS, FX_DM_SUB_PENDING_BYTES);
     snprintf(subj, sizeof subj, FX_DM_NR_PREFIX "%s.>", d->name);
-    if ((s = natsConnection_Subscribe(&d->nr_sub, d->nc, subj, dm_on_nr, d)) != NATS_OK)
+    if ((s = natsConnection_Subscribe(&d->own->nr_sub, d->nc, subj, dm_on_nr, d)) != NATS_OK)
         return fx_seterr(FX_EUNAVAIL, "nats: subscribe %s: %s", subj, natsStatus_GetText(s));
-    natsSubscription_SetPendingLimits(d->nr_sub, FX_DM_SUB_PENDING_MSGS, FX_DM_SUB_PENDING_BYTES);
+    natsSubscription_SetPendingLimits(d->own->nr_sub, FX_DM_SUB_PENDING_MSGS, FX_DM_SUB_PENDING_BYTES);
     const char *admin_q[] = {API_PREFIX "INFO", API_PREFIX "CHANNEL.LIST", API_PREFIX "CHANNEL.INFO.*"};
     for (size_t i = 0; i < 3; i++) {
-        if ((s = natsConnection_QueueSubscribe(&d->admin_subs[d->n_admin_subs], d->nc, admin_q[i],
+        if ((s = natsConnection_QueueSubscribe(&d->own->admin_subs[d->own->n_admin_subs], d->nc, admin_q[i],
                                                "fluxon-admin", on_admin, d)) != NATS_OK)
             return fx_seterr(FX_EUNAVAIL, "nats: subscribe %s: %s", admin_q[i], natsStatus_GetText(s));
-        d->n_admin_subs++;
+        d->own->n_admin_subs++;
     }
     /* dead letters back to their channel (redrive.h): a thread of its own, not the admin queue */
-    if ((s = natsConnection_QueueSubscribe(&d->admin_subs[d->n_admin_subs], d->nc,
+    if ((s = natsConnection_QueueSubscribe(&d->own->admin_subs[d->own->n_admin_subs], d->nc,
                                            API_PREFIX "CHANNEL.REDRIVE.*", "fluxon-admin",
                                            dm_on_redrive, d)) != NATS_OK)
         return fx_seterr(FX_EUNAVAIL, "nats: subscribe %s: %s", API_PREFIX "CHANNEL.REDRIVE.*",
                          natsStatus_GetText(s));
-    d->n_admin_subs++;
+    d->own->n_admin_subs++;
     snprintf(subj, sizeof subj, API_PREFIX "INFO.%s", d->name);
-    if ((s = natsConnection_Subscribe(&d->admin_subs[d->n_admin_subs], d->nc, subj, on_admin, d)) !=
+    if ((s = natsConnection_Subscribe(&d->own->admin_subs[d->own->n_admin_subs], d->nc, subj, on_admin, d)) !=
         NATS_OK)
         return fx_seterr(FX_EUNAVAIL, "nats: subscribe %s: %s", subj, natsStatus_GetText(s));
-    d->n_admin_subs++;
-    if ((e = fx_jsapi_start(d, &d->jsapi))) return e;
+    d->own->n_admin_subs++;
+    if ((e = fx_jsapi_start(d, &d->own->jsapi))) return e;
 
-    if (pthread_create(&d->hk_thr, NULL, hk_main, d) != 0)
+    if (pthread_create(&d->own->hk_thr, NULL, hk_main, d) != 0)
         return fx_seterr(FX_ENOMEM, "cannot start the house-keeping thread");
-    d->hk_started = true;
-    if (pthread_create(&d->admin_thr, NULL, admin_main, d) != 0)
+    d->own->hk_started = true;
+    if (pthread_create(&d->own->admin_thr, NULL, admin_main, d) != 0)
         return fx_seterr(FX_ENOMEM, "cannot start the admin thread");
-    d->admin_started = true;
-    if (pthread_create(&d->interest_thr, NULL, dm_interest_main, d) != 0)
+    d->own->admin_started = true;
+    if (pthread_create(&d->own->interest_thr, NULL, dm_interest_main, d) != 0)
         return fx_seterr(FX_ENOMEM, "cannot start the interest thread");
-    d->interest_started = true;
-    if (pthread_create(&d->ctl_thr, NULL, ctl_main, d) != 0)
+    d->own->interest_started = true;
+    if (pthread_create(&d->own->ctl_thr, NULL, ctl_main, d) != 0)
         return fx_seterr(FX_ENOMEM, "cannot start the control thread");
-    d->ctl_started = true;
+    d->own->ctl_started = true;
     FX_INF("fluxon-bridge %s started: name %s, %zu channel(s)", FX_BRIDGE_VERSION, d->name,
            d->cfg->n_channels);
     return FX_OK;
 }
 
-void fx_daemon_request_reload(fx_daemon *d) { set_flag(d, &d->ctl_reload); }
+void fx_daemon_request_reload(fx_daemon *d) { set_flag(d, &d->own->ctl_reload); }
 
-void fx_daemon_request_stop(fx_daemon *d) { set_flag(d, &d->ctl_stop); }
+void fx_daemon_request_stop(fx_daemon *d) { set_flag(d, &d->own->ctl_stop); }
 
-int fx_daemon_done_fd(const fx_daemon *d) { return d->done_fd; }
+int fx_daemon_done_fd(const fx_daemon *d) { return d->own->done_fd; }
 
-int fx_daemon_exit_code(const fx_daemon *d) { return atomic_load(&((fx_daemon *)d)->exit_code); }
+int fx_daemon_exit_code(const fx_daemon *d) { return atomic_load(&d->own->exit_code); }
 
 void fx_daemon_free(fx_daemon *d)
 {
     if (!d) return;
-    if (d->ctl_started) {
-        set_flag(d, &d->ctl_stop);
-        pthread_join(d->ctl_thr, NULL);
-        d->ctl_started = false;
+    if (d->own->ctl_started) {
+        set_flag(d, &d->own->ctl_stop);
+        pthread_join(d->own->ctl_thr, NULL);
+        d->own->ctl_started = false;
     } else if (d->metrics) { /* fx_daemon_start ran (maybe in part); not after a check alone */
         drain(d);
     }
@@ -1215,13 +1217,13 @@ void fx_daemon_free(fx_daemon *d)
     for (size_t i = 0; i < d->n_chans; i++) dm_chan_unref(d->chans[i]);
     free(d->chans);
     dm_delayq_free(d);
-    if (d->ack_sub) natsSubscription_Destroy(d->ack_sub);
-    if (d->js_ack_sub) natsSubscription_Destroy(d->js_ack_sub);
-    if (d->nr_sub) natsSubscription_Destroy(d->nr_sub);
-    for (size_t i = 0; i < d->n_admin_subs; i++) natsSubscription_Destroy(d->admin_subs[i]);
-    fx_jsapi_free(d->jsapi);
-    d->jsapi = NULL;
-    dm_admin_req *r = d->aq_head;
+    if (d->own->ack_sub) natsSubscription_Destroy(d->own->ack_sub);
+    if (d->own->js_ack_sub) natsSubscription_Destroy(d->own->js_ack_sub);
+    if (d->own->nr_sub) natsSubscription_Destroy(d->own->nr_sub);
+    for (size_t i = 0; i < d->own->n_admin_subs; i++) natsSubscription_Destroy(d->own->admin_subs[i]);
+    fx_jsapi_free(d->own->jsapi);
+    d->own->jsapi = NULL;
+    dm_admin_req *r = d->own->aq_head;
     while (r) {
         dm_admin_req *nx = r->next;
         free(r->subject);
@@ -1232,7 +1234,7 @@ void fx_daemon_free(fx_daemon *d)
     fx_leaf_free(d->leaf);
     d->leaf = NULL;
     if (d->nc) natsConnection_Destroy(d->nc);
-    if (d->opts) natsOptions_Destroy(d->opts);
+    if (d->own->opts) natsOptions_Destroy(d->own->opts);
     fx_chanq_keeper_free(d->keeper);
     d->keeper = NULL;
     fx_mq_client_free(d->mq);
@@ -1241,7 +1243,7 @@ void fx_daemon_free(fx_daemon *d)
     fx_config_unref(d->cfg_start);
     if (d->exec && dm_claims_sched_stop(d)) fx_exec_free(d->exec); /* after the keeper and mq */
     d->exec = NULL;
-    if (d->nats_opened) {
+    if (d->own->nats_opened) {
         /* cnats' own threads (delivery pool, flusher, reconnect) end here; one still running
          * after the wait may hold a message it had not delivered (a sanitizer build reports it
          * as a leak at exit), so say so. */
@@ -1249,14 +1251,15 @@ void fx_daemon_free(fx_daemon *d)
         if (ns != NATS_OK)
             FX_WRN("nats library did not stop within 2 s: %s", natsStatus_GetText(ns));
     }
-    close(d->done_fd);
+    close(d->own->done_fd);
     pthread_mutex_destroy(&d->cfg_mu);
     pthread_mutex_destroy(&d->mu);
     pthread_cond_destroy(&d->cv);
-    pthread_mutex_destroy(&d->health_mu);
+    pthread_mutex_destroy(&d->own->health_mu);
     pthread_rwlock_destroy(&d->reg);
     pthread_mutex_destroy(&d->sched.mu);
     pthread_cond_destroy(&d->sched.fin_cv);
-    free(d->cfg_path);
+    free(d->own->cfg_path);
+    free(d->own);
     free(d);
 }

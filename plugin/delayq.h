@@ -45,7 +45,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon_int.h"
+#include "dmctx.h"
 
 #define FX_DQ_HDR_SCHEDULE "Nats-Schedule"
 #define FX_DQ_HDR_DELAY "Fluxon-Delay"

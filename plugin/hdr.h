@@ -18,7 +18,7 @@
  * dm_hdr_delivery writes into a caller-owned buffer it grows with realloc.
  * Threads: no state, no lock: any thread (on a natsMsg that thread owns).
  * Bounds: none of its own; the output is at most the input plus the pairs given (sizes are
- * computed before writing), and callers bound the input (FX_DM_MAX_MSG_BYTES, daemon_int.h).
+ * computed before writing), and callers bound the input (FX_DM_MAX_MSG_BYTES, dmctx.h).
  */
 #ifndef FX_PLUGIN_HDR_H
 #define FX_PLUGIN_HDR_H

@@ -12,7 +12,9 @@
 
 #include <cjson/cJSON.h>
 
-#include "daemon_int.h"
+#include "capture.h"
+#include "claim.h"
+#include "dmctx.h"
 #include "etcd.h"
 #include "fx_time.h"
 #include "inspect.h"

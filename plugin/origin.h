@@ -1,4 +1,4 @@
-/* origin.h -- Fluxon-Origin: loop prevention by proof (daemon_int.h FX_DM_HDR_ORIGIN). Every
+/* origin.h -- Fluxon-Origin: loop prevention by proof (dmctx.h FX_DM_HDR_ORIGIN). Every
  * delivery carries a keyed hash of its subject and reply subject under the daemon's 128-bit key
  * (fx_daemon.origin_key, from getrandom at start, never logged); capture skips a message only
  * when the tag verifies. Pure functions: any thread, no state. */

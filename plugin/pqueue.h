@@ -17,7 +17,7 @@
  * channel's producer thread (and a batch's completion, which gives back what was not stored),
  * through the *_locked calls under mu. `cv` is signalled when the queue turns non-empty; the producer also
  * uses mu and cv for its own batch state (capture.c), so mu is held only briefly, and the lock
- * order is reg -> mu (daemon_int.h); dd_mu (capture.c) before mu; mu before the lock of the
+ * order is reg -> mu (dmctx.h); dd_mu (capture.c) before mu; mu before the lock of the
  * channel's producer (bridge/chanq_prod.h, taken by fx_chanq_prod_room under mu).
  *
  * Bounds: at most FX_DM_CAPQ_MAX_MSGS items and FX_DM_CAPQ_MAX_BYTES bytes of records

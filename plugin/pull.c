@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon_int.h"
+#include "dmctx.h"
 #include "leaf.h"
 
 #define NS_PER_MS 1000000LL

@@ -16,7 +16,8 @@
 #include <cjson/cJSON.h>
 
 #include "admin.h"
-#include "daemon_int.h"
+#include "capture.h"
+#include "dmctx.h"
 
 static int64_t mono_ms(void)
 {
@@ -405,7 +406,7 @@ static void *job_main(void *arg)
     fx_redrive_result r;
     /* a connection of its own: the claim of its subscription is interest like any client's */
     natsConnection *nc = NULL;
-    fx_err e = dm_nats_connect_aux(j->d, "fluxon-bridge-redrive", &nc);
+    fx_err e = j->d->nats_connect_aux(j->d, "fluxon-bridge-redrive", &nc);
     natsStatus s = e ? NATS_ERR : fx_redrive_run(nc, &o, &r);
     if (nc) {
         natsConnection_FlushTimeout(nc, 2000);

@@ -68,7 +68,7 @@ natsStatus fx_redrive_run(natsConnection *nc, const fx_redrive_opts *o, fx_redri
 int fx_redrive_json(const char *dlq, const char *to, const fx_redrive_result *r, char *out,
                     size_t cap);
 
-/* Bridge side (daemon_int.h's fx_daemon is the callback's arg). */
+/* Bridge side (dmctx.h's fx_daemon is the callback's arg). */
 struct fx_daemon;
 void dm_on_redrive(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg);
 void dm_redrive_stop(struct fx_daemon *d);

@@ -46,7 +46,7 @@ check_includes() {
         */*) ;;
         *) for d in $(allowed_dirs "$layer"); do [ -f "$d/$inc" ] && ok=1; done ;;
       esac
-      # Internal headers (*_int.h: mq_int.h, etcd_int.h, daemon_int.h) stay in their directory
+      # Internal headers (*_int.h: mq_int.h, etcd_int.h) stay in their directory
       # (tests of the layer may use them).
       if [ $ok = 1 ] && [[ "$inc" == *_int.h ]] && [[ "$f" != tests/* ]] && [ ! -f "$(dirname "$f")/$inc" ]; then
         ok=0

@@ -30,7 +30,7 @@ function readJsonl(file) {
   return out;
 }
 
-/** A PubAck seq as the bridge builds it (plugin/daemon_int.h dm_seq): sub-MPSC (13 bits) << 40 |
+/** A PubAck seq as the bridge builds it (plugin/dmctx.h dm_seq): sub-MPSC (13 bits) << 40 |
  * producer index (8 bits) << 32 | offset + 1. */
 export function decodeSeq(seq) {
   const n = BigInt(seq);
