@@ -374,7 +374,7 @@ static void take_strand_jobs(fx_exec_strand *s, kind *k, job **list)
         k->st.queued--;
         k->st.cancelled++;
     }
-    s->jtail->n.next = &(*list)->n;
+    s->jtail->n.next = *list ? &(*list)->n : NULL; /* (no member access through NULL) */
     *list = s->jhead;
     s->jhead = s->jtail = NULL;
 }

@@ -1188,7 +1188,7 @@ static void lb_put(lb *b, const char *s, size_t n)
         b->over = true;
         return;
     }
-    memcpy(b->p, s, n);
+    if (n) memcpy(b->p, s, n); /* s may be NULL when n is 0 (no headers) */
     b->p += n;
 }
 
