@@ -197,6 +197,33 @@ static int tmo(const fx_delay *dl, int timeout_ms)
     return timeout_ms > 0 ? timeout_ms : dl->c->op_timeout_ms;
 }
 
+/* A channel's whole index as a key range: its prefix and the prefix's range end. */
+typedef struct chan_span {
+    char from[KEY_CAP];
+    uint8_t end[KEY_CAP];
+    size_t pl, el;
+} chan_span;
+
+static fx_err chan_span_of(const fx_delay *dl, const char *chan, chan_span *sp)
+{
+    if (!valid_chan(chan)) return fx_seterr(FX_EINVAL, "delay: bad channel name");
+    int pl = chan_prefix(dl, chan, sp->from, sizeof sp->from);
+    if (pl < 0) return fx_seterr(FX_EINVAL, "delay: key too long");
+    sp->pl = (size_t)pl;
+    sp->el = fx_prefix_end((fx_slice){sp->from, sp->pl}, sp->end);
+    return FX_OK;
+}
+
+/* One range read of the index, as an operation of the MQ client (refused once it closes). */
+static fx_err index_range(fx_delay *dl, const fx_range_req *rq, fx_range_resp *rr, int timeout_ms)
+{
+    fx_err e = fx__mq_op_enter(dl->c);
+    if (e) return e;
+    e = fx_etcd_range(dl->c->etcd, rq, rr, tmo(dl, timeout_ms));
+    fx__mq_op_leave(dl->c);
+    return e;
+}
+
 /* ---- index --------------------------------------------------------------------------------- */
 
 fx_err fx_delay_chan_lease(fx_delay *dl, int64_t mpmc, int64_t *lease)
@@ -300,10 +327,7 @@ fx_err fx_delay_scan(fx_delay *dl, const char *chan, int64_t now_ms, size_t limi
                        .limit = (int64_t)limit, .sort_order = FX_SORT_ASCEND,
                        .sort_target = FX_SORT_KEY};
     fx_range_resp rr = {0};
-    fx_err e = fx__mq_op_enter(dl->c);
-    if (e) return e;
-    e = fx_etcd_range(dl->c->etcd, &rq, &rr, tmo(dl, timeout_ms));
-    fx__mq_op_leave(dl->c);
+    fx_err e = index_range(dl, &rq, &rr, timeout_ms);
     if (e) return e;
     fx_delay_entry *v = rr.n_kvs ? calloc(rr.n_kvs, sizeof *v) : NULL;
     if (rr.n_kvs && !v) {
@@ -368,23 +392,16 @@ fx_err fx_delay_remove(fx_delay *dl, const fx_delay_entry *en, size_t n, int tim
 fx_err fx_delay_next_due(fx_delay *dl, const char *chan, int64_t *due_ms, int timeout_ms)
 {
     *due_ms = -1;
-    if (!valid_chan(chan)) return fx_seterr(FX_EINVAL, "delay: bad channel name");
-    char from[KEY_CAP];
-    uint8_t end[KEY_CAP];
-    int pl = chan_prefix(dl, chan, from, sizeof from);
-    if (pl < 0) return fx_seterr(FX_EINVAL, "delay: key too long");
-    size_t el = fx_prefix_end((fx_slice){from, (size_t)pl}, end);
-    fx_range_req rq = {.key = {from, (size_t)pl}, .range_end = {end, el}, .limit = 1,
+    chan_span sp;
+    fx_err e = chan_span_of(dl, chan, &sp);
+    if (e) return e;
+    fx_range_req rq = {.key = {sp.from, sp.pl}, .range_end = {sp.end, sp.el}, .limit = 1,
                        .keys_only = true, .sort_order = FX_SORT_ASCEND, .sort_target = FX_SORT_KEY};
     fx_range_resp rr = {0};
-    fx_err e = fx__mq_op_enter(dl->c);
-    if (e) return e;
-    e = fx_etcd_range(dl->c->etcd, &rq, &rr, tmo(dl, timeout_ms));
-    fx__mq_op_leave(dl->c);
-    if (e) return e;
+    if ((e = index_range(dl, &rq, &rr, timeout_ms))) return e;
     char id[FX_DELAY_ID_HEX + 1];
     if (rr.n_kvs)
-        if (!parse_entry_key(rr.kvs[0].key.data, rr.kvs[0].key.len, (size_t)pl, due_ms, id))
+        if (!parse_entry_key(rr.kvs[0].key.data, rr.kvs[0].key.len, sp.pl, due_ms, id))
             *due_ms = -1;
     fx_range_resp_free(&rr);
     return FX_OK;
@@ -393,19 +410,12 @@ fx_err fx_delay_next_due(fx_delay *dl, const char *chan, int64_t *due_ms, int ti
 fx_err fx_delay_count(fx_delay *dl, const char *chan, int64_t *n, int timeout_ms)
 {
     *n = 0;
-    if (!valid_chan(chan)) return fx_seterr(FX_EINVAL, "delay: bad channel name");
-    char from[KEY_CAP];
-    uint8_t end[KEY_CAP];
-    int pl = chan_prefix(dl, chan, from, sizeof from);
-    if (pl < 0) return fx_seterr(FX_EINVAL, "delay: key too long");
-    size_t el = fx_prefix_end((fx_slice){from, (size_t)pl}, end);
-    fx_range_req rq = {.key = {from, (size_t)pl}, .range_end = {end, el}, .count_only = true};
+    chan_span sp;
+    fx_err e = chan_span_of(dl, chan, &sp);
+    if (e) return e;
+    fx_range_req rq = {.key = {sp.from, sp.pl}, .range_end = {sp.end, sp.el}, .count_only = true};
     fx_range_resp rr = {0};
-    fx_err e = fx__mq_op_enter(dl->c);
-    if (e) return e;
-    e = fx_etcd_range(dl->c->etcd, &rq, &rr, tmo(dl, timeout_ms));
-    fx__mq_op_leave(dl->c);
-    if (e) return e;
+    if ((e = index_range(dl, &rq, &rr, timeout_ms))) return e;
     *n = rr.count;
     fx_range_resp_free(&rr);
     return FX_OK;
@@ -413,14 +423,11 @@ fx_err fx_delay_count(fx_delay *dl, const char *chan, int64_t *n, int timeout_ms
 
 fx_err fx_delay_purge(fx_delay *dl, const char *chan, int timeout_ms)
 {
-    if (!valid_chan(chan)) return fx_seterr(FX_EINVAL, "delay: bad channel name");
-    char from[KEY_CAP];
-    uint8_t end[KEY_CAP];
-    int pl = chan_prefix(dl, chan, from, sizeof from);
-    if (pl < 0) return fx_seterr(FX_EINVAL, "delay: key too long");
-    size_t el = fx_prefix_end((fx_slice){from, (size_t)pl}, end);
-    fx_del_req rq = {.key = {from, (size_t)pl}, .range_end = {end, el}};
-    fx_err e = fx__mq_op_enter(dl->c);
+    chan_span sp;
+    fx_err e = chan_span_of(dl, chan, &sp);
+    if (e) return e;
+    fx_del_req rq = {.key = {sp.from, sp.pl}, .range_end = {sp.end, sp.el}};
+    e = fx__mq_op_enter(dl->c);
     if (e) return e;
     e = fx_etcd_delete(dl->c->etcd, &rq, NULL, tmo(dl, timeout_ms));
     fx__mq_op_leave(dl->c);
