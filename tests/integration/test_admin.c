@@ -35,6 +35,7 @@
 #include "fluxon_mq.h"
 #include "fx_log.h"
 #include "tests/support/fxt.h"
+#include "tests/support/fxt_check.h"
 
 #define OP_MS 3000
 #define TTL 3
@@ -44,13 +45,6 @@ static struct {
     fxt_etcd etcd;
     const char *eps[1];
 } G;
-
-#define CHECK(call)                                                                              \
-    do {                                                                                         \
-        fx_err chk_e_ = (call);                                                                  \
-        if (chk_e_ != FX_OK)                                                                     \
-            fail_msg("%s: %s (%s)", #call, fx_errname(chk_e_), fx_err_detail());                 \
-    } while (0)
 
 static int group_setup(void **state)
 {

@@ -22,6 +22,7 @@
 #include "fx_log.h"
 #include "keys.h"
 #include "tests/support/fxt.h"
+#include "tests/support/fxt_check.h"
 
 #define OP_MS 3000
 #define TTL 3
@@ -33,20 +34,6 @@ static struct {
     fx_etcd *raw; /* direct etcd access (revoke a lease) */
     fx_exec *ex;  /* the keepers' jobs */
 } G;
-
-#define CHECK(call)                                                                              \
-    do {                                                                                         \
-        fx_err chk_e_ = (call);                                                                  \
-        if (chk_e_ != FX_OK)                                                                     \
-            fail_msg("%s: %s (%s)", #call, fx_errname(chk_e_), fx_err_detail());                 \
-    } while (0)
-
-static void nap_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
 
 static int group_setup(void **state)
 {
@@ -111,7 +98,7 @@ static fx_chanq_cons *cons_open(fx_chanq_keeper *k, const char *label, fe *f)
     int64_t deadline = fxt_now_ms() + WAIT_MS;
     while (fx_chanq_cons_poll(c) >= 0) {
         if (fxt_now_ms() > deadline) fail_msg("consumer %s did not open", label);
-        nap_ms(20);
+        fxt_nap_ms(20);
     }
     return c;
 }
@@ -126,14 +113,14 @@ static void get_n(fx_chanq_cons *c, size_t want, fx_mq_msg_id *ids, uint64_t *co
     while (have < want) {
         if (fxt_now_ms() > deadline) fail_msg("got %zu of %zu deliveries", have, want);
         if (fx_chanq_cons_poll(c) >= 0) {
-            nap_ms(20);
+            fxt_nap_ms(20);
             continue;
         }
         fx_chanq_cons_inherit(c);
         size_t n = 0;
         fx_err e = fx_chanq_cons_get(c, dv, cn, 16, &n);
         if (e == FX_ETIMEDOUT || (e == FX_OK && !n)) {
-            nap_ms(20);
+            fxt_nap_ms(20);
             continue;
         }
         CHECK(e);
@@ -160,7 +147,7 @@ static void get_none(fx_chanq_cons *c, int ms)
             if (n) fail_msg("unexpected delivery %" PRId64 ".%" PRId64 ".%" PRId64, dv[0].id.chan,
                             dv[0].id.pidx, dv[0].id.msg);
         }
-        nap_ms(20);
+        fxt_nap_ms(20);
     }
 }
 
@@ -197,7 +184,7 @@ static void count_durable(fx_chanq_cons *c, const fx_mq_msg_id *ids, size_t n, u
         assert_true(it[i].gen > 0);
         while (!fx_chanq_cons_durable(c, it[i].id, it[i].gen)) {
             if (fxt_now_ms() > deadline) fail_msg("attempt record not durable");
-            nap_ms(10);
+            fxt_nap_ms(10);
         }
     }
 }
@@ -300,7 +287,7 @@ static void chanq_consumer_adopts_lost_lease_backlog(void **state)
             fx_chanq_cons_get(c1, dv, cn, 4, &n);
             if (n) fail_msg("c1 delivered %zu message(s) after its lease was revoked", n);
         }
-        nap_ms(20);
+        fxt_nap_ms(20);
     }
     f1.held = 0;
     assert_int_equal(f1.released_all, 1);
@@ -341,7 +328,7 @@ static void chanq_consumer_ack_pending(void **state)
         if (fx_chanq_cons_pending(c) == 4) break;
         if (fxt_now_ms() > deadline)
             fail_msg("pending %" PRId64 ", want 4", fx_chanq_cons_pending(c));
-        nap_ms(50);
+        fxt_nap_ms(50);
     }
     fx_mq_msg_id ids[16];
     uint64_t counts[16];

@@ -44,6 +44,7 @@
 #include "keys.h"
 #include "lease_mgr.h"
 #include "tests/support/fxt.h"
+#include "tests/support/fxt_check.h"
 #include "tests/support/fxt_proxy.h"
 
 #define OP_MS 3000
@@ -54,20 +55,6 @@ static struct {
     fx_etcd *raw;
     const char *eps[1];
 } G;
-
-#define CHECK(call)                                                                              \
-    do {                                                                                         \
-        fx_err chk_e_ = (call);                                                                  \
-        if (chk_e_ != FX_OK)                                                                     \
-            fail_msg("%s: %s (%s)", #call, fx_errname(chk_e_), fx_err_detail());                 \
-    } while (0)
-
-static void nap_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
 
 static int group_setup(void **state)
 {
@@ -143,7 +130,7 @@ static void t_done(void *arg, const fx_chanq_done *d)
     tctx *t = b->t;
     /* The shape of the fault: every third batch's callback is slow (a PubAck publish that
      * blocks), so a later batch of the same stream would overtake it if it could. */
-    if (!d->last && t->slow_ms && b->no % 3 == 0) nap_ms(t->slow_ms);
+    if (!d->last && t->slow_ms && b->no % 3 == 0) fxt_nap_ms(t->slow_ms);
     pthread_mutex_lock(&t->mu);
     if (d->first + d->n > b->n) t->bad_range = true;
     if (!d->last) {
@@ -298,7 +285,7 @@ static fx_chanq_prod *prod_new(fx_mq_client *c, const char *name, const fx_mq_ch
     fx_chanq_prod *p = NULL;
     CHECK(fx_chanq_prod_new(c, &cfg, &p));
     int64_t dl = fxt_now_ms() + FXT_MS(5000);
-    while (!fx_chanq_prod_keep(p) && fxt_now_ms() < dl) nap_ms(20);
+    while (!fx_chanq_prod_keep(p) && fxt_now_ms() < dl) fxt_nap_ms(20);
     assert_true(fx_chanq_prod_attached(p, NULL, 0));
     return p;
 }
@@ -306,7 +293,7 @@ static fx_chanq_prod *prod_new(fx_mq_client *c, const char *name, const fx_mq_ch
 static void wait_streams(fx_chanq_prod *p, size_t k)
 {
     int64_t dl = fxt_now_ms() + FXT_MS(5000); /* the producer learns ready sub-MPSCs by watch */
-    while (fx_chanq_prod_streams(p) < k && fxt_now_ms() < dl) nap_ms(20);
+    while (fx_chanq_prod_streams(p) < k && fxt_now_ms() < dl) fxt_nap_ms(20);
     assert_int_equal(fx_chanq_prod_streams(p), k);
 }
 
@@ -438,7 +425,7 @@ static void chanq_submit_bound_refuses(void **state)
     }
     assert_true(wait_lasts(t, K, 10000));
     int64_t dl = fxt_now_ms() + FXT_MS(2000); /* slots go free just after their last completion */
-    while (fx_chanq_prod_room(p) != BOUND && fxt_now_ms() < dl) nap_ms(5);
+    while (fx_chanq_prod_room(p) != BOUND && fxt_now_ms() < dl) fxt_nap_ms(5);
     assert_int_equal(fx_chanq_prod_room(p), BOUND);
 
     /* Every put txn held: BOUND batches in flight, the next submit refused. */
@@ -449,7 +436,7 @@ static void chanq_submit_bound_refuses(void **state)
         CHECK(fx_chanq_submit(p, t->b[i].vals, 2, fx_now_ms() + FXT_MS(20000), t_done, &t->b[i]));
     }
     dl = fxt_now_ms() + FXT_MS(5000);
-    while (fxt_proxy_held(px) < BOUND && fxt_now_ms() < dl) nap_ms(10);
+    while (fxt_proxy_held(px) < BOUND && fxt_now_ms() < dl) fxt_nap_ms(10);
     int held = fxt_proxy_held(px);
     unsigned room = fx_chanq_prod_room(p);
     batch_fill(t, K + BOUND, 2);
@@ -479,7 +466,7 @@ static void chanq_submit_bound_refuses(void **state)
         lasts = t->lasts;
         pthread_mutex_unlock(&t->mu);
         if (rooms - rooms_before >= BOUND || fxt_now_ms() >= dl) break;
-        nap_ms(5);
+        fxt_nap_ms(5);
     }
     assert_int_equal(lasts, K + BOUND); /* the refused one never completes */
     assert_int_equal(t->b[K + BOUND].lasts, 0);
@@ -553,7 +540,7 @@ static void chanq_prod_reopens_after_lease_loss(void **state)
     assert_true(b1->last_e == FX_ELEASE_LOST || b1->last_e == FX_ECLOSED);
 
     int64_t dl = fxt_now_ms() + FXT_MS(8000);
-    while (!fx_chanq_prod_keep(p) && fxt_now_ms() < dl) nap_ms(50);
+    while (!fx_chanq_prod_keep(p) && fxt_now_ms() < dl) fxt_nap_ms(50);
     fx_chanq_prod_stats st;
     fx_chanq_prod_stats_get(p, &st);
     int64_t member2 = fx_chanq_prod_member(p);

@@ -57,13 +57,7 @@
 #include "http.h"
 #include "metrics.h"
 #include "tests/support/fxt.h"
-
-#define CHECK(call)                                                                              \
-    do {                                                                                         \
-        fx_err chk_e_ = (call);                                                                  \
-        if (chk_e_ != FX_OK)                                                                     \
-            fail_msg("%s: %s (%s)", #call, fx_errname(chk_e_), fx_err_detail());                 \
-    } while (0)
+#include "tests/support/fxt_check.h"
 
 /* ---- controllable health ------------------------------------------------------------------------ */
 

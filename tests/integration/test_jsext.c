@@ -31,6 +31,7 @@
 #include "keys.h"
 #include "meta.h"
 #include "tests/support/fxt.h"
+#include "tests/support/fxt_check.h"
 
 #define OP_MS 3000
 
@@ -39,13 +40,6 @@ static struct {
     fx_etcd *raw;
     const char *eps[1];
 } G;
-
-#define CHECK(call)                                                                              \
-    do {                                                                                         \
-        fx_err chk_e_ = (call);                                                                  \
-        if (chk_e_ != FX_OK)                                                                     \
-            fail_msg("%s: %s (%s)", #call, fx_errname(chk_e_), fx_err_detail());                 \
-    } while (0)
 
 static int group_setup(void **state)
 {

@@ -34,6 +34,7 @@
 #include "kv.h"
 #include "lease_mgr.h"
 #include "tests/support/fxt.h"
+#include "tests/support/fxt_check.h"
 #include "tests/support/fxt_slow.h"
 
 #define OP_MS 3000
@@ -82,13 +83,6 @@ static int group_teardown(void **state)
 }
 
 /* ---- helpers ------------------------------------------------------------------------------- */
-
-#define CHECK(call)                                                                              \
-    do {                                                                                         \
-        fx_err chk_e_ = (call);                                                                  \
-        if (chk_e_ != FX_OK)                                                                     \
-            fail_msg("%s: %s (%s)", #call, fx_errname(chk_e_), fx_err_detail());                 \
-    } while (0)
 
 static fx_lease_mgr *new_mgr(void)
 {

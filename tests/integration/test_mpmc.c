@@ -76,6 +76,7 @@
 #include "meta.h"
 #include "mq_int.h"
 #include "tests/support/fxt.h"
+#include "tests/support/fxt_check.h"
 #include "tests/support/fxt_proxy.h"
 
 #define OP_MS 3000
@@ -87,13 +88,6 @@ static struct {
     const char *eps[1];
 } G;
 
-#define CHECK(call)                                                                              \
-    do {                                                                                         \
-        fx_err chk_e_ = (call);                                                                  \
-        if (chk_e_ != FX_OK)                                                                     \
-            fail_msg("%s: %s (%s)", #call, fx_errname(chk_e_), fx_err_detail());                 \
-    } while (0)
-
 #define CHECK_ERR(want, call)                                                                    \
     do {                                                                                         \
         fx_err chk_e_ = (call);                                                                  \
@@ -101,13 +95,6 @@ static struct {
             fail_msg("%s: got %s (%s), want %s", #call, fx_errname(chk_e_), fx_err_detail(),     \
                      fx_errname(want));                                                          \
     } while (0)
-
-static void nap_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
 
 static int group_setup(void **state)
 {
@@ -821,7 +808,7 @@ static void mpmc_full_then_close(void **state)
     bool started = fxt_wait_until(put_started, &a, 5000);
     /* ... and is blocked on the full channel: still not returned after an observation window
      * (a full put returns only on room, its 20 s timeout or close) */
-    nap_ms(400);
+    fxt_nap_ms(400);
     bool blocked = !atomic_load(&a.done);
     int64_t c0 = fxt_now_ms();
     fx_err ce = fx_mpmc_producer_close(p);
@@ -865,7 +852,7 @@ static void mpmc_attach_keeps_alive(void **state)
     /* The creator leaves completely. */
     fx_mpmc_producer_free(p);
     fx_mq_client_free(ca);
-    nap_ms(2 * TTL * 1000 + 1500); /* > 2 x TTL and > the long TTL (4 s) */
+    fxt_nap_ms(2 * TTL * 1000 + 1500); /* > 2 x TTL and > the long TTL (4 s) */
     assert_true(raw_get(mk.s, NULL));
     int64_t ttl = -1;
     CHECK(fx_etcd_lease_timetolive(G.raw, meta.id_allocator_cluster_lease_id, &ttl, NULL, OP_MS));
@@ -944,7 +931,7 @@ static void mq_attach_registers_data_leases(void **state)
      * and past the retention. */
     fx_mpmc_producer_free(p);
     fx_mq_client_free(ca);
-    nap_ms((int)(3 * MTTL * 1000 + 500));
+    fxt_nap_ms((int)(3 * MTTL * 1000 + 500));
     assert_true(raw_get(mk.s, NULL));
     assert_true(raw_get(gk.s, NULL));
     assert_true(granted_ttl(meta.metadata_lease_id) > 0);
@@ -955,7 +942,7 @@ static void mq_attach_registers_data_leases(void **state)
     fx_mpmc_producer_free(pb);
     /* its member lease expires (etcd: after MTTL; polled, not slept for) */
     int64_t exp_dl = fxt_now_ms() + FXT_MS((int64_t)(MTTL * 1000 + 5000));
-    while (granted_ttl(member_lease) >= 0 && fxt_now_ms() < exp_dl) nap_ms(100);
+    while (granted_ttl(member_lease) >= 0 && fxt_now_ms() < exp_dl) fxt_nap_ms(100);
     assert_true(granted_ttl(member_lease) < 0);
     assert_false(raw_get(rk.s, NULL));
     fx_mq_client *cc = client_new(root, 1800);
@@ -1008,7 +995,7 @@ static void mpmc_puts_in_flight_distinct(void **state)
     fx_mpmc_producer *p = NULL;
     CHECK(fx_mpmc_producer_open(cx, mpmc, 0, &p));
     int64_t dl = fxt_now_ms() + 5000; /* the producer learns the ready sub-MPSCs by watch */
-    while (fx_mpmc_producer_ready(p) < K && fxt_now_ms() < dl) nap_ms(20);
+    while (fx_mpmc_producer_ready(p) < K && fxt_now_ms() < dl) fxt_nap_ms(20);
     assert_int_equal(fx_mpmc_producer_ready(p), K);
     for (int i = 0; i < K; i++) (void)put_one(p, "warm"); /* binds every sub-producer */
 
@@ -1025,7 +1012,7 @@ static void mpmc_puts_in_flight_distinct(void **state)
         assert_int_equal(pthread_create(&t[i], NULL, flight_thread, &a[i]), 0);
     }
     dl = fxt_now_ms() + 5000;
-    while (fxt_proxy_held(px) < K && fxt_now_ms() < dl) nap_ms(10);
+    while (fxt_proxy_held(px) < K && fxt_now_ms() < dl) fxt_nap_ms(10);
     int held = fxt_proxy_held(px);
     fprintf(stderr, "  put txns in flight at once: %d (of %d puts)\n", held, K);
     fxt_proxy_hold(px, NULL, 0);
@@ -1248,7 +1235,7 @@ static bool wait_unlisted(const fx_mq_keys *k, int64_t mpmc, int64_t chan, int m
         size_t n = list_of(k, mpmc, list, 64);
         if (!ids_in(list, n < 64 ? n : 64, chan)) return true;
         if (fxt_now_ms() >= dl) return false;
-        nap_ms(10);
+        fxt_nap_ms(10);
     }
 }
 
@@ -1311,7 +1298,7 @@ static void mpmc_reclaim_racing_producer_loses_nothing(void **state)
         int64_t sb = fx_mpmc_consumer_chan(b);
         hold_bind(px, &k, sb, member); /* the producer binds it once its watch shows it ready */
         int64_t dl = fxt_now_ms() + 10000;
-        while (fxt_proxy_held(px) < 1 && fxt_now_ms() < dl) nap_ms(2);
+        while (fxt_proxy_held(px) < 1 && fxt_now_ms() < dl) fxt_nap_ms(2);
         held_binds += fxt_proxy_held(px) > 0;
         drain_mark_for(b, seen, CAP, 150, 500);
         fx_mpmc_consumer_free(b); /* reclaims its sub-MPSC at close when not needed */
@@ -1393,7 +1380,7 @@ static void mpmc_reclaim_vs_first_bind_no_loss(void **state)
         int64_t sa = fx_mpmc_consumer_chan(a);
         assert_int_not_equal(sa, sb);
         int64_t dl = fxt_now_ms() + 10000; /* the producer learns the new one by watch */
-        while (fx_mpmc_producer_ready(p) < 2 && fxt_now_ms() < dl) nap_ms(5);
+        while (fx_mpmc_producer_ready(p) < 2 && fxt_now_ms() < dl) fxt_nap_ms(5);
         assert_int_equal(fx_mpmc_producer_ready(p), 2);
         /* Reserve B's sub-MPSC (the least recently used): the racing put can only bind A's. */
         char txt[16];
@@ -1411,7 +1398,7 @@ static void mpmc_reclaim_vs_first_bind_no_loss(void **state)
         pthread_t th;
         assert_int_equal(pthread_create(&th, NULL, bind_put_main, &bp), 0);
         dl = fxt_now_ms() + 10000;
-        while (fxt_proxy_held(px) < 1 && fxt_now_ms() < dl) nap_ms(2);
+        while (fxt_proxy_held(px) < 1 && fxt_now_ms() < dl) fxt_nap_ms(2);
         if (fxt_proxy_held(px) < 1) {
             fxt_proxy_hold(px, NULL, 0);
             fx_mpmc_put_release(p, held);
@@ -1500,7 +1487,7 @@ static void mpmc_reclaim_deletes_leftover_payloads(void **state)
     fx_mpmc_consumer_free(a); /* empty, unready, b remains: reclaimed at close */
     assert_true(wait_unlisted(&k, mpmc, sa, 5000));
     int64_t dl = fxt_now_ms() + 5000, left = 0;
-    while ((left = raw_count(prefix)) > 0 && fxt_now_ms() < dl) nap_ms(20);
+    while ((left = raw_count(prefix)) > 0 && fxt_now_ms() < dl) fxt_nap_ms(20);
     print_message("      sub-MPSC %" PRId64 " reclaimed: %" PRId64 " payload key(s) left, attempt "
                   "record %s\n", sa, left, raw_get(akey, NULL) ? "left" : "gone");
     assert_int_equal(left, 0);

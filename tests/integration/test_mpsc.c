@@ -55,6 +55,7 @@
 #include "mq_int.h"
 #include "segment.h"
 #include "tests/support/fxt.h"
+#include "tests/support/fxt_check.h"
 #include "tests/support/fxt_proxy.h"
 
 #define OP_MS 3000
@@ -65,13 +66,6 @@ typedef struct ctx {
     fx_mq_client *cl;
     bool per_key; /* channels use the one-key-per-message layout (else segments) */
 } ctx;
-
-#define CHECK(call)                                                                              \
-    do {                                                                                         \
-        fx_err chk_e_ = (call);                                                                  \
-        if (chk_e_ != FX_OK)                                                                     \
-            fail_msg("%s: %s (%s)", #call, fx_errname(chk_e_), fx_err_detail());                 \
-    } while (0)
 
 #define EXPECT(err, call)                                                                        \
     do {                                                                                         \

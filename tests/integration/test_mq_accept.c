@@ -89,6 +89,7 @@
 #include "meta.h"
 #include "lease_mgr.h"
 #include "tests/support/fxt.h"
+#include "tests/support/fxt_check.h"
 #include "tests/support/fxt_proxy.h"
 
 #define OP_MS 5000
@@ -111,13 +112,6 @@ static struct {
     fxt_redis redis;
 } G;
 
-#define CHECK(call)                                                                              \
-    do {                                                                                         \
-        fx_err chk_e_ = (call);                                                                  \
-        if (chk_e_ != FX_OK)                                                                     \
-            fail_msg("%s: %s (%s)", #call, fx_errname(chk_e_), fx_err_detail());                 \
-    } while (0)
-
 #define CHECK_ERR(want, call)                                                                    \
     do {                                                                                         \
         fx_err chk_e_ = (call);                                                                  \
@@ -125,13 +119,6 @@ static struct {
             fail_msg("%s: got %s (%s), want %s", #call, fx_errname(chk_e_), fx_err_detail(),     \
                      fx_errname(want));                                                          \
     } while (0)
-
-static void nap_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
 
 static int64_t now_ms(void) { return fxt_now_ms(); }
 
@@ -235,7 +222,7 @@ static bool wait_absent(const char *key, int timeout_ms)
     for (;;) {
         if (!raw_exists(key)) return true;
         if (now_ms() > dl) return false;
-        nap_ms(50);
+        fxt_nap_ms(50);
     }
 }
 
@@ -817,7 +804,7 @@ static void wait_lease_expiry_seen(fx_mq_client *c, uint64_t before)
         fx_lease_mgr_get_stats(m, &st);
         if (st.expired > before && st.notify_pending == 0) break;
         if (now_ms() > dl) fail_msg("lease manager did not notice the revoked lease within 6 s");
-        nap_ms(20);
+        fxt_nap_ms(20);
     }
 }
 
@@ -930,7 +917,7 @@ static void exact_once_run(const char *root, bool separate_kv, fx_etcd *kv_raw)
         int s = 0;
         for (int i = 0; i < EO_PRODUCERS; i++) s += atomic_load(&pt[i].sent);
         if (s >= 100 || now_ms() > dl) break;
-        nap_ms(10);
+        fxt_nap_ms(10);
     }
     int64_t stored_cp = raw_count(payload_pfx);
     int64_t stored_kv = kv_raw ? raw_count_on(kv_raw, payload_pfx)
@@ -942,10 +929,10 @@ static void exact_once_run(const char *root, bool separate_kv, fx_etcd *kv_raw)
     cons_start(&ct, q, r, 0, true);
     for (int i = 0; i < EO_PRODUCERS; i++) pthread_join(pt[i].t, NULL);
     dl = now_ms() + 30000;
-    while (rx_total(r) < EO_PRODUCERS * EO_PER && now_ms() < dl && !atomic_load(&ct.failed)) nap_ms(20);
+    while (rx_total(r) < EO_PRODUCERS * EO_PER && now_ms() < dl && !atomic_load(&ct.failed)) fxt_nap_ms(20);
     /* Graceful drain: nothing more may come (no duplicates) within a quiet period. */
     int64_t quiet = now_ms() + 500;
-    while (now_ms() < quiet && !atomic_load(&ct.failed)) nap_ms(20);
+    while (now_ms() < quiet && !atomic_load(&ct.failed)) fxt_nap_ms(20);
     cons_stop(&ct);
 
     fx_err close_p[EO_PRODUCERS], close_c = ep_close(q);
@@ -1122,7 +1109,7 @@ static void mq_no_keys_after_ttl(void **state)
             if (!nokeys_allowed(&k, &r.kvs[i], chan_ctr.s, mpmc_ctr.s)) bad++;
         fx_range_resp_free(&r);
         if (bad == 0 || now_ms() > dl) break;
-        nap_ms(200);
+        fxt_nap_ms(200);
     }
     if (bad) {
         dump_prefix(rootp);
@@ -1131,7 +1118,7 @@ static void mq_no_keys_after_ttl(void **state)
     if (getenv("MQ_TEST_VERBOSE")) dump_prefix(rootp);
     if (G.redis_mode) { /* the payloads left in Redis go with their payload leases */
         int64_t left = -1;
-        while ((left = redis_count(root, "")) != 0 && now_ms() < dl) nap_ms(200);
+        while ((left = redis_count(root, "")) != 0 && now_ms() < dl) fxt_nap_ms(200);
         if (left != 0) fail_msg("%" PRId64 " payload keys left in Redis after the TTL", left);
     }
     /* The unleased counters and the mapping are still there. */
@@ -1203,7 +1190,7 @@ static void mq_mpmc_dynamic(void **state)
                 phase_timeout = true;
                 break;
             }
-            nap_ms(10);
+            fxt_nap_ms(10);
         }
     }
     /* Graceful drain: stop producers, then consume until everything arrived. */
@@ -1218,9 +1205,9 @@ static void mq_mpmc_dynamic(void **state)
     fx_err pclose[DYN_MAXP];
     for (int i = 0; i < np; i++) pclose[i] = ep_close(prods[i]);
     int64_t dl = now_ms() + 30000;
-    while (rx_total(r) < total && now_ms() < dl) nap_ms(20);
+    while (rx_total(r) < total && now_ms() < dl) fxt_nap_ms(20);
     int64_t quiet = now_ms() + 500;
-    while (now_ms() < quiet) nap_ms(20);
+    while (now_ms() < quiet) fxt_nap_ms(20);
     for (int i = 0; i < nc; i++) cons_stop(&ct[i]);
     fx_err cclose[DYN_MAXC];
     for (int i = 0; i < nc; i++) cclose[i] = ep_close(cons[i]);
@@ -1343,7 +1330,7 @@ static int crash_child(int argc, char **argv)
     }
     child_say(fd, "end\n");
     /* Hold everything until the parent kills us (bounded, in case it never does). */
-    for (int i = 0; i < 600; i++) nap_ms(100);
+    for (int i = 0; i < 600; i++) fxt_nap_ms(100);
     return 11;
 }
 
@@ -1698,7 +1685,7 @@ static void blk_start(blk *b, ep e, int timeout_ms)
     atomic_init(&b->returned, false);
     assert_int_equal(pthread_create(&b->t, NULL, blk_main, b), 0);
     int64_t dl = now_ms() + 2000 * fxt_slow();
-    while (!atomic_load(&b->entered) && now_ms() < dl) nap_ms(5);
+    while (!atomic_load(&b->entered) && now_ms() < dl) fxt_nap_ms(5);
     if (!atomic_load(&b->entered)) {
         /* b is the caller's: join the thread (its call ends by its own timeout) before failing */
         pthread_join(b->t, NULL);
@@ -1706,7 +1693,7 @@ static void blk_start(blk *b, ep e, int timeout_ms)
     }
     /* An observation window: the call is blocked (not returned after it), so the close the
      * caller makes next interrupts a waiting call; callers check b->blocked after the join. */
-    nap_ms(300);
+    fxt_nap_ms(300);
     b->blocked = !atomic_load(&b->returned);
 }
 
@@ -1956,7 +1943,7 @@ static bool evlog_wait_deletes(evlog *l, const char *const *keys, int64_t *revs,
         }
         if (all) return true;
         if (now_ms() > dl) return false;
-        nap_ms(20);
+        fxt_nap_ms(20);
     }
 }
 
@@ -2153,7 +2140,7 @@ static void mq_attach_keeps_channel_alive(void **state)
         if (G.redis_mode ? redis_lease_cmd(root, "PTTL", lp) <= 0 : lease_ttl(lp, NULL) <= 0)
             fail_msg("payload lease expired");
         if (lease_ttl(li, NULL) <= 0) fail_msg("id-allocator cluster lease expired");
-        nap_ms(250);
+        fxt_nap_ms(250);
     }
 
     /* A later attach by name still gets the same MPMC and works; the payloads survived. */

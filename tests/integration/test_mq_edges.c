@@ -66,6 +66,7 @@
 #include "meta.h"
 #include "lease_mgr.h"
 #include "tests/support/fxt.h"
+#include "tests/support/fxt_check.h"
 #include "tests/support/fxt_proxy.h"
 
 #define OP_MS 5000
@@ -78,20 +79,6 @@ static struct {
     const char *eps[1];
     int64_t t_start;
 } G;
-
-#define CHECK(call)                                                                              \
-    do {                                                                                         \
-        fx_err chk_e_ = (call);                                                                  \
-        if (chk_e_ != FX_OK)                                                                     \
-            fail_msg("%s: %s (%s)", #call, fx_errname(chk_e_), fx_err_detail());                 \
-    } while (0)
-
-static void nap_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
 
 static int64_t now_ms(void) { return fxt_now_ms(); }
 
@@ -220,7 +207,7 @@ static void wait_lease_expiry_seen(fx_mq_client *c, uint64_t before)
         fx_lease_mgr_get_stats(m, &st);
         if (st.expired > before && st.notify_pending == 0) break;
         if (now_ms() > dl) fail_msg("lease manager did not notice the revoked lease within 8 s");
-        nap_ms(20);
+        fxt_nap_ms(20);
     }
 }
 
@@ -486,7 +473,7 @@ static void mq_member_id_allocator_reclaimed(void **state)
         }
         fx_range_resp_free(&r);
         if (bad == 0 || now_ms() > dl) break;
-        nap_ms(200);
+        fxt_nap_ms(200);
     }
     if (bad) {
         dump_prefix(rootp);
@@ -887,7 +874,7 @@ static void mpmc_unconfirmed_member_lease_fences_get(void **state)
 
     /* Within the TTL the consumer may still hand messages out; past it (+ slack) it must not. */
     int64_t dl = t_block + TTL * 1000 + 3000;
-    while (!fx_mpmc_consumer_fenced(q) && now_ms() < dl) nap_ms(20);
+    while (!fx_mpmc_consumer_fenced(q) && now_ms() < dl) fxt_nap_ms(20);
     int64_t t_fenced = now_ms();
     if (!fx_mpmc_consumer_fenced(q))
         fail_msg("consumer not fenced %" PRId64 " ms after its member lease's keepalives stopped "
@@ -906,7 +893,7 @@ static void mpmc_unconfirmed_member_lease_fences_get(void **state)
     /* etcd expires the lease (TTL after its last keepalive: its role key goes with it); then the
      * keepalives pass again and report it: lost. */
     dl = now_ms() + TTL * 1000 + 5000;
-    while (raw_exists(role.s) && now_ms() < dl) nap_ms(50);
+    while (raw_exists(role.s) && now_ms() < dl) fxt_nap_ms(50);
     if (raw_exists(role.s)) fail_msg("etcd did not expire the member lease %" PRId64, lease);
     uint64_t before = lease_expired_count(cc);
     fxt_proxy_block(px, NULL, 0);
@@ -999,7 +986,7 @@ static void mq_attempts_write_fenced(void **state)
     fx_err e = FX_EEXISTS;
     int64_t dl = now_ms() + 10000;
     while ((e = fx_mpmc_consumer_open_drain(c2, mpmc, s, &d)) == FX_EEXISTS && now_ms() < dl)
-        nap_ms(20); /* the ready key goes with A's lease */
+        fxt_nap_ms(20); /* the ready key goes with A's lease */
     CHECK(e);
     CHECK(ATT_OPEN(c2, d, &da));
     assert_int_equal(fx_attempts_take(da, 7, 3), 2);
@@ -1041,7 +1028,7 @@ static void mq_attempts_write_fenced(void **state)
         }
         fx_kv_free(&kv);
         if (!listed) break;
-        nap_ms(20);
+        fxt_nap_ms(20);
     }
     assert_false(raw_exists(akey)); /* reclaimed with the sub-MPSC */
     e = fx_attempts_save(aa, f1, 1, OP_MS, &wrote);
