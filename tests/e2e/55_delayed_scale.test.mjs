@@ -1,5 +1,6 @@
 // e2e_delayed_scale: 1,000,000 delayed messages (Fluxon-Delay 24h: a far time) in one channel,
-// published by nats.go with 4,096 PubAcks outstanding (tests/e2e/go/schedule -flood). The
+// published by nats.go with 4,096 PubAcks outstanding (tests/e2e/go/schedule -flood, one reply
+// subject per publish: none may go unanswered). The
 // bridge's RSS must not grow by 16 MiB or more from a warmed-up baseline (after the first
 // 20,000) to the end (peak sampled every 200 ms, plus a few mover scans and counts over the
 // full index afterwards): the index lives in etcd and the mover reads bounded windows.
@@ -44,7 +45,10 @@ test("e2e_delayed_scale", async (ctx) => {
   const flood = async (n) => {
     const r = await runCmd(bin, ["-flood", "-url", st.nats.url, "-subject", "orders.far", "-n", String(n), "-inflight", "4096", "-delay", "24h"], { timeout: 900_000 * SLOW });
     assert.equal(r.code, 0, `flood exit ${r.code}: ${r.stdout} ${r.stderr}`);
-    return JSON.parse(r.stdout.trim().split("\n").pop());
+    const f = JSON.parse(r.stdout.trim().split("\n").pop());
+    // one reply subject per publish: a PubAck that never came (60 s) is the bridge's
+    assert.equal(f.unanswered, 0, `publishes never answered: ${f.unanswered} (first ids ${JSON.stringify(f.unanswered_ids)})`);
+    return f;
   };
   const warm = await flood(WARM); // warm-up: the write path's buffers at full load
   const base = rssMiB(pid);

@@ -7,8 +7,9 @@
 //	    (first + i*spread/n ms from its send time), then the refused forms; prints one JSON line
 //	    per publish: {"id","due_ms","ok","err","code"}.
 //	schedule -flood -url ... -subject orders.far -n 1000000 -inflight 4096 -delay 24h
-//	    PublishMsgAsync of n messages with "Fluxon-Delay: <delay>", at most inflight unacked;
-//	    prints {"acked","failed","seconds","rate"}.
+//	    n publishes with "Fluxon-Delay: <delay>", at most inflight PubAcks outstanding (one
+//	    reply subject per message, see runFlood); prints {"acked","failed","retried",
+//	    "unanswered","errors","seconds","rate"}.
 //
 // Message bodies follow tests/e2e/lib/client.mjs makeMsg: {"id","n","subject"} "\n" tail(n).
 package main
@@ -18,6 +19,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -115,62 +117,138 @@ func main() {
 	pub("go-bad-4", 100004, "@at "+time.Now().Add(*tooFar).UTC().Format(time.RFC3339))
 }
 
+// runFlood publishes n delayed messages with at most inflight PubAcks outstanding. It speaks
+// JetStream's publish protocol directly (a publish with a reply subject, a PubAck JSON back)
+// with one reply subject per message, _INBOX.<nuid>.<i>: nats.go 1.22's PublishMsgAsync draws a
+// 6-character random reply token per publish (62^6 values) and keys its futures by it, so with
+// 4,096 outstanding over 1,000,000 publishes two of them share a token in about 7% of runs and
+// the first future never resolves (a hang with no timeout). Here a reply that never comes is
+// the bridge's: after answerWait it counts as unanswered (reported, and published again one at
+// a time; the test fails on any).
 func runFlood(nc *nats.Conn, subject string, n, inflight int, delay string) int {
-	js, err := nc.JetStream(nats.PublishAsyncMaxPending(inflight))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
+	const answerWait = 60 * time.Second
 	mk := func(i int) *nats.Msg {
 		m := nats.NewMsg(subject)
 		m.Data = body(fmt.Sprintf("far-%d", i), i, subject)
 		m.Header.Set("Fluxon-Delay", delay)
 		return m
 	}
+	prefix := nats.NewInbox() + "."
+	type reply struct {
+		i   int
+		err string // "" for a PubAck
+	}
+	replies := make(chan reply, inflight+64)
+	sub, err := nc.Subscribe(prefix+"*", func(m *nats.Msg) {
+		i, e := strconv.Atoi(m.Subject[len(prefix):])
+		if e != nil {
+			return
+		}
+		var pa struct {
+			Stream string `json:"stream"`
+			Error  *struct {
+				Code        int    `json:"code"`
+				Description string `json:"description"`
+			} `json:"error"`
+		}
+		r := reply{i: i}
+		if len(m.Data) == 0 {
+			r.err = "empty reply (no responders)"
+		} else if json.Unmarshal(m.Data, &pa) != nil {
+			r.err = "invalid PubAck JSON"
+		} else if pa.Error != nil {
+			r.err = fmt.Sprintf("%d %s", pa.Error.Code, pa.Error.Description)
+		} else if pa.Stream == "" {
+			r.err = "PubAck without a stream"
+		}
+		replies <- r
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	sub.SetPendingLimits(-1, -1)
 	t0 := time.Now()
 	acked := 0
-	var again []int // failed or unanswered: published again one at a time (a timed-out one may be stored twice)
-	type fut struct {
-		i int
-		f nats.PubAckFuture
-	}
-	var futs []fut
+	var again []int // refused or unanswered: published again one at a time (a late one may be stored twice)
 	errs := map[string]int{}
-	collect := func() {
-		for _, x := range futs {
-			select {
-			case <-x.f.Ok():
-				acked++
-			case e := <-x.f.Err():
-				errs[e.Error()]++
-				again = append(again, x.i)
+	sent := make(map[int]time.Time, inflight)
+	var unanswered []int
+	handle := func(r reply) {
+		if _, ok := sent[r.i]; !ok {
+			return // late, after it counted as unanswered
+		}
+		delete(sent, r.i)
+		if r.err == "" {
+			acked++
+		} else {
+			errs[r.err]++
+			again = append(again, r.i)
+		}
+	}
+	issued := 0
+	lastReport := time.Now()
+	expire := func() { // the oldest first: a map walk is cheap next to answerWait
+		now := time.Now()
+		for i, at := range sent {
+			if now.Sub(at) > answerWait {
+				delete(sent, i)
+				unanswered = append(unanswered, i)
+				again = append(again, i)
 			}
 		}
-		futs = futs[:0]
+		if now.Sub(lastReport) > 10*time.Second {
+			lastReport = now
+			fmt.Fprintf(os.Stderr, "flood: %.0f s: sent %d of %d, acked %d, outstanding %d, unanswered %d\n",
+				now.Sub(t0).Seconds(), issued, n, acked, len(sent), len(unanswered))
+		}
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	wait := func() { // one reply, or a tick
+		select {
+		case r := <-replies:
+			handle(r)
+		case <-tick.C:
+			expire()
+		}
 	}
 	for i := 0; i < n; i++ {
-		f, err := js.PublishMsgAsync(mk(i))
-		if err != nil {
+		for len(sent) >= inflight {
+			wait()
+		}
+		m := mk(i)
+		m.Reply = prefix + strconv.Itoa(i)
+		issued++
+		sent[i] = time.Now()
+		if err := nc.PublishMsg(m); err != nil {
+			delete(sent, i)
 			errs[err.Error()]++
 			again = append(again, i)
-			continue
-		}
-		futs = append(futs, fut{i, f})
-		if len(futs) >= inflight {
-			collect()
 		}
 	}
-	collect()
+	for len(sent) > 0 {
+		wait()
+	}
+	sub.Unsubscribe()
 	retried, failed := len(again), 0
 	for _, i := range again {
 		ok := false
 		for try := 0; try < 10 && !ok; try++ {
-			if _, err := js.PublishMsg(mk(i), nats.AckWait(10*time.Second)); err == nil {
-				ok = true
-			} else {
-				errs[err.Error()]++
-				time.Sleep(100 * time.Millisecond) // retry pacing
+			r, err := nc.RequestMsg(mk(i), 10*time.Second)
+			if err == nil {
+				var pa struct {
+					Stream string          `json:"stream"`
+					Error  json.RawMessage `json:"error"`
+				}
+				if json.Unmarshal(r.Data, &pa) == nil && pa.Stream != "" && pa.Error == nil {
+					ok = true
+					break
+				}
+				err = fmt.Errorf("refused: %s", r.Data)
 			}
+			errs[err.Error()]++
+			time.Sleep(100 * time.Millisecond) // retry pacing
 		}
 		if ok {
 			acked++
@@ -179,9 +257,16 @@ func runFlood(nc *nats.Conn, subject string, n, inflight int, delay string) int 
 		}
 	}
 	s := time.Since(t0).Seconds()
-	json.NewEncoder(os.Stdout).Encode(map[string]interface{}{"acked": acked, "failed": failed, "retried": retried, "errors": errs, "seconds": s, "rate": float64(acked) / s})
+	json.NewEncoder(os.Stdout).Encode(map[string]interface{}{"acked": acked, "failed": failed, "retried": retried, "unanswered": len(unanswered), "unanswered_ids": firstK(unanswered, 10), "errors": errs, "seconds": s, "rate": float64(acked) / s})
 	if failed > 0 {
 		return 1
 	}
 	return 0
+}
+
+func firstK(v []int, k int) []int {
+	if len(v) > k {
+		return v[:k]
+	}
+	return v
 }
