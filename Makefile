@@ -234,6 +234,7 @@ $(BUILD)/tests/fuzz/make_corpus: $(BUILD)/tests/fuzz/make_corpus.o $(LIBS)
 	$(CC) $(LDFLAGS) -o $@ $< $(LIBS) $(PLUGIN_LDLIBS) $(LDLIBS)
 
 bench: deps all
+	@bash scripts/install-deps.sh --bench
 	@bash tests/bench/run.sh
 
 soak: deps all

@@ -6,6 +6,10 @@
 # something is missing; prints nothing and exits 0 when all is there.
 set -euo pipefail
 
+# --bench: also what only `make bench` needs (etcd's own Go client, for the gateway-vs-gRPC table).
+BENCH=
+[ "${1:-}" = "--bench" ] && BENCH=1
+
 PKGS=(
   build-essential pkg-config
   libcurl4-openssl-dev libcjson-dev libcmocka-dev libnats-dev libmicrohttpd-dev libssl-dev
@@ -17,6 +21,8 @@ PKGS=(
   clang libclang-rt-dev   # make fuzz: clang -fsanitize=fuzzer (libFuzzer runtime)
   golang-go golang-github-nats-io-go-nats-dev
 )
+
+[ -n "$BENCH" ] && PKGS+=(golang-etcd-server-dev)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -6,6 +6,7 @@
 #   tests/bench/run.sh --claims           only the claims-scale table (1,000 claims)
 #   tests/bench/run.sh --natscli          only the nats bench rows (bridge vs JetStream WorkQueue)
 #   tests/bench/run.sh --profile          only the CPU-per-message / perf / etcd-kinds tables
+#   tests/bench/run.sh --gateway          only etcd's JSON gateway vs its gRPC API (etcd CPU)
 # Environment: BUILD (build dir, default build); FX_ETCD_ENDPOINT to bench an existing etcd
 # instead of one started by the program. The etcd a bench starts lives in a fresh temp dir that
 # is removed (and any leftover process killed) when this script ends, also on failure or Ctrl-C.
@@ -23,6 +24,7 @@ CLUSTER_ONLY=
 CLAIMS_ONLY=
 NATSCLI_ONLY=
 PROFILE_ONLY=
+GATEWAY_ONLY=
 if [ "${1:-}" = "--soak" ]; then
   SOAK=${2:-300}
 elif [ "${1:-}" = "--cluster" ]; then
@@ -33,6 +35,8 @@ elif [ "${1:-}" = "--natscli" ]; then
   NATSCLI_ONLY=1
 elif [ "${1:-}" = "--profile" ]; then
   PROFILE_ONLY=1
+elif [ "${1:-}" = "--gateway" ]; then
+  GATEWAY_ONLY=1
 fi
 
 export FXT_TMPDIR
@@ -79,6 +83,7 @@ run_all() {
   echo "command: $BIN $*"
   echo
   "$BIN" "$@" || exit 1
+  run_gateway
 
   echo
   echo "## Fluxon MQ (bridge/): MPMC put -> get -> ack"
@@ -143,6 +148,25 @@ run_natscli() {
   FXE2E_SCALE=1 BUILD=$BUILD tests/e2e/run.sh '^bench_natscli_js$' >"$log" 2>&1 ||
     { tail -20 "$log" >&2; exit 1; }
   sed -n 's/^ *\[bench_natscli_js [^]]*\] //p' "$log" | grep '^|'
+}
+
+# What etcd's JSON gateway costs etcd itself against its gRPC API, for the bridge's requests
+# (tests/bench/go/etcd_gateway, built here in GOPATH mode against Debian's etcd client source,
+# golang-etcd-server-dev, which `make bench` installs).
+run_gateway() {
+  echo
+  echo "## etcd's JSON gateway vs its gRPC API: etcd CPU per request (issue 24)"
+  echo
+  local b gw
+  b=$(cd "$BUILD" && pwd)
+  gw="$b/tests/bench/etcd_gateway"
+  (cd tests/bench/go/etcd_gateway && GO111MODULE=off GOPATH=/usr/share/gocode GOPROXY=off GOFLAGS= \
+     GOCACHE="$b/go-cache" go build -o "$gw" .) ||
+    { echo "go build of tests/bench/go/etcd_gateway failed (make bench installs golang-etcd-server-dev)" >&2; exit 1; }
+  echo "machine: $(nproc) CPUs; $(etcd --version 2>/dev/null | head -1)"
+  echo "command: $gw -d 3"
+  echo
+  "$gw" -d 3 || exit 1
 }
 
 # CPU per message per process, the top symbols of each (perf) and etcd requests per message by
@@ -220,6 +244,9 @@ elif [ -n "$NATSCLI_ONLY" ]; then
   exit $?
 elif [ -n "$PROFILE_ONLY" ]; then
   run_profile
+  exit $?
+elif [ -n "$GATEWAY_ONLY" ]; then
+  run_gateway
   exit $?
 elif [ -n "$SOAK" ]; then
   run_soak | tee "$OUT"
