@@ -3,6 +3,7 @@
  * binary. Not part of `make fuzz`: run it after a format change and commit the result:
  *   make fuzz-corpus */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,25 @@ static void ej(const char *name, int sel, const char *body)
     free(b);
 }
 
+/* etcd gRPC answers: the selector byte of fuzz_etcd_pb.c, then the message (hex, as captured
+ * from etcd 3.4: range of a kv with a lease, put with prev_kv, delete with prev_kvs, a txn of a
+ * range and a put; the frame seed keeps its 5-byte prefix) */
+static void epb(const char *name, int sel, const char *hex)
+{
+    size_t n = strlen(hex) / 2;
+    uint8_t *b = malloc(n + 1);
+    b[0] = (uint8_t)sel;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v = 0;
+        sscanf(hex + 2 * i, "%2x", &v);
+        b[1 + i] = (uint8_t)v;
+    }
+    put("etcd_pb", name, b, n + 1);
+    free(b);
+}
+
+#define PB_HDR "0a1a08b298eaf1948386fccd0110cdd2918bd2b881cf8e01"
+
 #define HDR(rev) "\"header\":{\"cluster_id\":\"1\",\"member_id\":\"2\",\"revision\":\"" rev "\",\"raft_term\":\"3\"}"
 
 int main(int argc, char **argv)
@@ -56,6 +76,14 @@ int main(int argc, char **argv)
     }
     root = argv[1];
     mkdir(root, 0755);
+
+    /* etcd gRPC answers */
+    epb("range", 0, PB_HDR "1806200212110a022f611002180620052a0568656c6c6f2001");
+    epb("put", 1, PB_HDR "18072002" "120d0a022f621007180720012a0176");
+    epb("del", 2, PB_HDR "180820021001" "1a0d0a022f621007180720012a0176");
+    epb("txn", 3, PB_HDR "18092002" "1001" "1a1b0a190a02180812110a022f611002180620052a0568656c6c6f2001"
+                  "1a0612040a021809");
+    epb("frame", 4, "000000001c" PB_HDR "18072002");
 
     /* config */
     puts_("config", "minimal.json",
