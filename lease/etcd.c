@@ -1,4 +1,5 @@
-/* etcd.c -- etcd v3 client over the JSON gateway (contract in etcd.h, wire codecs in etcd_json.c).
+/* etcd.c -- etcd v3 client over the JSON gateway and gRPC (contract in etcd.h, wire codecs in
+ * etcd_json.c and, for gRPC KV calls, etcd_pb.c).
  *
  * Layout:
  *   1. client: options, endpoints, uid, stats
@@ -22,9 +23,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "etcd_int.h"
 #include "etcd_json.h"
+#include "etcd_pb.h"
 #include "fx_log.h"
 #include "fx_time.h"
 #include "fx_url.h"
@@ -101,6 +104,7 @@ fx_err fx_etcd_new(const fx_etcd_opts *o, fx_etcd **out)
     c->connect_timeout_ms = o->connect_timeout_ms ? o->connect_timeout_ms : DEFAULT_CONNECT_MS;
     c->max_conns = o->max_conns ? o->max_conns : DEFAULT_MAX_CONNS;
     c->insecure = o->insecure_skip_verify;
+    c->grpc = o->grpc;
     bool ok = (c->eps = calloc(o->n_endpoints, sizeof *c->eps)) != NULL;
     for (size_t i = 0; ok && i < o->n_endpoints; i++) {
         c->eps[i] = strdup(o->endpoints[i]);
@@ -198,10 +202,12 @@ void fx__etcd_set_common_opts(fx_etcd *c, CURL *h, char *errbuf)
     curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, c->insecure ? 0L : 2L);
 }
 
-static conn *conn_new(fx_etcd *c)
+static conn *conn_new(fx_etcd *c, bool h2)
 {
     conn *k = calloc(1, sizeof *k);
     if (!k) return NULL;
+    k->h2 = h2;
+    k->h2_ep = -1;
     k->h = curl_easy_init();
     if (!k->h) {
         free(k);
@@ -212,10 +218,20 @@ static conn *conn_new(fx_etcd *c)
     return k;
 }
 
-/* Borrow a handle: an idle one, a new one while below max_conns, else wait until deadline. */
-static fx_err pool_get(fx_etcd *c, int64_t deadline, conn **out)
+/* The topmost idle handle of kind h2, or -1 (pool_mu held). */
+static int idle_find(fx_etcd *c, bool h2)
+{
+    for (int i = c->n_idle - 1; i >= 0; i--)
+        if (c->idle[i]->h2 == h2) return i;
+    return -1;
+}
+
+/* Borrow a handle of kind h2: an idle one, a new one while below max_conns (closing an idle one
+ * of the other kind when at the bound), else wait until deadline. */
+static fx_err pool_get(fx_etcd *c, int64_t deadline, bool h2, conn **out)
 {
     bool waited = false;
+    conn *evict = NULL;
     *out = NULL;
     pthread_mutex_lock(&c->pool_mu);
     while (c->n_idle == 0 && c->n_conns >= c->max_conns) {
@@ -231,14 +247,21 @@ static fx_err pool_get(fx_etcd *c, int64_t deadline, conn **out)
                                            "(max_conns %d)", c->max_conns);
         }
     }
-    if (c->n_idle > 0) {
-        *out = c->idle[--c->n_idle];
+    int i = idle_find(c, h2);
+    if (i >= 0) {
+        *out = c->idle[i];
+        c->idle[i] = c->idle[--c->n_idle];
         pthread_mutex_unlock(&c->pool_mu);
         return FX_OK;
     }
+    if (c->n_conns >= c->max_conns) { /* only the other kind idle: replace one */
+        evict = c->idle[--c->n_idle];
+        c->n_conns--;
+    }
     c->n_conns++;
     pthread_mutex_unlock(&c->pool_mu);
-    *out = conn_new(c);
+    conn_free(evict);
+    *out = conn_new(c, h2);
     if (*out) return FX_OK;
     pthread_mutex_lock(&c->pool_mu);
     c->n_conns--;
@@ -281,45 +304,100 @@ size_t fx__etcd_rbuf_write(char *ptr, size_t size, size_t nmemb, void *ud)
 
 typedef enum { CALL_WRITE = 0, CALL_READ = 1 } call_kind;
 
-/* Build the request headers; auth_hdr ("Authorization: <token>") may be NULL. */
-static struct curl_slist *make_headers(int64_t left_ms, const char *auth_hdr)
+/* Build the request headers; auth_hdr ("Authorization: <token>") may be NULL. gRPC: its content
+ * type, TE: trailers, and the token as the "token" metadata etcd's gRPC API reads. */
+static struct curl_slist *make_headers(int64_t left_ms, const char *auth_hdr, bool grpc)
 {
-    char gt[40];
+    char gt[40], *tok = NULL;
     /* Grpc-Timeout allows at most 8 digits. */
     snprintf(gt, sizeof gt, "Grpc-Timeout: %" PRId64 "m", left_ms > 99999999 ? 99999999 : left_ms);
+    static const char az[] = "Authorization: ";
+    if (grpc && auth_hdr && strncmp(auth_hdr, az, sizeof az - 1) == 0) {
+        if (asprintf(&tok, "token: %s", auth_hdr + sizeof az - 1) < 0) return NULL;
+        auth_hdr = tok;
+    }
     struct curl_slist *h = NULL, *t;
-    const char *lines[] = {"Content-Type: application/json", "Expect:", gt, auth_hdr};
+    const char *lines[] = {grpc ? "Content-Type: application/grpc" : "Content-Type: application/json",
+                           "Expect:", gt, grpc ? "TE: trailers" : NULL, auth_hdr};
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
         if (!lines[i]) continue;
         t = curl_slist_append(h, lines[i]);
         if (!t) {
             curl_slist_free_all(h);
-            return NULL;
+            h = NULL;
+            break;
         }
         h = t;
     }
+    wipe_free(tok); /* curl keeps its own copy */
     return h;
 }
 
-/* POST body to path, trying endpoints from the last good one. FX_OK when an HTTP response (any
- * status) was received: *status, rb and *ep_out are set. Transport failures map to FX_ETIMEDOUT,
- * FX_EUNAVAIL or FX_EPROTO (response over the limit). */
-static fx_err perform(fx_etcd *c, conn *k, const char *path, const char *body, call_kind kind,
-                      int64_t deadline, const char *auth_hdr, rbuf *rb, long *status,
-                      size_t *ep_out)
+/* The gRPC status of an exchange: grpc-status and grpc-message, from the headers of a
+ * trailers-only answer or from the trailers (libcurl hands both to the header callback). */
+typedef struct grpc_st {
+    int code; /* -1: none seen */
+    char message[256];
+} grpc_st;
+
+static int hexval(char ch)
+{
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    return -1;
+}
+
+static size_t grpc_header(char *line, size_t size, size_t nitems, void *ud)
+{
+    grpc_st *g = ud;
+    size_t n = size * nitems, o = 0;
+    static const char st[] = "grpc-status:", msg[] = "grpc-message:";
+    while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) n--;
+    if (n > sizeof st - 1 && strncasecmp(line, st, sizeof st - 1) == 0) {
+        int v = 0;
+        size_t i = sizeof st - 1;
+        while (i < n && line[i] == ' ') i++;
+        for (; i < n && line[i] >= '0' && line[i] <= '9' && v < 1000; i++) v = v * 10 + (line[i] - '0');
+        g->code = v;
+    } else if (n >= sizeof msg - 1 && strncasecmp(line, msg, sizeof msg - 1) == 0) {
+        size_t i = sizeof msg - 1; /* percent-encoded (gRPC over HTTP/2), printable kept */
+        while (i < n && line[i] == ' ') i++;
+        for (; i < n && o < sizeof g->message - 1; i++) {
+            int ch = (unsigned char)line[i];
+            if (ch == '%' && i + 2 < n && hexval(line[i + 1]) >= 0 && hexval(line[i + 2]) >= 0) {
+                ch = hexval(line[i + 1]) * 16 + hexval(line[i + 2]);
+                i += 2;
+            }
+            g->message[o++] = (ch >= 0x20 && ch < 0x7f) ? (char)ch : '?';
+        }
+        g->message[o] = '\0';
+    }
+    return size * nitems;
+}
+
+/* POST body (len bytes) to path, trying endpoints from the last good one. FX_OK when an HTTP
+ * response (any status) was received: *status, rb and *ep_out are set, and with gs (a gRPC call
+ * on an h2 handle) the gRPC status. Transport failures map to FX_ETIMEDOUT, FX_EUNAVAIL or
+ * FX_EPROTO (response over the limit). */
+static fx_err perform(fx_etcd *c, conn *k, const char *path, const void *body, size_t len,
+                      call_kind kind, int64_t deadline, const char *auth_hdr, rbuf *rb,
+                      long *status, size_t *ep_out, grpc_st *gs)
 {
     size_t start = atomic_load(&c->cur_ep) % c->n_eps;
     char url[MAX_ENDPOINT_LEN + 64];
     const char *last_err = "not attempted";
     char last_buf[CURL_ERROR_SIZE + 64];
 
+    bool again = false; /* see "prior knowledge" below */
     for (size_t i = 0; i < c->n_eps; i++) {
         size_t ep = (start + i) % c->n_eps;
         int64_t left = fx_ms_left(deadline);
         if (left <= 0) break;
-        if (i > 0) atomic_fetch_add(&c->st.failovers, 1);
+        if (i > 0 && !again) atomic_fetch_add(&c->st.failovers, 1);
+        again = false;
         snprintf(url, sizeof url, "%s%s", c->eps[ep], path);
-        struct curl_slist *hdrs = make_headers(left, auth_hdr);
+        struct curl_slist *hdrs = make_headers(left, auth_hdr, gs != NULL);
         if (!hdrs) return fx_seterr(FX_ENOMEM, "etcd: out of memory");
         rb->len = 0;
         rb->overflow = false;
@@ -328,7 +406,31 @@ static fx_err perform(fx_etcd *c, conn *k, const char *path, const char *body, c
         curl_easy_setopt(h, CURLOPT_URL, url);
         curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
         curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
-        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(body));
+        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+        /* Prior knowledge: cleartext HTTP/2 starts with the connection preface
+         * (CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE). libcurl 7.88 (Debian 12) fails every request
+         * that reuses a prior-knowledge connection ("Error in the HTTP2 framing layer", curl
+         * PR #10643, fixed in 8.0), so a handle whose HTTP/2 connection to this endpoint is up
+         * asks for CURL_HTTP_VERSION_2_0, which reuses it. Had that connection closed meanwhile,
+         * libcurl sends the request as HTTP/1.1 with an h2c upgrade, which etcd's JSON gateway
+         * answers 404 (no route for a gRPC path: nothing ran); the request goes again at once
+         * with prior knowledge (again). A prior-knowledge request always opens a fresh
+         * connection, so it never reuses one. And as libcurl does for HTTP/1.1 on its own, a
+         * request on a reused connection that failed in transit before any answer byte (the
+         * server closed it while idle: a restart) goes again once on a fresh connection. */
+        bool tls = strncmp(c->eps[ep], "https:", 6) == 0, reuse = false;
+        if (gs) {
+            gs->code = -1;
+            gs->message[0] = '\0';
+            reuse = !tls && k->h2_ep == (int)ep;
+            curl_easy_setopt(h, CURLOPT_HTTP_VERSION,
+                             (long)(tls ? CURL_HTTP_VERSION_2TLS
+                                        : reuse ? CURL_HTTP_VERSION_2_0
+                                                : CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE));
+            curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, (long)(!tls && !reuse));
+            curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, grpc_header);
+            curl_easy_setopt(h, CURLOPT_HEADERDATA, gs);
+        }
         curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)left);
         curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
                          (long)(left < c->connect_timeout_ms ? left : c->connect_timeout_ms));
@@ -339,6 +441,28 @@ static fx_err perform(fx_etcd *c, conn *k, const char *path, const char *body, c
         curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
         curl_slist_free_all(hdrs);
 
+        if (rc == CURLE_OK && gs && !tls) {
+            long ver = 0;
+            curl_easy_getinfo(h, CURLINFO_HTTP_VERSION, &ver);
+            k->h2_ep = ver == CURL_HTTP_VERSION_2_0 ? (int)ep : -1;
+            if (ver != CURL_HTTP_VERSION_2_0 && reuse) { /* went as HTTP/1.1: not run */
+                again = true;
+                i--;
+                continue;
+            }
+        }
+        if (gs && rc != CURLE_OK) {
+            k->h2_ep = -1;
+            long got = 0;
+            curl_easy_getinfo(h, CURLINFO_HEADER_SIZE, &got);
+            if (reuse && got == 0 && fx_ms_left(deadline) > 0 &&
+                (rc == CURLE_SEND_ERROR || rc == CURLE_RECV_ERROR || rc == CURLE_GOT_NOTHING ||
+                 rc == CURLE_HTTP2 || rc == CURLE_HTTP2_STREAM)) {
+                again = true;
+                i--;
+                continue;
+            }
+        }
         if (rc == CURLE_OK) {
             curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
             if (ep != start) atomic_store(&c->cur_ep, ep);
@@ -387,7 +511,8 @@ static fx_err authenticate(fx_etcd *c, conn *k, int64_t deadline, char **token)
     rbuf rb = {.limit = 1 << 20};
     long status = 0;
     size_t ep = 0;
-    e = perform(c, k, "/v3/auth/authenticate", body, CALL_READ, deadline, NULL, &rb, &status, &ep);
+    e = perform(c, k, "/v3/auth/authenticate", body, strlen(body), CALL_READ, deadline, NULL, &rb,
+                &status, &ep, NULL);
     wipe_free(body);
     if (e == FX_OK) {
         if (status == 200) {
@@ -433,7 +558,7 @@ fx_err fx__etcd_auth_header(fx_etcd *c, conn *k, int64_t deadline, char **hdr, u
         char *tok = NULL;
         conn *own = NULL;
         fx_err e = FX_OK;
-        if (!k) e = pool_get(c, deadline, &own);
+        if (!k) e = pool_get(c, deadline, false, &own);
         if (e == FX_OK) e = authenticate(c, k ? k : own, deadline, &tok);
         if (own) pool_put(c, own);
         if (e != FX_OK) return e;
@@ -461,7 +586,8 @@ void fx__etcd_auth_invalidate(fx_etcd *c, uint64_t gen)
     pthread_mutex_unlock(&c->auth_mu);
 }
 
-/* One unary call as seen by the public functions. */
+/* One unary call as seen by the public functions: JSON (path, body, parse) or, with grpc set,
+ * a gRPC call (grpc_path, pb/pb_len: one framed message, pb_parse). */
 typedef struct call {
     const char *path;
     const char *body;
@@ -470,8 +596,38 @@ typedef struct call {
     int timeout_ms;
     fx_err (*parse)(const char *body, size_t len, void *out);
     void *out;
+    bool grpc;
+    const char *grpc_path;
+    const uint8_t *pb;
+    size_t pb_len;
+    fx_err (*pb_parse)(const uint8_t *msg, size_t len, void *out);
     fx_ej_error srv; /* filled when etcd answered with an error status */
 } call;
+
+/* The answer of a gRPC exchange: its message parsed into s->out, or the mapped error. */
+static fx_err grpc_answer(fx_etcd *c, call *s, size_t ep, long status, const grpc_st *gs,
+                          const rbuf *rb)
+{
+    if (status == 200 && gs->code == 0) {
+        const uint8_t *msg;
+        size_t n;
+        fx_err e = fx_pb_frame((const uint8_t *)rb->data, rb->len, &msg, &n);
+        if (e == FX_OK) e = s->pb_parse(msg, n, s->out);
+        if (e != FX_OK) fx_err_wrap(e, "etcd %s%s: ", c->eps[ep], s->grpc_path);
+        return e;
+    }
+    if (status == 200 && gs->code < 0) /* the answer ended without its trailers */
+        return fx_seterr(s->kind == CALL_WRITE ? FX_EUNAVAIL : FX_EPROTO,
+                         "etcd %s%s: answer without a gRPC status%s", c->eps[ep], s->grpc_path,
+                         s->kind == CALL_WRITE ? " (the write may have been applied)" : "");
+    s->srv.http_status = (int)status;
+    s->srv.grpc_code = gs->code;
+    snprintf(s->srv.message, sizeof s->srv.message, "%s",
+             gs->code >= 0 ? gs->message : "no gRPC status (not etcd's gRPC API?)");
+    fx_err e = fx_ej_map_error(status == 200 ? 0 : (int)status, gs->code, s->srv.message);
+    return fx_seterr(e, "etcd %s%s: HTTP %ld (code %d): %s", c->eps[ep], s->grpc_path, status,
+                     gs->code, s->srv.message);
+}
 
 static fx_err run_call(fx_etcd *c, call *s)
 {
@@ -485,11 +641,11 @@ static fx_err run_call(fx_etcd *c, call *s)
 
     if (s->lane) {
         pthread_mutex_lock(&c->lane_mu);
-        if (!c->lane) c->lane = conn_new(c);
+        if (!c->lane) c->lane = conn_new(c, false);
         k = c->lane;
         if (!k) e = fx_seterr(FX_ENOMEM, "etcd: cannot create the keepalive connection");
     } else {
-        e = pool_get(c, deadline, &k);
+        e = pool_get(c, deadline, s->grpc, &k);
     }
 
     rbuf rb = {.limit = FX_EJ_MAX_BODY};
@@ -499,11 +655,28 @@ static fx_err run_call(fx_etcd *c, call *s)
         uint64_t gen = 0;
         long status = 0;
         size_t ep = 0;
-        e = fx__etcd_auth_header(c, k, deadline, &auth, &gen);
-        if (e == FX_OK)
-            e = perform(c, k, s->path, s->body, s->kind, deadline, auth, &rb, &status, &ep);
-        free(auth);
+        grpc_st gs;
+        /* authentication is a JSON call: an h2 handle cannot carry it */
+        e = fx__etcd_auth_header(c, s->grpc ? NULL : k, deadline, &auth, &gen);
+        if (e == FX_OK && s->grpc)
+            e = perform(c, k, s->grpc_path, s->pb, s->pb_len, s->kind, deadline, auth, &rb, &status,
+                        &ep, &gs);
+        else if (e == FX_OK)
+            e = perform(c, k, s->path, s->body, strlen(s->body), s->kind, deadline, auth, &rb,
+                        &status, &ep, NULL);
+        wipe_free(auth);
         if (e != FX_OK) break;
+        if (s->grpc) {
+            e = grpc_answer(c, s, ep, status, &gs, &rb);
+            /* an expired simple token: Unauthenticated, refused before it ran (as a 401) */
+            if (e == FX_EAUTH && gs.code == 16 && c->username && !reauthed) {
+                fx__etcd_auth_invalidate(c, gen);
+                reauthed = true;
+                e = FX_OK;
+                continue;
+            }
+            break;
+        }
         if (status == 200) {
             e = s->parse(rb.data, rb.len, s->out);
             if (e != FX_OK) fx_err_wrap(e, "etcd %s%s: ", c->eps[ep], s->path);
@@ -545,6 +718,10 @@ static fx_err p_del(const char *b, size_t n, void *out) { return fx_ej_parse_del
 static fx_err p_txn(const char *b, size_t n, void *out) { return fx_ej_parse_txn(b, n, out); }
 static fx_err p_header(const char *b, size_t n, void *out) { return fx_ej_parse_header(b, n, out); }
 static fx_err p_status(const char *b, size_t n, void *out) { return fx_ej_parse_status(b, n, out); }
+static fx_err pb_range(const uint8_t *b, size_t n, void *out) { return fx_pb_parse_range(b, n, out); }
+static fx_err pb_put(const uint8_t *b, size_t n, void *out) { return fx_pb_parse_put(b, n, out); }
+static fx_err pb_del(const uint8_t *b, size_t n, void *out) { return fx_pb_parse_del(b, n, out); }
+static fx_err pb_txn(const uint8_t *b, size_t n, void *out) { return fx_pb_parse_txn(b, n, out); }
 
 /* Count a call that failed before run_call (bad request). */
 static fx_err early_fail(fx_etcd *c, fx_err e)
@@ -559,12 +736,16 @@ fx_err fx_etcd_range(fx_etcd *c, const fx_range_req *req, fx_range_resp *out, in
     fx_range_resp *r = out ? out : &tmp;
     memset(r, 0, sizeof *r);
     char *body = NULL;
-    fx_err e = fx_ej_range_req(req, &body);
+    uint8_t *pb = NULL;
+    size_t pbl = 0;
+    fx_err e = c->grpc ? fx_pb_range_req(req, &pb, &pbl) : fx_ej_range_req(req, &body);
     if (e != FX_OK) return early_fail(c, e);
     call s = {.path = "/v3/kv/range", .body = body, .kind = CALL_READ, .timeout_ms = timeout_ms,
-              .parse = p_range, .out = r};
+              .parse = p_range, .out = r, .grpc = c->grpc, .grpc_path = "/etcdserverpb.KV/Range",
+              .pb = pb, .pb_len = pbl, .pb_parse = pb_range};
     e = run_call(c, &s);
     free(body);
+    free(pb);
     if (!out) fx_range_resp_free(&tmp);
     return e;
 }
@@ -583,12 +764,16 @@ fx_err fx_etcd_put(fx_etcd *c, const fx_put_req *req, fx_put_resp *out, int time
     fx_put_resp *r = out ? out : &tmp;
     memset(r, 0, sizeof *r);
     char *body = NULL;
-    fx_err e = fx_ej_put_req(req, &body);
+    uint8_t *pb = NULL;
+    size_t pbl = 0;
+    fx_err e = c->grpc ? fx_pb_put_req(req, &pb, &pbl) : fx_ej_put_req(req, &body);
     if (e != FX_OK) return early_fail(c, e);
     call s = {.path = "/v3/kv/put", .body = body, .kind = CALL_WRITE, .timeout_ms = timeout_ms,
-              .parse = p_put, .out = r};
+              .parse = p_put, .out = r, .grpc = c->grpc, .grpc_path = "/etcdserverpb.KV/Put",
+              .pb = pb, .pb_len = pbl, .pb_parse = pb_put};
     e = run_call(c, &s);
     free(body);
+    free(pb);
     if (req->lease) e = lease_ctx(e, &s);
     if (!out) fx_put_resp_free(&tmp);
     return e;
@@ -600,12 +785,17 @@ fx_err fx_etcd_delete(fx_etcd *c, const fx_del_req *req, fx_del_resp *out, int t
     fx_del_resp *r = out ? out : &tmp;
     memset(r, 0, sizeof *r);
     char *body = NULL;
-    fx_err e = fx_ej_del_req(req, &body);
+    uint8_t *pb = NULL;
+    size_t pbl = 0;
+    fx_err e = c->grpc ? fx_pb_del_req(req, &pb, &pbl) : fx_ej_del_req(req, &body);
     if (e != FX_OK) return early_fail(c, e);
     call s = {.path = "/v3/kv/deleterange", .body = body, .kind = CALL_WRITE,
-              .timeout_ms = timeout_ms, .parse = p_del, .out = r};
+              .timeout_ms = timeout_ms, .parse = p_del, .out = r, .grpc = c->grpc,
+              .grpc_path = "/etcdserverpb.KV/DeleteRange", .pb = pb, .pb_len = pbl,
+              .pb_parse = pb_del};
     e = run_call(c, &s);
     free(body);
+    free(pb);
     if (!out) fx_del_resp_free(&tmp);
     return e;
 }
@@ -648,14 +838,18 @@ fx_err fx_etcd_txn(fx_etcd *c, const fx_txn_req *req, fx_txn_resp *out, int time
     fx_txn_resp *r = out ? out : &tmp;
     memset(r, 0, sizeof *r);
     char *body = NULL;
-    fx_err e = fx_ej_txn_req(req, &body);
+    uint8_t *pb = NULL;
+    size_t pbl = 0;
+    fx_err e = c->grpc ? fx_pb_txn_req(req, &pb, &pbl) : fx_ej_txn_req(req, &body);
     if (e != FX_OK) return early_fail(c, e);
     bool ro = ops_read_only(req->success, req->n_success) &&
               ops_read_only(req->failure, req->n_failure);
     call s = {.path = "/v3/kv/txn", .body = body, .kind = ro ? CALL_READ : CALL_WRITE,
-              .timeout_ms = timeout_ms, .parse = p_txn, .out = r};
+              .timeout_ms = timeout_ms, .parse = p_txn, .out = r, .grpc = c->grpc,
+              .grpc_path = "/etcdserverpb.KV/Txn", .pb = pb, .pb_len = pbl, .pb_parse = pb_txn};
     e = run_call(c, &s);
     free(body);
+    free(pb);
     if (ops_have_lease(req->success, req->n_success) || ops_have_lease(req->failure, req->n_failure))
         e = lease_ctx(e, &s);
     if (!out) fx_txn_resp_free(&tmp);

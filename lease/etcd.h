@@ -1,8 +1,14 @@
-/* etcd.h -- etcd v3 client over the JSON gateway (libcurl + cJSON).
+/* etcd.h -- etcd v3 client over the JSON gateway and, for KV calls, gRPC (libcurl + cJSON).
  *
  * What it speaks: POST /v3/... on etcd 3.4+ (the gRPC-gateway of the v3 API). Keys and values
  * are arbitrary bytes (base64 on the wire); int64 fields are sent as JSON strings and parsed from
  * strings; fields missing from a response mean zero/false/empty.
+ * With opts.grpc, the KV calls (fx_etcd_range, _put, _delete, _get, _txn) go to etcd's gRPC API
+ * instead (unary calls /etcdserverpb.KV/Range, Put, DeleteRange, Txn; protobuf in etcd_pb.h, over HTTP/2: cleartext with
+ * prior knowledge, or TLS with ALPN), the same requests and results, error mapping and deadlines
+ * (sent as grpc-timeout); the token travels as the "token" metadata. Leases, auth, status,
+ * compaction and watches stay on the gateway. HTTP/2 handles are pooled apart from HTTP/1.1 ones
+ * (one kind per handle, both within max_conns).
  *
  * Deadlines: every call takes timeout_ms (> 0; 0 means the client's default_timeout_ms). The call
  * returns FX_ETIMEDOUT no later than that (plus scheduling noise), whatever the server does: the
@@ -61,6 +67,7 @@ typedef struct fx_etcd_opts {
     int default_timeout_ms; /* 0 -> 5000 */
     int connect_timeout_ms; /* 0 -> 1000; also capped by the call's deadline */
     int max_conns;          /* 0 -> 64: general-purpose connection bound */
+    bool grpc;              /* KV calls (range, put, delete, txn) over etcd's gRPC API */
 } fx_etcd_opts;
 
 /* Create a client. Copies everything from opts. Does no I/O (auth happens on first use).

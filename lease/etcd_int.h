@@ -26,9 +26,12 @@
 
 #define MAX_ENDPOINT_LEN 256
 
-/* One pooled connection: an easy handle and its error buffer. */
+/* One pooled connection: an easy handle and its error buffer. h2: it speaks gRPC (HTTP/2) to
+ * etcd's gRPC API, else HTTP/1.1 to the JSON gateway; a handle never changes kind. */
 typedef struct conn {
     CURL *h;
+    bool h2;
+    int h2_ep; /* h2: the endpoint its HTTP/2 connection is up to, or -1 (etcd.c perform) */
     char errbuf[CURL_ERROR_SIZE];
 } conn;
 
@@ -39,14 +42,15 @@ struct fx_etcd {
     char *username, *password; /* password: never logged */
     char *ca_file, *cert_file, *key_file;
     bool insecure;
+    bool grpc; /* KV calls over gRPC (fx_etcd_opts.grpc) */
     int default_timeout_ms, connect_timeout_ms, max_conns;
 
     _Atomic size_t cur_ep; /* the endpoint that last worked */
 
     pthread_mutex_t pool_mu;
     pthread_cond_t pool_cv; /* CLOCK_MONOTONIC */
-    conn **idle;            /* max_conns slots */
-    int n_idle, n_conns;
+    conn **idle;            /* max_conns slots, either kind */
+    int n_idle, n_conns;    /* n_conns: both kinds together, <= max_conns */
 
     pthread_mutex_t lane_mu; /* the keepalive lane */
     conn *lane;

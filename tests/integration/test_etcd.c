@@ -61,10 +61,13 @@ typedef struct ctx {
                      fx_errname(e_), fx_errname(want), fx_err_detail());                    \
     } while (0)
 
+/* Every test runs twice: KV calls over the JSON gateway, then over etcd's gRPC API. */
+static bool g_grpc;
+
 static fx_etcd *new_client(const char *const *eps, size_t n, int timeout_ms, int max_conns)
 {
     fx_etcd_opts o = {.endpoints = eps, .n_endpoints = n, .default_timeout_ms = timeout_ms,
-                      .max_conns = max_conns};
+                      .max_conns = max_conns, .grpc = g_grpc};
     fx_etcd *c = NULL;
     CHECK(fx_etcd_new(&o, &c));
     assert_non_null(c);
@@ -80,7 +83,7 @@ static int group_setup(void **state)
         return -1;
     }
     const char *eps[] = {x->etcd.endpoint};
-    fx_etcd_opts o = {.endpoints = eps, .n_endpoints = 1};
+    fx_etcd_opts o = {.endpoints = eps, .n_endpoints = 1, .grpc = g_grpc};
     if (fx_etcd_new(&o, &x->c) != FX_OK) {
         fprintf(stderr, "fx_etcd_new: %s\n", fx_err_detail());
         fxt_etcd_destroy(&x->etcd);
@@ -984,7 +987,7 @@ static void etcd_auth(void **state)
 
     const char *eps[] = {e->endpoint};
     fx_etcd_opts o = {.endpoints = eps, .n_endpoints = 1, .username = "root",
-                      .password = "s3cret-pw"};
+                      .password = "s3cret-pw", .grpc = g_grpc};
     fx_etcd *c = NULL;
     CHECK(fx_etcd_new(&o, &c));
     put_str(c, "/fxt/auth/a", "1", 0);
@@ -1028,7 +1031,7 @@ static void etcd_auth(void **state)
     assert_non_null(strstr(fx_err_detail(), "authentication"));
     assert_null(strstr(fx_err_detail(), "wrong-pw-123"));
     fx_etcd_free(cb);
-    fx_etcd_opts none = {.endpoints = eps, .n_endpoints = 1};
+    fx_etcd_opts none = {.endpoints = eps, .n_endpoints = 1, .grpc = g_grpc};
     fx_etcd *cn = NULL;
     CHECK(fx_etcd_new(&none, &cn));
     EXPECT_ERR(FX_EAUTH, fx_etcd_get(cn, FX_SLICE_STR("/fxt/auth/a"), &kv, 0));
@@ -1049,5 +1052,10 @@ int main(void)
         cmocka_unit_test(etcd_deadline),
         cmocka_unit_test(etcd_auth),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    int failed = cmocka_run_group_tests_name("etcd over the JSON gateway", tests, group_setup,
+                                             group_teardown);
+    g_grpc = true;
+    failed += cmocka_run_group_tests_name("etcd, KV calls over gRPC", tests, group_setup,
+                                          group_teardown);
+    return failed;
 }
