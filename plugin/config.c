@@ -53,6 +53,7 @@
 #define DEF_ETCD_ENDPOINT "http://127.0.0.1:2379"
 #define DEF_ETCD_PREFIX   "/fluxon"
 #define DEF_KV_BACKEND    "etcd"
+#define DEF_ETCD_TRANSPORT "grpc"
 /* http.listen: no default (NULL = HTTP disabled). kv.endpoints: the etcd endpoints.
  * name: "<hostname>-<pid>", see default_name(). */
 
@@ -242,6 +243,7 @@ void fx_config_free(fx_config *c)
     free_str(c->nats.key_file);
     free_strv(c->etcd.endpoints, c->etcd.n_endpoints);
     free_str(c->etcd.prefix);
+    free_str(c->etcd.transport);
     free_str(c->etcd.username);
     free_str(c->etcd.password);
     free_str(c->etcd.ca_file);
@@ -644,11 +646,11 @@ static int read_nats(pctx *p, const cJSON *node, fx_config *c)
 
 static int read_etcd(pctx *p, const cJSON *node, fx_config *c)
 {
-    enum { ENDPOINTS, PREFIX, USERNAME, PASSWORD, CA, CERT, KEY, INSECURE, NK };
+    enum { ENDPOINTS, PREFIX, USERNAME, PASSWORD, CA, CERT, KEY, INSECURE, TRANSPORT, NK };
     static const char *const keys[NK] = {
         [ENDPOINTS] = "endpoints", [PREFIX] = "prefix", [USERNAME] = "username",
         [PASSWORD] = "password", [CA] = "ca_file", [CERT] = "cert_file", [KEY] = "key_file",
-        [INSECURE] = "tls_insecure",
+        [INSECURE] = "tls_insecure", [TRANSPORT] = "transport",
     };
     const cJSON *v[NK];
     if (!node) return 0;
@@ -660,7 +662,8 @@ static int read_etcd(pctx *p, const cJSON *node, fx_config *c)
     if (read_string_array(p, v[ENDPOINTS], "etcd.endpoints", CFG_ENDPOINTS_MAX, &c->etcd.endpoints,
                           &c->etcd.n_endpoints) != 0 ||
         read_nonempty_string(p, v[PREFIX], "etcd.prefix", &c->etcd.prefix) != 0 ||
-        read_bool(p, v[INSECURE], "etcd.tls_insecure", &c->etcd.tls_insecure) != 0)
+        read_bool(p, v[INSECURE], "etcd.tls_insecure", &c->etcd.tls_insecure) != 0 ||
+        read_nonempty_string(p, v[TRANSPORT], "etcd.transport", &c->etcd.transport) != 0)
         return -1;
     for (int i = 0; i < NK; i++) {
         if (!opt[i]) continue;
@@ -993,6 +996,7 @@ static int apply_defaults(pctx *p, fx_config *c)
         {&c->nats.url, DEF_NATS_URL},       {&c->nats.monitor_url, DEF_MONITOR_URL},
         {&c->nats.account, DEF_ACCOUNT},    {&c->etcd.prefix, DEF_ETCD_PREFIX},
         {&c->kv.backend, DEF_KV_BACKEND},
+        {&c->etcd.transport, DEF_ETCD_TRANSPORT},
     };
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
         if (!*strs[i].dst && !(*strs[i].dst = strdup(strs[i].def))) return fail(p, "", "out of memory");
@@ -1047,6 +1051,9 @@ static int check_sections(pctx *p, fx_config *c)
     if (!!c->etcd.cert_file != !!c->etcd.key_file)
         return fail(p, c->etcd.cert_file ? "etcd.key_file" : "etcd.cert_file",
                     "cert_file and key_file go together");
+    if (strcmp(c->etcd.transport, "grpc") != 0 && strcmp(c->etcd.transport, "json") != 0)
+        return fail(p, "etcd.transport", "\"%s\" is not supported (\"grpc\" or \"json\")",
+                    SHOW(c->etcd.transport));
     bool redis = strcmp(c->kv.backend, "redis") == 0;
     if (!redis && strcmp(c->kv.backend, "etcd") != 0)
         return fail(p, "kv.backend", "\"%s\" is not supported (\"etcd\" or \"redis\")",

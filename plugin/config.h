@@ -87,6 +87,9 @@ typedef struct fx_config {
         char *username, *password;
         char *ca_file, *cert_file, *key_file;
         bool tls_insecure;
+        char *transport;   /* "grpc" (default): KV calls over etcd's gRPC API; "json": all over
+                              the JSON gateway. Leases, auth, status and watches use the
+                              gateway either way (lease/etcd.h) */
     } etcd;
     struct {
         char *backend;     /* "etcd" (default) or "redis" */

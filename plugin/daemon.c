@@ -325,6 +325,7 @@ static void mq_options(const fx_config *c, fx_mq_client_opts *out)
     o.etcd.cert_file = c->etcd.cert_file;
     o.etcd.key_file = c->etcd.key_file;
     o.etcd.insecure_skip_verify = c->etcd.tls_insecure;
+    o.etcd.grpc = strcmp(c->etcd.transport, "grpc") == 0;
     o.root = c->etcd.prefix;
     if (c->kv.url) { /* kv.backend "redis" */
         o.kv_redis_url = c->kv.url;

@@ -57,6 +57,9 @@
  * fused payload+offset txn, the producer offset txn, consumer offset commits, attempt records,
  * watches (bytes of the stream), lease keepalives, other lease calls, range reads (views,
  * backlog, claims) and the rest. Use it for counts, not for the rates of the main table.
+ * -T transport: the bridge's etcd.transport ("grpc": KV calls over etcd's gRPC API, or "json":
+ * all over the JSON gateway); without -T the config leaves it out (the bridge's default). -X
+ * counts HTTP/1.1 requests, so it sets "json" unless -T says otherwise.
  * -J: the bridge's config carries no jetstream.domain key (for comparing with bridges that predate
  * it and refuse it; such a bridge answers no JetStream API, so rows 2 and 3 are still JetStream's).
  * -p 'command': run `sh -c command` at each row's window start (for -d seconds), with BRIDGE_PID,
@@ -221,6 +224,7 @@ static bool g_count_kinds;       /* -X */
 static bool g_no_js_domain;      /* -J */
 static bool g_leaf_pubacks;      /* -L */
 static const char *g_plane = "etcd";
+static const char *g_transport;   /* -T: etcd.transport of the bridge (NULL: its default) */
 static int g_nats_port, g_mon_port, g_leaf_port, g_http_port;
 static char g_nats_url[64];
 
@@ -602,7 +606,7 @@ static int start_stack(const char *bridge_bin)
             "{\"name\":\"nbench\",\n"
             " \"nats\":{\"url\":\"%s\",\"monitor_url\":\"http://127.0.0.1:%d\","
             "\"leaf_url\":\"nats://127.0.0.1:%d\",\"account\":\"$G\"%s},\n"
-            " \"etcd\":{\"endpoints\":[\"%s\"],\"prefix\":\"/fxbench\"},\n"
+            " \"etcd\":{\"endpoints\":[\"%s\"],\"prefix\":\"/fxbench\"%s%s%s},\n"
             " \"kv\":%s,\n"
             " \"http\":{\"listen\":\"127.0.0.1:%d\"},\n"
             /* the server runs JetStream (rows 2, 3): the bridge's JetStream API goes under a
@@ -612,7 +616,8 @@ static int start_stack(const char *bridge_bin)
             "\"ttl_seconds\":30,\"capacity\":1000000,\"ack\":\"explicit\",\"max_ack_pending\":5000,"
             "\"interest_poll\":\"200ms\",\"release_after\":\"%dms\"}]}\n",
             g_nats_url, g_mon_port, g_leaf_port, g_leaf_pubacks ? ",\"leaf_pubacks\":true" : "",
-            bridge_etcd, kvj, g_http_port,
+            bridge_etcd, g_transport ? ",\"transport\":\"" : "", g_transport ? g_transport : "",
+            g_transport ? "\"" : "", kvj, g_http_port,
             g_no_js_domain ? "" : " \"jetstream\":{\"domain\":\"fxbench\"},\n",
             BENCH_RELEASE_MS);
     fclose(f);
@@ -1677,13 +1682,14 @@ int main(int argc, char **argv)
     const char *bridge = NULL, *only = NULL, *sizes_arg = NULL;
     bool dur_given = false;
     int c;
-    while ((c = getopt(argc, argv, "d:w:b:D:W:P:o:s:S:MK:XJLp:h")) != -1) {
+    while ((c = getopt(argc, argv, "d:w:b:D:W:P:o:s:S:MK:XJLp:T:h")) != -1) {
         switch (c) {
         case 'd': g_dur_s = atoi(optarg), dur_given = true; break;
         case 'M': g_msgid = true; break;
         case 'X': g_count_kinds = true; break;
         case 'J': g_no_js_domain = true; break;
         case 'L': g_leaf_pubacks = true; break;
+        case 'T': g_transport = optarg; break;
         case 'p': g_hook = optarg; break;
         case 'S': g_soak_s = atoi(optarg); if (g_soak_s < SOAK_MIN_S) usage(); break;
         case 'w': g_warm_ms = atoi(optarg); break;
@@ -1804,6 +1810,8 @@ int main(int argc, char **argv)
     printf("payload plane: %s\n", !strcmp(g_plane, "etcd") ? "etcd (fused: payload + offset in one txn)"
                                    : !strcmp(g_plane, "redis-everysec") ? "Redis, appendfsync everysec (split)"
                                                                           : "Redis, appendfsync always (split)");
+    if (g_count_kinds && !g_transport) g_transport = "json"; /* the counting proxy reads HTTP/1.1 */
+    printf("bridge etcd transport: %s\n", g_transport ? g_transport : "the bridge's default (grpc)");
     printf("window %d s after %d ms warm-up per row; closed loop (max %lld published-not-consumed, max %d "
            "publishes awaiting their ack); CPU%% = one core (the machine has %ld); client = this "
            "program's NATS clients; latencies in ms\n\n",
