@@ -72,6 +72,7 @@ static void test_defaults(void **state)
     assert_null(c.etcd.username);
     assert_false(c.etcd.tls_insecure);
     assert_string_equal(c.kv.backend, "etcd");
+    assert_string_equal(c.etcd.transport, "grpc");
     assert_int_equal(c.kv.n_endpoints, 1);
     assert_string_equal(c.kv.endpoints[0], "http://127.0.0.1:2379");
     assert_null(c.http.listen);
@@ -501,6 +502,7 @@ static void test_err_connection_values(void **state)
         {"{\"etcd\":{\"password\":\"pw\"}," CHANNELS "}", "etcd.username: username and password go together"},
         {"{\"etcd\":{\"cert_file\":\"/c\"}," CHANNELS "}", "etcd.key_file: cert_file and key_file go together"},
         {"{\"kv\":{\"backend\":\"mem\"}," CHANNELS "}", "kv.backend: \"mem\" is not supported (\"etcd\" or \"redis\")"},
+        {"{\"etcd\":{\"transport\":\"http2\"}," CHANNELS "}", "etcd.transport: \"http2\" is not supported (\"grpc\" or \"json\")"},
         {"{\"kv\":{\"backend\":\"redis\"}," CHANNELS "}", "kv.url: required with kv.backend \"redis\""},
         {"{\"kv\":{\"backend\":\"redis\",\"url\":\"rediss://h:1\"}," CHANNELS "}", "kv.url: must start with redis:// or unix:"},
         {"{\"kv\":{\"backend\":\"redis\",\"url\":\"redis://h:1\",\"endpoints\":[\"http://x:1\"]}," CHANNELS "}", "kv.endpoints: only with kv.backend \"etcd\""},
