@@ -140,6 +140,7 @@ fx_err fx_etcd_new(const fx_etcd_opts *o, fx_etcd **out)
 static void conn_free(conn *k)
 {
     if (!k) return;
+    if (k->m) curl_multi_cleanup(k->m); /* its connection cache: the HTTP/2 connection */
     curl_easy_cleanup(k->h);
     free(k);
 }
@@ -376,6 +377,46 @@ static size_t grpc_header(char *line, size_t size, size_t nitems, void *ud)
     return size * nitems;
 }
 
+/* One transfer of an h2 handle, on its own multi handle (whose connection cache keeps the HTTP/2
+ * connection). Not curl_easy_perform: libcurl 7.88's HTTP/2 code can leave received data in
+ * its buffers while the socket has nothing more to read, and curl_easy_perform then sleeps in
+ * poll for up to 1 s before it looks again (seen: range answers over ~32 KiB took 1.0 or 2.0 s).
+ * Here each wait is short and grows while nothing arrives (0.5 ms doubling to 16 ms), and
+ * every wake-up runs the transfer on. The transfer's own CURLOPT_TIMEOUT_MS bounds the loop. */
+static CURLcode h2_perform(conn *k)
+{
+    if (!k->m && !(k->m = curl_multi_init())) return CURLE_OUT_OF_MEMORY;
+    if (curl_multi_add_handle(k->m, k->h) != CURLM_OK) return CURLE_FAILED_INIT;
+    CURLcode rc = CURLE_OK;
+    int running = 1, wait_us = 500;
+    curl_off_t got = 0;
+    while (running) {
+        if (curl_multi_perform(k->m, &running) != CURLM_OK) {
+            rc = CURLE_FAILED_INIT;
+            break;
+        }
+        if (!running) break;
+        curl_off_t now = 0;
+        curl_easy_getinfo(k->h, CURLINFO_SIZE_DOWNLOAD_T, &now);
+        if (now != got) { /* progress: look again soon */
+            got = now;
+            wait_us = 500;
+        }
+        int nfds = 0;
+        if (curl_multi_poll(k->m, NULL, 0, wait_us < 1000 ? 1 : wait_us / 1000, &nfds) != CURLM_OK) {
+            rc = CURLE_FAILED_INIT;
+            break;
+        }
+        if (!nfds && wait_us < 16000) wait_us *= 2;
+    }
+    CURLMsg *msg;
+    int left = 0;
+    while ((msg = curl_multi_info_read(k->m, &left)) != NULL)
+        if (msg->msg == CURLMSG_DONE && msg->easy_handle == k->h) rc = msg->data.result;
+    curl_multi_remove_handle(k->m, k->h);
+    return rc;
+}
+
 /* POST body (len bytes) to path, trying endpoints from the last good one. FX_OK when an HTTP
  * response (any status) was received: *status, rb and *ep_out are set, and with gs (a gRPC call
  * on an h2 handle) the gRPC status. Transport failures map to FX_ETIMEDOUT, FX_EUNAVAIL or
@@ -437,7 +478,7 @@ static fx_err perform(fx_etcd *c, conn *k, const char *path, const void *body, s
         curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, fx__etcd_rbuf_write);
         curl_easy_setopt(h, CURLOPT_WRITEDATA, rb);
         atomic_fetch_add(&c->st.requests, 1);
-        CURLcode rc = curl_easy_perform(h);
+        CURLcode rc = gs ? h2_perform(k) : curl_easy_perform(h);
         curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
         curl_slist_free_all(hdrs);
 

@@ -136,7 +136,9 @@ typedef struct fx_range_req {
     bool count_only;
     bool keys_only;
     bool serializable;
-    fx_sort_order sort_order;
+    fx_sort_order sort_order; /* ASCEND by KEY is etcd's natural order and is sent as NONE:
+                               * etcd (3.4, 3.5) ignores limit for any sort, so a sorted range
+                               * with a limit reads every key in the range (etcd issue 20745) */
     fx_sort_target sort_target;
 } fx_range_req;
 

@@ -30,6 +30,7 @@
  * etcd's gRPC API, else HTTP/1.1 to the JSON gateway; a handle never changes kind. */
 typedef struct conn {
     CURL *h;
+    CURLM *m; /* h2: the multi handle its transfers run on (etcd.c h2_perform), else NULL */
     bool h2;
     int h2_ep; /* h2: the endpoint its HTTP/2 connection is up to, or -1 (etcd.c perform) */
     char errbuf[CURL_ERROR_SIZE];

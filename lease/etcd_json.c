@@ -161,7 +161,9 @@ static fx_err range_obj(const fx_range_req *r, cJSON *o)
     if (r->count_only) ok = ok && add_bool(o, "count_only");
     if (r->keys_only) ok = ok && add_bool(o, "keys_only");
     if (r->serializable) ok = ok && add_bool(o, "serializable");
-    if (r->sort_order != FX_SORT_NONE || r->sort_target != FX_SORT_KEY) {
+    /* Ascending by key is etcd's natural order: sent as no sort (fx_range_req) */
+    if ((r->sort_order != FX_SORT_NONE || r->sort_target != FX_SORT_KEY) &&
+        !(r->sort_order == FX_SORT_ASCEND && r->sort_target == FX_SORT_KEY)) {
         ok = ok && cJSON_AddStringToObject(o, "sort_order", sort_order_names[r->sort_order]);
         ok = ok && cJSON_AddStringToObject(o, "sort_target", sort_target_names[r->sort_target]);
     }

@@ -67,11 +67,17 @@ static uint8_t *w_bool(uint8_t *p, unsigned f, bool b)
 
 static uint8_t *w_msg_head(uint8_t *p, unsigned f, size_t m) { return put_v(put_tag(p, f, WT_LEN), m); }
 
-/* RangeRequest */
+/* RangeRequest. Ascending by key is etcd's natural order: sent as no sort (fx_range_req). */
+static bool key_ascend(const fx_range_req *r)
+{
+    return r->sort_order == FX_SORT_ASCEND && r->sort_target == FX_SORT_KEY;
+}
+
 static size_t sz_range(const fx_range_req *r)
 {
+    bool ka = key_ascend(r);
     return sz_bytes(1, r->key) + sz_bytes(2, r->range_end) + sz_i64(3, r->limit) +
-           sz_i64(4, r->revision) + sz_i64(5, r->sort_order) + sz_i64(6, r->sort_target) +
+           sz_i64(4, r->revision) + (ka ? 0 : sz_i64(5, r->sort_order) + sz_i64(6, r->sort_target)) +
            sz_bool(7, r->serializable) + sz_bool(8, r->keys_only) + sz_bool(9, r->count_only);
 }
 
@@ -81,8 +87,10 @@ static uint8_t *w_range(uint8_t *p, const fx_range_req *r)
     p = w_bytes(p, 2, r->range_end);
     p = w_i64(p, 3, r->limit);
     p = w_i64(p, 4, r->revision);
-    p = w_i64(p, 5, r->sort_order);
-    p = w_i64(p, 6, r->sort_target);
+    if (!key_ascend(r)) {
+        p = w_i64(p, 5, r->sort_order);
+        p = w_i64(p, 6, r->sort_target);
+    }
     p = w_bool(p, 7, r->serializable);
     p = w_bool(p, 8, r->keys_only);
     return w_bool(p, 9, r->count_only);
@@ -172,9 +180,16 @@ static bool cmp_ok(const fx_cmp *c)
            c->result >= FX_CMP_EQUAL && c->result <= FX_CMP_NOT_EQUAL;
 }
 
+static bool range_ok(const fx_range_req *r)
+{
+    return r->sort_order >= FX_SORT_NONE && r->sort_order <= FX_SORT_DESCEND &&
+           r->sort_target >= FX_SORT_KEY && r->sort_target <= FX_SORT_VALUE;
+}
+
 static bool op_ok(const fx_op *o)
 {
-    return o->type == FX_OP_RANGE || o->type == FX_OP_PUT || o->type == FX_OP_DELETE;
+    return (o->type == FX_OP_RANGE && range_ok(&o->u.range)) || o->type == FX_OP_PUT ||
+           o->type == FX_OP_DELETE;
 }
 
 /* A frame of `m` message bytes: the buffer and the position of the message. */
@@ -196,6 +211,9 @@ static fx_err frame_alloc(size_t m, uint8_t **out, size_t *out_len, uint8_t **ms
 
 fx_err fx_pb_range_req(const fx_range_req *r, uint8_t **out, size_t *out_len)
 {
+    *out = NULL;
+    *out_len = 0;
+    if (!range_ok(r)) return fx_seterr(FX_EINVAL, "range: bad sort order/target");
     uint8_t *p;
     fx_err e = frame_alloc(sz_range(r), out, out_len, &p);
     if (e == FX_OK) w_range(p, r);

@@ -1,6 +1,6 @@
 /* mq_bench.c -- Fluxon MQ (bridge/) throughput: MPMC put -> get -> ack on a real etcd.
  *
- *   mq_bench [-d seconds] [-s size] [-q]
+ *   mq_bench [-d seconds] [-s size] [-T grpc|json]
  *
  * Starts its own etcd (tests/support/fxt) or uses $FX_ETCD_ENDPOINT. For each row it creates a
  * fresh MPMC channel, runs P producer threads putting batches of B values for `seconds`, and C
@@ -13,6 +13,8 @@
  *   plane shared: payloads share the control-plane client (a batch = one txn with its offset
  *   advance); split: payloads go through their own client (payload put + offset txn: two raft
  *   commits).
+ * -T: the etcd client's transport for KV calls (lease/etcd.h): "json" (default: the JSON gateway)
+ * or "grpc" (etcd's gRPC API); printed above the table.
  * Exit 1 on any lost message (acked != stored) or error.
  */
 #include <inttypes.h>
@@ -127,6 +129,8 @@ static void *consumer_main(void *arg)
     return NULL;
 }
 
+static bool g_grpc; /* -T grpc */
+
 static int cmp_i64(const void *a, const void *b)
 {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -136,7 +140,7 @@ static int cmp_i64(const void *a, const void *b)
 static int run_row(const char *endpoint, const row *w, int seconds, size_t size, int idx)
 {
     const char *eps[] = {endpoint};
-    fx_mq_client_opts o = {.etcd = {.endpoints = eps, .n_endpoints = 1}, .min_ttl_s = 2,
+    fx_mq_client_opts o = {.etcd = {.endpoints = eps, .n_endpoints = 1, .grpc = g_grpc}, .min_ttl_s = 2,
                            .per_message_keys = w->per_key};
     char root[64];
     snprintf(root, sizeof root, "/bench%d", idx);
@@ -208,14 +212,16 @@ int main(int argc, char **argv)
 {
     int seconds = 5, opt;
     size_t size = 128;
-    while ((opt = getopt(argc, argv, "d:s:")) != -1) {
+    while ((opt = getopt(argc, argv, "d:s:T:")) != -1) {
         if (opt == 'd') {
             long v = strtol(optarg, NULL, 10);
             seconds = v > 0 && v < 3600 ? (int)v : 5;
         }
         else if (opt == 's') size = (size_t)strtoul(optarg, NULL, 10);
+        else if (opt == 'T' && (!strcmp(optarg, "grpc") || !strcmp(optarg, "json")))
+            g_grpc = !strcmp(optarg, "grpc");
         else {
-            fprintf(stderr, "usage: %s [-d seconds] [-s size]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-d seconds] [-s size] [-T grpc|json]\n", argv[0]);
             return 2;
         }
     }
@@ -232,6 +238,7 @@ int main(int argc, char **argv)
         {"shared", true, 4, 2, 100},  {"shared", false, 4, 2, 100},
         {"split", false, 4, 2, 100},  {"shared", false, 4, 2, 1000},
     };
+    printf("etcd transport of KV calls: %s\n\n", g_grpc ? "gRPC" : "JSON gateway");
     printf("| plane | payload | producers | consumers | batch | size | stored | acked | msgs/s | put p50/p99 ms | etcd req/msg |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
     int rc = 0;

@@ -89,9 +89,12 @@ run_all() {
   echo "## Fluxon MQ (bridge/): MPMC put -> get -> ack"
   echo
   MQ="$BUILD/tests/bench/mq_bench"
-  echo "command: $MQ -d 5"
-  echo
-  "$MQ" -d 5 2>/dev/null || exit 1
+  for t in json grpc; do
+    echo "command: $MQ -d 5 -T $t"
+    echo
+    "$MQ" -d 5 -T "$t" 2>/dev/null || exit 1
+    echo
+  done
 
   echo
   echo "## Row 6: the MQ's etcd work per batch, without MQ code (the physical limit of the design)"

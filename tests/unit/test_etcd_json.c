@@ -694,6 +694,11 @@ static void build_range_request(void **state)
     assert_int_equal(fx_ej_range_req(&min, &txt), FX_OK);
     assert_string_equal(txt, "{\"key\":\"aw==\"}");
     free(txt);
+    /* ascending by key is etcd's natural order: no sort sent (a sorted range reads every key) */
+    fx_range_req ka = {.key = FX_SLICE_STR("k"), .sort_order = FX_SORT_ASCEND, .sort_target = FX_SORT_KEY};
+    assert_int_equal(fx_ej_range_req(&ka, &txt), FX_OK);
+    assert_string_equal(txt, "{\"key\":\"aw==\"}");
+    free(txt);
 
     fx_range_req empty = {.key = {NULL, 0}};
     assert_int_equal(fx_ej_range_req(&empty, &txt), FX_EINVAL);

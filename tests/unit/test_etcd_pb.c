@@ -59,6 +59,15 @@ static void pb_requests(void **state)
     assert_int_equal(fx_pb_range_req(&r2, &b, &n), FX_OK);
     assert_bytes(b, n, "00000000150a0161120162" "18ac02" "2007" "2802" "3003" "3801" "4001" "4801");
     free(b);
+    /* ascending by key is etcd's natural order: sent as no sort (etcd would read every key of
+     * the range for a sorted one, whatever the limit) */
+    fx_range_req ka = {.key = FX_SLICE_STR("a"), .limit = 2, .sort_order = FX_SORT_ASCEND,
+                       .sort_target = FX_SORT_KEY};
+    assert_int_equal(fx_pb_range_req(&ka, &b, &n), FX_OK);
+    assert_bytes(b, n, "00000000050a01611802");
+    free(b);
+    fx_range_req badsort = {.key = FX_SLICE_STR("a"), .sort_order = 7};
+    assert_int_equal(fx_pb_range_req(&badsort, &b, &n), FX_EINVAL);
     /* PutRequest{/b, v, lease 0x1234, prev_kv} */
     fx_put_req p = {.key = FX_SLICE_STR("/b"), .value = FX_SLICE_STR("v"), .lease = 0x1234, .prev_kv = true};
     assert_int_equal(fx_pb_put_req(&p, &b, &n), FX_OK);
