@@ -111,7 +111,14 @@ test("e2e_natscli_bench_js", async (ctx) => {
   assert.match(r.stdout + r.stderr, /filtered consumers are not supported/);
 
   const ms = await b.metrics();
-  assert.equal(metricValue(ms, "fluxon_acked_total", { channel: "orders" }), 3 * N, "each message acked once");
+  // Acks commit in order per producer (deploy/README.md "Durability"): of the messages left
+  // after nats bench deleted its consumer, those it had acked after one whose ack came too late
+  // were delivered again with it and acked twice (JetStream tracks each ack and would not).
+  // So: every message acked, none more than twice, and only the ones delivered again.
+  const acked = metricValue(ms, "fluxon_acked_total", { channel: "orders" });
+  ctx.log(`acked ${acked} for ${3 * N} messages; ${again} delivered again after the delete`);
+  assert.ok(acked >= 3 * N && acked <= 3 * N + again,
+    `each message acked once, or twice when delivered again after the delete: ${acked} (${3 * N} messages, ${again} again)`);
   assert.equal(metricValue(ms, "fluxon_redelivered_total", { channel: "orders" }) || 0, again,
     "no redelivery but the acks nats bench sent after deleting its consumer");
   const ci = await jsapi("CONSUMER.INFO.orders.benchc", {});
