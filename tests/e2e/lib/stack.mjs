@@ -112,11 +112,15 @@ function canBind(port) {
   });
 }
 
+// The fetch standard's "bad ports" in our range: Node's fetch refuses them ("fetch failed"
+// before any connect). A bridge whose HTTP port was 10080 never looked healthy (seen in make tsan).
+const FETCH_BAD_PORTS = new Set([10080]);
+
 /** A free TCP port on 127.0.0.1 below the ephemeral range, never the same one twice in this run. */
 export async function freePort() {
   for (let i = 0; i < 200; i++) {
     const port = PORT_LO + Math.floor(Math.random() * (PORT_HI - PORT_LO + 1));
-    if (handedOut.has(port)) continue;
+    if (handedOut.has(port) || FETCH_BAD_PORTS.has(port)) continue;
     if (await canBind(port)) {
       handedOut.add(port);
       return port;
