@@ -1708,6 +1708,7 @@ int main(int argc, char **argv)
         }
     }
     if (g_dur_s < 1 || g_warm_ms < 0 || g_npubs < 1 || g_npubs > MAX_PUBS || g_drain_ms < 100) usage();
+    if (g_count_kinds && !g_transport) g_transport = "json"; /* the counting proxy reads HTTP/1.1 */
     if (g_soak_s && (dur_given || only)) {
         fprintf(stderr, "nats_bench: -S runs scenario 4a for its own duration; -d and -o do not apply\n");
         usage();
@@ -1810,7 +1811,6 @@ int main(int argc, char **argv)
     printf("payload plane: %s\n", !strcmp(g_plane, "etcd") ? "etcd (fused: payload + offset in one txn)"
                                    : !strcmp(g_plane, "redis-everysec") ? "Redis, appendfsync everysec (split)"
                                                                           : "Redis, appendfsync always (split)");
-    if (g_count_kinds && !g_transport) g_transport = "json"; /* the counting proxy reads HTTP/1.1 */
     printf("bridge etcd transport: %s\n", g_transport ? g_transport : "the bridge's default (grpc)");
     printf("window %d s after %d ms warm-up per row; closed loop (max %lld published-not-consumed, max %d "
            "publishes awaiting their ack); CPU%% = one core (the machine has %ld); client = this "
