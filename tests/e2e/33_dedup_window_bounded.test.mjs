@@ -115,7 +115,7 @@ test("e2e_dedup_window_bounded", async (ctx) => {
       } catch (e) {
         ctx.log(`sample: ${e.message}`);
       }
-      await new Promise((r) => setTimeout(r, 500));
+      await new Promise((r) => setTimeout(r, 200));
     }
   })();
   const probe = keepaliveProbe(st.etcd.url, TTL);
