@@ -402,17 +402,24 @@ static fx_err parse_kv(rd r, fx_kv *kv)
     return e;
 }
 
-/* Append one kv parsed from s to *kvs (capacity doubling). */
+/* Room for one more element in a repeated field's array (*arr of *cap, n used): capacity
+ * doubling from 4. Nothing changes on failure. */
+static fx_err grow(void **arr, size_t elem, size_t n, size_t *cap)
+{
+    if (n < *cap) return FX_OK;
+    size_t nc = *cap ? *cap * 2 : 4;
+    void *a = realloc(*arr, nc * elem);
+    if (!a) return fx_seterr(FX_ENOMEM, "out of memory parsing an etcd response");
+    *arr = a;
+    *cap = nc;
+    return FX_OK;
+}
+
+/* Append one kv parsed from s to *kvs. */
 static fx_err push_kv(const rd *s, fx_kv **kvs, size_t *n, size_t *cap)
 {
-    if (*n == *cap) {
-        size_t nc = *cap ? *cap * 2 : 4;
-        fx_kv *k = realloc(*kvs, nc * sizeof *k);
-        if (!k) return fx_seterr(FX_ENOMEM, "out of memory parsing an etcd response");
-        *kvs = k;
-        *cap = nc;
-    }
-    fx_err e = parse_kv(*s, &(*kvs)[*n]);
+    fx_err e = grow((void **)kvs, sizeof **kvs, *n, cap);
+    if (e == FX_OK) e = parse_kv(*s, &(*kvs)[*n]);
     if (e == FX_OK) (*n)++;
     return e;
 }
@@ -541,17 +548,10 @@ static fx_err txn_from(rd r, fx_txn_resp *out)
             if ((e = want(&f, WT_VARINT, "txn.succeeded")) == FX_OK) out->succeeded = f.v != 0;
             break;
         case 3:
-            if ((e = want(&f, WT_LEN, "txn.responses")) != FX_OK) break;
-            if (out->n_responses == cap) {
-                size_t nc = cap ? cap * 2 : 4;
-                fx_op_resp *o = realloc(out->responses, nc * sizeof *o);
-                if (!o) {
-                    e = fx_seterr(FX_ENOMEM, "out of memory parsing an etcd response");
-                    break;
-                }
-                out->responses = o;
-                cap = nc;
-            }
+            if ((e = want(&f, WT_LEN, "txn.responses")) != FX_OK ||
+                (e = grow((void **)&out->responses, sizeof *out->responses, out->n_responses,
+                          &cap)) != FX_OK)
+                break;
             e = op_resp_from(f.sub, &out->responses[out->n_responses]);
             if (e == FX_OK) out->n_responses++;
             break;
