@@ -14,14 +14,18 @@
  *    deployment with thousands of channels would want a routing index (not built).
  *  - Lease ids: Redis-time-ms * 1000 + a sequence (mod 1000), so ids never repeat, also after
  *    Redis lost its data (an old id in the control plane can never alias a new lease).
- *  - Scripts declare their flags (Redis >= 7.0 shebang, see SH_WRITE): puts and grants are
- *    deny-oom as a whole, keepalives and deletes allow-oom, reads no-writes. Writes pass the
+ *  - Scripts declare their flags (Redis >= 7.0 shebang, see SH_WRITE): grants and a put's
+ *    PUT_PRE are deny-oom as a whole (with the put's ZADD, a MULTI that Redis discards whole when
+ *    one queued command is refused), keepalives and deletes allow-oom, reads no-writes. Writes pass the
  *    write guard first (end of this file: eviction policy, require_fsync); puts then WAIT for
  *    min_replicas when set. Consumers read one lease's set (fx_kv_get_range_lease), so a set that
  *    is gone is reported (FX_ELEASE_EXPIRED), not read as "no keys".
- *  - Every write is one Lua script: a lease put first checks the lease set exists (refused with
- *    "FXLEASE": FX_ELEASE_EXPIRED) and removes the key from any other live lease (re-binding, as
- *    etcd does), so a put is atomic and idempotent (a retried put rewrites the same member).
+ *  - Every write is atomic in one round trip: a put is one MULTI/EXEC (LUA_PUT_PRE, a native
+ *    ZADD of the members, LUA_PUT_POST) that first checks the lease set exists (refused with
+ *    "FXLEASE": FX_ELEASE_EXPIRED, nothing written) and removes the key from any other live lease
+ *    (re-binding, as etcd does), so a put is idempotent (a retried put rewrites the same member).
+ *    Payloads never pass through Lua (LUA_PUT_PRE says why); the other writes are one script.
+ *    A lease read (fx_kv_get_range_lease) is MULTI, EXISTS, ZRANGEBYLEX, EXEC.
  *  - Range bounds: member "k NUL v" compares against a bound B like key k against B when B holds
  *    no NUL; a bound "X NUL ..." (e.g. fx_kv_delete's [key, key NUL)) is mapped to X\1 (keys have
  *    no NUL, so k < X NUL.. <=> k <= X <=> k < X\1).
@@ -100,23 +104,37 @@ static const char LUA_KEEPALIVE[] = SH_NOOOM LUA_HEAD
     "redis.call('ZADD', p .. 'leases', string.format('%d', now + ttl), ARGV[2])\n"
     "return ttl\n";
 
-static const char LUA_PUT[] = SH_WRITE LUA_HEAD
+/* A put is one MULTI/EXEC (kr_put_many): PUT_PRE, then a native ZADD of the members, then
+ * PUT_POST. The payloads never pass through Lua: Redis 7 hashes every byte of every string that
+ * enters or leaves a script (its Lua string interning), which cost more than the rest of a 4 KiB
+ * put and fetch together (BENCHMARKS.md, issue 24). PUT_PRE refuses a gone lease before anything
+ * is written and removes each key from every live lease (re-binding, as etcd does, and the old
+ * member of a re-put key in its own lease). A gone lease's ZADD still runs inside EXEC (MULTI does
+ * not stop at an error) and creates the set without a TTL: PUT_POST deletes a lease set that has
+ * no TTL (every granted one has one), so a refused put leaves nothing behind. */
+static const char LUA_PUT_PRE[] = SH_WRITE LUA_HEAD
     "local id = ARGV[2]\n"
     "local k = p .. 'l:' .. id\n"
     "if id ~= '0' and redis.call('EXISTS', k) == 0 then\n"
     "  return redis.error_reply('FXLEASE lease ' .. id .. ' not found (expired or never granted)')\n"
     "end\n"
     "local ls = live()\n"
-    "for i = 3, #ARGV, 2 do\n"
-    "  local key = ARGV[i]\n"
-    "  local lo, hi = '[' .. key .. '\\0', '(' .. key .. '\\1'\n"
+    "for i = 3, #ARGV do\n"
+    "  local lo, hi = '[' .. ARGV[i] .. '\\0', '(' .. ARGV[i] .. '\\1'\n"
     "  for _, o in ipairs(ls) do\n"
     "    if o ~= id then redis.call('ZREMRANGEBYLEX', p .. 'l:' .. o, lo, hi) end\n"
     "  end\n"
     "  redis.call('ZREMRANGEBYLEX', k, lo, hi)\n"
-    "  redis.call('ZADD', k, 0, key .. '\\0' .. ARGV[i + 1])\n"
     "end\n"
-    "return (#ARGV - 2) / 2\n";
+    "return #ARGV - 2\n";
+
+static const char LUA_PUT_POST[] = SH_NOOOM
+    "local k = ARGV[1] .. 'l:' .. ARGV[2]\n"
+    "if ARGV[2] ~= '0' and redis.call('PTTL', k) == -1 then\n"
+    "  redis.call('DEL', k)\n"
+    "  return redis.error_reply('FXLEASE lease ' .. ARGV[2] .. ' not found (expired or never granted)')\n"
+    "end\n"
+    "return 0\n";
 
 static const char LUA_RANGE[] = SH_READ LUA_HEAD
     "local lim = tonumber(ARGV[4])\n"
@@ -145,17 +163,6 @@ static const char LUA_COUNT[] = SH_READ LUA_HEAD
     "  n = n + redis.call('ZLEXCOUNT', p .. 'l:' .. o, ARGV[2], ARGV[3])\n"
     "end\n"
     "return n\n";
-
-/* A range of one lease's set only: FXLEASE when the set is gone. */
-static const char LUA_RANGE_LEASE[] = SH_READ
-    "local k = ARGV[1] .. 'l:' .. ARGV[2]\n"
-    "if redis.call('EXISTS', k) == 0 then\n"
-    "  return redis.error_reply('FXLEASE the set of lease ' .. ARGV[2] .. ' is gone (expired, "
-    "evicted or deleted)')\n"
-    "end\n"
-    "local lim = tonumber(ARGV[5])\n"
-    "if lim > 0 then return redis.call('ZRANGEBYLEX', k, ARGV[3], ARGV[4], 'LIMIT', 0, lim) end\n"
-    "return redis.call('ZRANGEBYLEX', k, ARGV[3], ARGV[4])\n";
 
 typedef struct kr_conn {
     redisContext *ctx;
@@ -344,13 +351,46 @@ static fx_err kr_run(kv_redis *k, kr_conn *cn, int64_t deadline, const char *wha
     return FX_OK;
 }
 
+/* One command of a pipeline. */
+typedef struct kr_cmdv {
+    int argc;
+    const char **argv;
+    const size_t *lens;
+} kr_cmdv;
+
+/* n commands pipelined on cn (dialled if needed), one round trip: FX_OK with every reply in
+ * rep[0..n) (error replies included; the caller frees each). A transport failure or timeout drops
+ * the connection (its reply stream is unusable) and leaves rep all NULL. */
+static fx_err kr_pipe(kv_redis *k, kr_conn *cn, int64_t deadline, const char *what, int n,
+                      const kr_cmdv *cmds, redisReply **rep)
+{
+    for (int i = 0; i < n; i++) rep[i] = NULL;
+    fx_err e;
+    if (!cn->ctx && (e = kr_dial(k, cn, deadline))) return e;
+    int64_t left = deadline - fx_now_ms();
+    if (left <= 0) return fx_seterr(FX_ETIMEDOUT, "redis %s: deadline passed", what);
+    redisSetTimeout(cn->ctx, tv_of(left));
+    bool ok = true;
+    for (int i = 0; ok && i < n; i++)
+        ok = redisAppendCommandArgv(cn->ctx, cmds[i].argc, cmds[i].argv, cmds[i].lens) == REDIS_OK;
+    for (int i = 0; ok && i < n; i++)
+        ok = redisGetReply(cn->ctx, (void **)&rep[i]) == REDIS_OK && rep[i];
+    if (ok && !cn->ctx->err) return FX_OK;
+    e = ctx_err(k, cn->ctx, what);
+    for (int i = 0; i < n; i++) {
+        if (rep[i]) freeReplyObject(rep[i]);
+        rep[i] = NULL;
+    }
+    redisFree(cn->ctx);
+    cn->ctx = NULL;
+    return e;
+}
+
 /* What a script call is, for the write guard: a read or a call that frees / only renews (never
- * guarded), a write (guarded), a put (guarded, then WAIT for min_replicas). */
-typedef enum kr_kind { KR_READ, KR_WRITE, KR_PUT } kr_kind;
+ * guarded), or a write (guarded). Puts are not scripts (kr_put_many). */
+typedef enum kr_kind { KR_READ, KR_WRITE } kr_kind;
 
 static fx_err kr_guard(kv_redis *k, kr_conn *cn, int64_t deadline);
-static fx_err kr_run_wait(kv_redis *k, kr_conn *cn, int64_t deadline, const char *what, int argc,
-                          const char **argv, const size_t *lens, redisReply **out);
 
 /* Run a script on a pool connection (or the keepalive one). */
 static fx_err kr_eval(kv_redis *k, bool ka, kr_kind kind, int timeout_ms, const char *what,
@@ -390,10 +430,7 @@ static fx_err kr_eval(kv_redis *k, bool ka, kr_kind kind, int timeout_ms, const 
         e = kr_acquire(k, deadline, &cn);
         if (!e) {
             if (kind != KR_READ) e = kr_guard(k, cn, deadline);
-            if (!e && kind == KR_PUT && k->min_replicas > 0)
-                e = kr_run_wait(k, cn, deadline, what, argc, av, al, out);
-            else if (!e)
-                e = kr_run(k, cn, deadline, what, argc, av, al, out);
+            if (!e) e = kr_run(k, cn, deadline, what, argc, av, al, out);
             kr_release(k, cn);
         }
         if (e == FX_ENOSPACE) atomic_fetch_add(&k->n_oom, 1);
@@ -524,6 +561,47 @@ static fx_err kr_keepalive_lease(void *self, int64_t id, int64_t *out_ttl, int t
     return FX_OK;
 }
 
+/* The lease set's Redis key: <prefix>l:<id>. */
+static fx_err lease_key(const kv_redis *k, int64_t id, char *buf, size_t cap, size_t *len)
+{
+    int n = snprintf(buf, cap, "%sl:%lld", k->prefix, (long long)id);
+    if (n < 0 || (size_t)n >= cap) return fx_seterr(FX_EINVAL, "kv redis: key prefix too long");
+    *len = (size_t)n;
+    return FX_OK;
+}
+
+/* The first error among a MULTI's replies (the queueing ones, then EXEC's, then the results of
+ * the queued commands in order), as an fx_err; FX_OK when there is none. A command refused while
+ * queueing (OOM: deny-oom) makes EXEC discard the whole transaction, and that first error names
+ * why. */
+static fx_err multi_err(redisReply **rep, int n, const char *what)
+{
+    for (int i = 0; i < n; i++)
+        if (rep[i]->type == REDIS_REPLY_ERROR) return reply_err(rep[i], what);
+    const redisReply *x = rep[n - 1];
+    if (x->type != REDIS_REPLY_ARRAY || x->elements != (size_t)(n - 2))
+        return fx_seterr(FX_EPROTO, "redis %s: EXEC answered type %d with %zu replies", what,
+                         x->type, x->type == REDIS_REPLY_ARRAY ? x->elements : (size_t)0);
+    for (size_t i = 0; i < x->elements; i++)
+        if (x->element[i]->type == REDIS_REPLY_ERROR) return reply_err(x->element[i], what);
+    return FX_OK;
+}
+
+/* The WAIT reply of a put: FX_OK when min_replicas replicas acknowledged it within wt ms. A short
+ * WAIT fails the put (FX_EUNAVAIL): the caller retries it (the put is idempotent) or reports. */
+static fx_err wait_ok(kv_redis *k, const redisReply *w, int64_t wt)
+{
+    if (w->type == REDIS_REPLY_ERROR) return reply_err(w, "WAIT");
+    if (w->type != REDIS_REPLY_INTEGER) return fx_seterr(FX_EPROTO, "redis WAIT: not an integer");
+    if (w->integer >= k->min_replicas) return FX_OK;
+    atomic_fetch_add(&k->n_wait_short, 1);
+    return fx_seterr(FX_EUNAVAIL, "redis WAIT: %lld of %d replica(s) acknowledged the put within "
+                     "%lld ms (kv.min_replicas)", (long long)w->integer, k->min_replicas,
+                     (long long)wt);
+}
+
+/* One round trip: MULTI, PUT_PRE, ZADD of every member "key NUL value", PUT_POST, EXEC (see
+ * LUA_PUT_PRE for why the members bypass Lua), then WAIT min_replicas when set. */
 static fx_err kr_put_many(void *self, const fx_kv_item *items, size_t n, const fx_kv_put_opts *o,
                           int timeout_ms)
 {
@@ -531,29 +609,94 @@ static fx_err kr_put_many(void *self, const fx_kv_item *items, size_t n, const f
     for (size_t i = 0; i < n; i++)
         if (memchr(items[i].key.data, 0, items[i].key.len))
             return fx_seterr(FX_EINVAL, "kv redis: item %zu: key holds a NUL byte", i);
-    char ids[32];
+    int64_t deadline = fx_now_ms() + timeout_ms;
+    char ids[32], lk[512];
+    size_t lkn = 0;
     snprintf(ids, sizeof ids, "%lld", (long long)o->lease_id);
-    size_t na = 1 + 2 * n;
+    fx_err e = lease_key(k, o->lease_id, lk, sizeof lk, &lkn);
+    if (e) return e;
+    size_t mbytes = 0;
+    for (size_t i = 0; i < n; i++) mbytes += items[i].key.len + 1 + items[i].value.len;
+    /* argv: EVAL PRE 0 p id keys.. | ZADD lk (0 m)*n | EVAL POST 0 p id | MULTI | EXEC | WAIT n t */
+    size_t npre = 5 + n, nzadd = 2 + 2 * n, na = npre + nzadd + 5 + 2 + 3;
     const char **a = malloc(sizeof *a * na);
     size_t *l = malloc(sizeof *l * na);
-    if (!a || !l) {
+    char *mb = malloc(mbytes ? mbytes : 1);
+    if (!a || !l || !mb) {
         free(a);
         free(l);
+        free(mb);
         return fx_seterr(FX_ENOMEM, "redis: out of memory");
     }
-    a[0] = ids;
-    l[0] = strlen(ids);
-    for (size_t i = 0; i < n; i++) {
-        a[1 + 2 * i] = (const char *)items[i].key.data;
-        l[1 + 2 * i] = items[i].key.len;
-        a[2 + 2 * i] = items[i].value.len ? (const char *)items[i].value.data : "";
-        l[2 + 2 * i] = items[i].value.len;
+    const char **pre = a, **zadd = a + npre, **post = zadd + nzadd, **misc = post + 5;
+    size_t *prel = l, *zaddl = l + npre, *postl = zaddl + nzadd, *miscl = postl + 5;
+    const char *head[5] = {"EVAL", LUA_PUT_PRE, "0", k->prefix, ids};
+    for (int i = 0; i < 5; i++) {
+        pre[i] = post[i] = head[i];
+        prel[i] = postl[i] = strlen(head[i]);
     }
-    redisReply *r = NULL;
-    fx_err e = kr_eval(k, false, KR_PUT, timeout_ms, "put", LUA_PUT, (int)na, a, l, &r);
-    if (r) freeReplyObject(r);
+    post[1] = LUA_PUT_POST;
+    postl[1] = strlen(LUA_PUT_POST);
+    zadd[0] = "ZADD";
+    zaddl[0] = 4;
+    zadd[1] = lk;
+    zaddl[1] = lkn;
+    char *m = mb;
+    for (size_t i = 0; i < n; i++) {
+        const fx_kv_item *it = &items[i];
+        pre[5 + i] = (const char *)it->key.data;
+        prel[5 + i] = it->key.len;
+        memcpy(m, it->key.data, it->key.len);
+        m[it->key.len] = 0;
+        if (it->value.len) memcpy(m + it->key.len + 1, it->value.data, it->value.len);
+        zadd[2 + 2 * i] = "0";
+        zaddl[2 + 2 * i] = 1;
+        zadd[3 + 2 * i] = m;
+        zaddl[3 + 2 * i] = it->key.len + 1 + it->value.len;
+        m += zaddl[3 + 2 * i];
+    }
+    int64_t wt = 0;
+    char nb[16], tb[24];
+    misc[0] = "MULTI";
+    miscl[0] = 5;
+    misc[1] = "EXEC";
+    miscl[1] = 4;
+    kr_cmdv cmds[6] = {{1, misc, miscl},
+                       {(int)npre, pre, prel},
+                       {(int)nzadd, zadd, zaddl},
+                       {5, post, postl},
+                       {1, misc + 1, miscl + 1},
+                       {3, misc + 2, miscl + 2}};
+    int nc = k->min_replicas > 0 ? 6 : 5;
+    redisReply *rep[6] = {0};
+    kr_conn *cn = NULL;
+    e = kr_acquire(k, deadline, &cn);
+    if (!e) {
+        e = kr_guard(k, cn, deadline);
+        if (!e && nc == 6) {
+            int64_t left = deadline - fx_now_ms();
+            wt = left > 200 ? left - 100 : left / 2; /* WAIT answers before the read times out */
+            if (wt < 1) wt = 1;
+            snprintf(nb, sizeof nb, "%d", k->min_replicas);
+            snprintf(tb, sizeof tb, "%lld", (long long)wt);
+            misc[2] = "WAIT";
+            miscl[2] = 4;
+            misc[3] = nb;
+            miscl[3] = strlen(nb);
+            misc[4] = tb;
+            miscl[4] = strlen(tb);
+        }
+        if (!e) e = kr_pipe(k, cn, deadline, "put", nc, cmds, rep);
+        kr_release(k, cn);
+    }
+    if (!e) e = multi_err(rep, 5, "put");
+    if (!e && nc == 6) e = wait_ok(k, rep[5], wt);
+    if (e == FX_ENOSPACE) atomic_fetch_add(&k->n_oom, 1);
+    for (int i = 0; i < nc; i++)
+        if (rep[i]) freeReplyObject(rep[i]);
     free(a);
     free(l);
+    free(mb);
     return e;
 }
 
@@ -582,45 +725,29 @@ static uint8_t *dup_bytes(const char *p, size_t n)
     return d;
 }
 
-/* lease 0: every live lease (LUA_RANGE); else that lease's set only (LUA_RANGE_LEASE). */
-static fx_err kr_range(kv_redis *k, int64_t lease, const kr_bound *lo, const kr_bound *hi,
-                       int64_t limit, fx_range_resp *out, int timeout_ms)
+/* The members of a range reply (an array of "key NUL value") into out, in key order, at most
+ * limit (0: all); `sorted`: the array is already in key order (one set's ZRANGEBYLEX). */
+static fx_err range_out(const redisReply *r, int64_t limit, bool sorted, fx_range_resp *out)
 {
-    char lim[32], ls[32];
-    snprintf(lim, sizeof lim, "%lld", (long long)limit);
-    snprintf(ls, sizeof ls, "%lld", (long long)lease);
-    const char *a[4] = {ls, lo->p, hi->p, lim};
-    size_t l[4] = {strlen(ls), lo->len, hi->len, strlen(lim)};
-    redisReply *r = NULL;
-    fx_err e = lease ? kr_eval(k, false, KR_READ, timeout_ms, "range", LUA_RANGE_LEASE, 4, a, l, &r)
-                     : kr_eval(k, false, KR_READ, timeout_ms, "range", LUA_RANGE, 3, a + 1, l + 1, &r);
-    if (e) return e;
-    if (r->type != REDIS_REPLY_ARRAY) {
-        freeReplyObject(r);
-        return fx_seterr(FX_EPROTO, "redis range: reply is not an array");
-    }
+    if (r->type != REDIS_REPLY_ARRAY) return fx_seterr(FX_EPROTO, "redis range: reply is not an array");
     size_t n = r->elements;
     kr_member *m = n ? calloc(n, sizeof *m) : NULL;
-    if (n && !m) {
-        freeReplyObject(r);
-        return fx_seterr(FX_ENOMEM, "redis: out of memory");
-    }
+    if (n && !m) return fx_seterr(FX_ENOMEM, "redis: out of memory");
     for (size_t i = 0; i < n; i++) {
         const redisReply *el = r->element[i];
         const char *z = el->type == REDIS_REPLY_STRING ? memchr(el->str, 0, el->len) : NULL;
         if (!z) {
             free(m);
-            freeReplyObject(r);
             return fx_seterr(FX_EPROTO, "redis range: malformed member");
         }
         m[i] = (kr_member){el->str, (size_t)(z - el->str), z + 1, el->len - (size_t)(z - el->str) - 1};
     }
-    if (n > 1) qsort(m, n, sizeof *m, member_cmp);
+    if (n > 1 && !sorted) qsort(m, n, sizeof *m, member_cmp);
     size_t keep = limit > 0 && (size_t)limit < n ? (size_t)limit : n;
     out->count = (int64_t)n;
     out->more = keep < n;
     out->kvs = keep ? calloc(keep, sizeof *out->kvs) : NULL;
-    if (keep && !out->kvs) e = fx_seterr(FX_ENOMEM, "redis: out of memory");
+    fx_err e = keep && !out->kvs ? fx_seterr(FX_ENOMEM, "redis: out of memory") : FX_OK;
     for (size_t i = 0; !e && i < keep; i++) {
         fx_kv *kv = &out->kvs[i];
         kv->key.data = dup_bytes(m[i].key, m[i].klen);
@@ -634,11 +761,59 @@ static fx_err kr_range(kv_redis *k, int64_t lease, const kr_bound *lo, const kr_
         kv->value.len = m[i].vlen;
     }
     free(m);
-    freeReplyObject(r);
     if (e) {
         fx_range_resp_free(out);
         memset(out, 0, sizeof *out);
     }
+    return e;
+}
+
+/* Every live lease's set (LUA_RANGE: one script, atomic). */
+static fx_err kr_range(kv_redis *k, const kr_bound *lo, const kr_bound *hi, int64_t limit,
+                       fx_range_resp *out, int timeout_ms)
+{
+    char lim[32];
+    snprintf(lim, sizeof lim, "%lld", (long long)limit);
+    const char *a[3] = {lo->p, hi->p, lim};
+    size_t l[3] = {lo->len, hi->len, strlen(lim)};
+    redisReply *r = NULL;
+    fx_err e = kr_eval(k, false, KR_READ, timeout_ms, "range", LUA_RANGE, 3, a, l, &r);
+    if (e) return e;
+    e = range_out(r, limit, false, out);
+    freeReplyObject(r);
+    return e;
+}
+
+/* One lease's set only, FX_ELEASE_EXPIRED when the set is gone: MULTI, EXISTS, ZRANGEBYLEX, EXEC
+ * in one round trip, without Lua (the members are payloads: see LUA_PUT_PRE). */
+static fx_err kr_range_lease(kv_redis *k, int64_t lease, const kr_bound *lo, const kr_bound *hi,
+                             int64_t limit, fx_range_resp *out, int timeout_ms)
+{
+    int64_t deadline = fx_now_ms() + timeout_ms;
+    char lk[512], lim[32];
+    size_t lkn = 0;
+    fx_err e = lease_key(k, lease, lk, sizeof lk, &lkn);
+    if (e) return e;
+    snprintf(lim, sizeof lim, "%lld", (long long)limit);
+    const char *multi[1] = {"MULTI"}, *exec[1] = {"EXEC"}, *ex[2] = {"EXISTS", lk};
+    const char *zr[7] = {"ZRANGEBYLEX", lk, lo->p, hi->p, "LIMIT", "0", lim};
+    size_t multil[1] = {5}, execl[1] = {4}, exl[2] = {6, lkn};
+    size_t zrl[7] = {11, lkn, lo->len, hi->len, 5, 1, strlen(lim)};
+    kr_cmdv cmds[4] = {{1, multi, multil}, {2, ex, exl}, {limit > 0 ? 7 : 4, zr, zrl}, {1, exec, execl}};
+    redisReply *rep[4] = {0};
+    kr_conn *cn = NULL;
+    if ((e = kr_acquire(k, deadline, &cn))) return e;
+    e = kr_pipe(k, cn, deadline, "range", 4, cmds, rep);
+    kr_release(k, cn);
+    if (!e) e = multi_err(rep, 4, "range");
+    if (!e && (rep[3]->element[0]->type != REDIS_REPLY_INTEGER))
+        e = fx_seterr(FX_EPROTO, "redis range: EXISTS answered type %d", rep[3]->element[0]->type);
+    if (!e && rep[3]->element[0]->integer == 0)
+        e = fx_seterr(FX_ELEASE_EXPIRED, "redis range: the set of lease %lld is gone (expired, "
+                      "evicted or deleted)", (long long)lease);
+    if (!e) e = range_out(rep[3]->element[1], limit, true, out);
+    for (int i = 0; i < 4; i++)
+        if (rep[i]) freeReplyObject(rep[i]);
     return e;
 }
 
@@ -658,7 +833,7 @@ static fx_err kr_get_range(void *self, fx_slice start, fx_slice end, int64_t lim
     kr_bound lo, hi;
     fx_err e = range_bounds(&lo, &hi, start, end);
     if (e) return e;
-    e = kr_range(self, 0, &lo, &hi, limit, out, timeout_ms);
+    e = kr_range(self, &lo, &hi, limit, out, timeout_ms);
     bound_done(&lo);
     bound_done(&hi);
     return e;
@@ -670,7 +845,7 @@ static fx_err kr_get_range_lease(void *self, int64_t lease, fx_slice start, fx_s
     kr_bound lo, hi;
     fx_err e = range_bounds(&lo, &hi, start, end);
     if (e) return e;
-    e = kr_range(self, lease, &lo, &hi, limit, out, timeout_ms);
+    e = kr_range_lease(self, lease, &lo, &hi, limit, out, timeout_ms);
     bound_done(&lo);
     bound_done(&hi);
     return e;
@@ -687,7 +862,7 @@ static fx_err kr_get(void *self, fx_slice key, fx_bytes *out, int timeout_ms)
         return e;
     }
     fx_range_resp rr = {0};
-    e = kr_range(self, 0, &lo, &hi, 1, &rr, timeout_ms);
+    e = kr_range(self, &lo, &hi, 1, &rr, timeout_ms);
     bound_done(&lo);
     bound_done(&hi);
     if (e) return e;
@@ -1027,55 +1202,6 @@ static fx_err kr_guard(kv_redis *k, kr_conn *cn, int64_t deadline)
     fx_log_ratelimited(&slot, 30000, FX_LOG_ERR, "kv redis: writes refused: %s "
                        "(fluxon_kv_redis_writes_refused_total)", cn->why);
     return fx_seterr(FX_EUNAVAIL, "redis refuses writes: %s", cn->why);
-}
-
-/* The put and WAIT min_replicas pipelined on cn (one round trip): FX_OK only when the put
- * succeeded and reached min_replicas replicas before the deadline. A short WAIT fails the put
- * (FX_EUNAVAIL): the caller retries it (the put is idempotent) or reports the error. */
-static fx_err kr_run_wait(kv_redis *k, kr_conn *cn, int64_t deadline, const char *what, int argc,
-                          const char **argv, const size_t *lens, redisReply **out)
-{
-    *out = NULL;
-    fx_err e;
-    if (!cn->ctx && (e = kr_dial(k, cn, deadline))) return e;
-    int64_t left = deadline - fx_now_ms();
-    if (left <= 0) return fx_seterr(FX_ETIMEDOUT, "redis %s: deadline passed", what);
-    int64_t wt = left > 200 ? left - 100 : left / 2; /* WAIT answers before the read times out */
-    if (wt < 1) wt = 1;
-    char nb[16], tb[24];
-    snprintf(nb, sizeof nb, "%d", k->min_replicas);
-    snprintf(tb, sizeof tb, "%lld", (long long)wt);
-    const char *wv[3] = {"WAIT", nb, tb};
-    size_t wl[3] = {4, strlen(nb), strlen(tb)};
-    redisReply *r = NULL, *w = NULL;
-    redisSetTimeout(cn->ctx, tv_of(left));
-    if (redisAppendCommandArgv(cn->ctx, argc, argv, lens) != REDIS_OK ||
-        redisAppendCommandArgv(cn->ctx, 3, wv, wl) != REDIS_OK ||
-        redisGetReply(cn->ctx, (void **)&r) != REDIS_OK || !r ||
-        redisGetReply(cn->ctx, (void **)&w) != REDIS_OK || !w || cn->ctx->err) {
-        e = ctx_err(k, cn->ctx, what);
-        if (r) freeReplyObject(r);
-        if (w) freeReplyObject(w);
-        redisFree(cn->ctx);
-        cn->ctx = NULL;
-        return e;
-    }
-    if (r->type == REDIS_REPLY_ERROR) e = reply_err(r, what);
-    else if (w->type == REDIS_REPLY_ERROR) e = reply_err(w, "WAIT");
-    else if (w->type != REDIS_REPLY_INTEGER) e = fx_seterr(FX_EPROTO, "redis WAIT: not an integer");
-    else if (w->integer < k->min_replicas) {
-        atomic_fetch_add(&k->n_wait_short, 1);
-        e = fx_seterr(FX_EUNAVAIL, "redis WAIT: %lld of %d replica(s) acknowledged the %s within "
-                      "%lld ms (kv.min_replicas)", (long long)w->integer, k->min_replicas, what,
-                      (long long)wt);
-    }
-    freeReplyObject(w);
-    if (e) {
-        freeReplyObject(r);
-        return e;
-    }
-    *out = r;
-    return FX_OK;
 }
 
 fx_err fx_kv_redis_check(fx_kv_store *s, bool quiet, char *why, size_t cap, int timeout_ms)

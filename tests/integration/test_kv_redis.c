@@ -7,11 +7,14 @@
  *   is gone; releasing the last handle never revokes (the key survives until the TTL runs out);
  *   get / get_range (zero-padded MQ-style keys, ascending, limit, [start,end) bounds, prefix
  *   ranges, merged across two leases) / count_prefix / delete_range / exact delete; re-putting
- *   a key with another lease re-binds it; a NUL in a key is refused; url parsing.
+ *   a key with another lease re-binds it, in its own lease replaces it (one member); a range of
+ *   one lease (fx_kv_get_range_lease) holds its keys only, in key order, NULs in values intact;
+ *   a NUL in a key is refused; url parsing.
  * kv_redis_expiry_deletes_all_keys: 300 keys of one lease (3 batches) disappear at once: every
  *   count observed while polling is 300 or 0, never in between; keys of another lease stay.
  * kv_redis_put_on_expired_lease_fails: a put on an expired lease and on a never-granted lease
- *   fails with FX_ELEASE_EXPIRED and writes nothing (also not the other items of the batch).
+ *   fails with FX_ELEASE_EXPIRED and writes nothing (also not the other items of the batch, nor
+ *   a lease set without TTL); a range of the gone lease is FX_ELEASE_EXPIRED, not empty.
  * kv_redis_down_and_back: with Redis killed, calls fail within their deadline with FX_EUNAVAIL;
  *   after a restart the same store works again without being re-created; with Redis frozen
  *   (SIGSTOP) a call fails with FX_ETIMEDOUT at its deadline, and works again after SIGCONT.
@@ -75,6 +78,26 @@ static int group_teardown(void **state)
     fxt_redis_destroy(&x->redis);
     free(x);
     return 0;
+}
+
+static redisContext *raw(const fxt_redis *r)
+{
+    redisContext *c = redisConnect("127.0.0.1", r->port);
+    assert_non_null(c);
+    assert_int_equal(c->err, 0);
+    return c;
+}
+
+/* A command's integer reply. */
+static long long raw_int(const fxt_redis *r, const char *cmd)
+{
+    redisContext *c = raw(r);
+    redisReply *rep = redisCommand(c, cmd);
+    if (!rep || rep->type != REDIS_REPLY_INTEGER) fail_msg("redis %s: no integer", cmd);
+    long long v = rep->integer;
+    freeReplyObject(rep);
+    redisFree(c);
+    return v;
 }
 
 static void check_value(fx_kv_store *s, const char *key, const char *val)
@@ -216,6 +239,36 @@ static void kv_redis_lease_semantics(void **state)
     assert_int_equal(fx_kv_count_prefix(s, FX_SLICE_STR("moving"), &n, 0), FX_OK);
     assert_int_equal(n, 1);
 
+    /* Re-putting a key in its own lease replaces the value (one member, not two). */
+    put(s, "same", "one", l2);
+    put(s, "same", "two-longer", l2);
+    check_value(s, "same", "two-longer");
+    assert_int_equal(fx_kv_count_prefix(s, FX_SLICE_STR("same"), &n, 0), FX_OK);
+    assert_int_equal(n, 1);
+
+    /* A range of one lease: its keys only, in key order, limit honoured. */
+    fx_kv_item many[3] = {{FX_SLICE_STR("rl/3"), FX_SLICE_STR("c")},
+                          {FX_SLICE_STR("rl/1"), FX_SLICE_STR("a")},
+                          {FX_SLICE_STR("rl/2"), (fx_slice){"b\0b", 3}}};
+    fx_kv_put_opts mo = {.lease_id = l3};
+    assert_int_equal(fx_kv_put_many(s, many, 3, &mo, 0), FX_OK);
+    put(s, "rl/0", "other lease", l2);
+    assert_int_equal(fx_kv_get_range_lease(s, l3, FX_SLICE_STR("rl/"), (fx_slice){NULL, 0}, 0, &rr,
+                                           0), FX_OK);
+    assert_int_equal(rr.n_kvs, 3);
+    assert_memory_equal(rr.kvs[0].key.data, "rl/1", 4);
+    assert_memory_equal(rr.kvs[2].key.data, "rl/3", 4);
+    assert_int_equal(rr.kvs[1].value.len, 3); /* a NUL inside a value survives */
+    assert_memory_equal(rr.kvs[1].value.data, "b\0b", 3);
+    fx_range_resp_free(&rr);
+    assert_int_equal(fx_kv_get_range_lease(s, l3, FX_SLICE_STR("rl/"), (fx_slice){NULL, 0}, 2, &rr,
+                                           0), FX_OK);
+    assert_int_equal(rr.n_kvs, 2);
+    assert_memory_equal(rr.kvs[1].key.data, "rl/2", 4);
+    fx_range_resp_free(&rr);
+    assert_int_equal(fx_kv_delete_range(s, FX_SLICE_STR("rl/"), (fx_slice){NULL, 0}, &n, 0), FX_OK);
+    assert_int_equal(n, 4);
+
     /* A NUL in a key is refused, a malformed url too. */
     fx_kv_put_opts po = {.lease_id = l2};
     assert_int_equal(fx_kv_put(s, (fx_slice){"a\0b", 3}, FX_SLICE_STR("x"), &po, 0), FX_EINVAL);
@@ -310,6 +363,16 @@ static void kv_redis_put_on_expired_lease_fails(void **state)
     int64_t n = -1;
     assert_int_equal(fx_kv_count_prefix(s, FX_SLICE_STR("pe/"), &n, 0), FX_OK);
     assert_int_equal(n, 0);
+    /* A refused put leaves no set behind (no lease set without a TTL, which would never expire),
+     * and a range of the gone lease says so instead of answering "no keys". */
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "EXISTS fxt/kv/l:%lld fxt/kv/l:4242", (long long)l);
+    assert_int_equal(raw_int(&x->redis, cmd), 0);
+    fx_range_resp rr = {0};
+    assert_int_equal(fx_kv_get_range_lease(s, l, FX_SLICE_STR("pe/"), (fx_slice){NULL, 0}, 0, &rr,
+                                           0), FX_ELEASE_EXPIRED);
+    assert_non_null(strstr(fx_err_detail(), "is gone"));
+    assert_int_equal(rr.n_kvs, 0);
 }
 
 static void kv_redis_down_and_back(void **state)
@@ -349,14 +412,6 @@ static void kv_redis_down_and_back(void **state)
 }
 
 /* ---- write guard, OOM, WAIT ------------------------------------------------------------------- */
-
-static redisContext *raw(const fxt_redis *r)
-{
-    redisContext *c = redisConnect("127.0.0.1", r->port);
-    assert_non_null(c);
-    assert_int_equal(c->err, 0);
-    return c;
-}
 
 static void raw_cmd(const fxt_redis *r, const char *cmd)
 {
