@@ -83,7 +83,8 @@ run_all() {
   echo "command: $BIN $*"
   echo
   "$BIN" "$@" || exit 1
-  run_gateway
+  run_gateway >"$FXT_TMPDIR/gateway.txt" || { cat "$FXT_TMPDIR/gateway.txt"; exit 1; }
+  cat "$FXT_TMPDIR/gateway.txt"
 
   echo
   echo "## Fluxon MQ (bridge/): MPMC put -> get -> ack"
@@ -116,7 +117,17 @@ run_all() {
   echo "command: $NB -d 5 -b $BUILD/fluxon-bridge"
   echo "row 6 (raw etcd rate at the bridge's concurrency): the txn rows of the etcd_bench table and the payload_bench table above"
   echo
-  run_nb -d 5 -b "$BUILD/fluxon-bridge" || exit 1
+  run_nb -d 5 -b "$BUILD/fluxon-bridge" >"$FXT_TMPDIR/nb-etcd.txt" || { cat "$FXT_TMPDIR/nb-etcd.txt"; exit 1; }
+  cat "$FXT_TMPDIR/nb-etcd.txt"
+  # The one-at-a-time target of issue 24: a PubAck (row 5n, 128 B) against a raw etcd txn (1
+  # compare + 1 put, 128 B, concurrency 1) over gRPC, the bridge's transport, from this run.
+  awk -F'|' '
+    FNR == 1 { f++ }
+    f == 1 && $2 ~ /^ txn $/ && $3 ~ /128 B/ && $4 ~ /^ 1 $/ && $5 ~ /gRPC/ { split($8, a, " "); txn = a[1] }
+    f == 2 && $2 ~ /^ 5n $/ && $4 ~ /128 B/ { split($8, a, " "); pa = a[1] }
+    END { if (txn > 0 && pa > 0)
+            printf "- publish-ack p50 one at a time (5n, 128 B) %.2f ms / raw gRPC txn p50 (etcd_gateway, conc 1, 128 B) %.2f ms = %.2f\n", pa, txn, pa / txn }
+  ' "$FXT_TMPDIR/gateway.txt" "$FXT_TMPDIR/nb-etcd.txt"
 
   # The same bridge rows on the Redis payload plane (kv.backend "redis", split: payload put then
   # the offset txn), with the JetStream rows again so each table's ratios are from one run.

@@ -9,6 +9,8 @@
 // go.etcd.io/etcd/clientv3 from Debian's golang-etcd-server-dev). Shapes:
 //
 //	put    one put of S bytes per request (one message, one at a time: the PubAck floor)
+//	txn    one txn of 1 compare (version > -1) + 1 put of S bytes: etcd_bench's "raw etcd txn",
+//	       the reference of the one-at-a-time PubAck target (issue 24), on both transports
 //	batch  one txn of two puts: a segment of 32 messages of S bytes back to back, and an
 //	       8-byte offset (the fused plane's write of one batch)
 //
@@ -141,7 +143,13 @@ func gatewayDoer(url string, sh shape, conc int) doer {
 	return func(ctx context.Context, w, i int) error {
 		var path string
 		var body []byte
-		if sh.msgs == 1 {
+		if sh.name == "txn" { // etcd_bench's raw txn: 1 compare (version > -1) + 1 put
+			path = "/v3/kv/txn"
+			k := b64(key(w, i))
+			body, _ = json.Marshal(map[string]interface{}{
+				"compare": []interface{}{map[string]string{"key": k, "target": "VERSION", "result": "GREATER", "version": "-1"}},
+				"success": []interface{}{map[string]interface{}{"request_put": map[string]string{"key": k, "value": val}}}})
+		} else if sh.msgs == 1 {
 			path = "/v3/kv/put"
 			body, _ = json.Marshal(map[string]string{"key": b64(key(w, i)), "value": val})
 		} else {
@@ -169,6 +177,14 @@ func gatewayDoer(url string, sh shape, conc int) doer {
 func grpcDoer(c *clientv3.Client, sh shape) doer {
 	val := string(bytes.Repeat([]byte{'x'}, sh.size*sh.msgs))
 	return func(ctx context.Context, w, i int) error {
+		if sh.name == "txn" {
+			k := key(w, i)
+			r, err := c.Txn(ctx).If(clientv3.Compare(clientv3.Version(k), ">", -1)).Then(clientv3.OpPut(k, val)).Commit()
+			if err == nil && !r.Succeeded {
+				err = fmt.Errorf("txn: compare failed")
+			}
+			return err
+		}
 		if sh.msgs == 1 {
 			_, err := c.Put(ctx, key(w, i), val)
 			return err
@@ -255,7 +271,7 @@ func main() {
 	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	var ratios []string
 	row := 0
-	for _, sh := range []shape{{"put", 128, 1}, {"put", 4096, 1}, {"batch", 128, segMsgs}, {"batch", 4096, segMsgs}} {
+	for _, sh := range []shape{{"put", 128, 1}, {"put", 4096, 1}, {"txn", 128, 1}, {"batch", 128, segMsgs}, {"batch", 4096, segMsgs}} {
 		for _, conc := range []int{1, 8} {
 			res := map[string]result{}
 			order := []string{"gateway", "grpc"}
