@@ -6,7 +6,7 @@
 import { test } from "./lib/runner.mjs";
 import { startStack, waitFor, fluxonctl, SLOW } from "./lib/stack.mjs";
 import { natsConnect, makeMsg, Consumer, publishAll, waitBacklog } from "./lib/client.mjs";
-import { assert, assertSameSet, assertNoConsumerErrors } from "./lib/check.mjs";
+import { assert, assertSameSet, assertNoConsumerErrors, REDRIVE_JITTER_MS } from "./lib/check.mjs";
 
 test("e2e_dlq_redrive", async (ctx) => {
   const st = await startStack(ctx);
@@ -74,8 +74,10 @@ test("e2e_dlq_redrive", async (ctx) => {
   const ats = again.map((r) => r.at);
   const span = Math.max(...ats) - Math.min(...ats);
   ctx.log(`redriven deliveries spread over ${span} ms`);
-  // 100 letters at 50/s: the 100th goes out 99 x 20 ms after the first; never faster.
-  assert.ok(span >= 1800, `--rate 50 respected (100 deliveries within ${span} ms)`);
+  // 100 letters at 50/s: the 100th goes out 99 x 20 ms after the first, never faster; the
+  // consumer's view of that spacing can shrink by the spread of store-to-delivery latency
+  // (REDRIVE_JITTER_MS, lib/check.mjs).
+  assert.ok(span >= 1980 - REDRIVE_JITTER_MS, `--rate 50 respected (100 deliveries within ${span} ms)`);
   assert.ok(span <= 2000 + 2000 * SLOW, `100 letters at 50/s took ${span} ms`);
 
   await waitBacklog(nc, "orders", 0, 15_000 * SLOW);

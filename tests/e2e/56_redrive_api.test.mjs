@@ -6,7 +6,7 @@
 import { test } from "./lib/runner.mjs";
 import { startStack, waitFor, fluxonctl, SLOW } from "./lib/stack.mjs";
 import { natsConnect, makeMsg, Consumer, publishAll, waitBacklog, sc } from "./lib/client.mjs";
-import { assert, assertSameSet, assertNoConsumerErrors } from "./lib/check.mjs";
+import { assert, assertSameSet, assertNoConsumerErrors, REDRIVE_JITTER_MS } from "./lib/check.mjs";
 
 test("e2e_redrive_api", async (ctx) => {
   const st = await startStack(ctx);
@@ -52,8 +52,12 @@ test("e2e_redrive_api", async (ctx) => {
   }
   const ats = again.map((r) => r.at);
   const span = Math.max(...ats) - Math.min(...ats);
-  ctx.log(`redriven deliveries spread over ${span} ms (60 at 40/s: at least 1475 ms)`);
-  assert.ok(span >= 1400, `rate respected (${span} ms)`);
+  // 60 letters at 40/s leave the bridge over 59 x 25 ms = 1475 ms. The consumer sees each one
+  // after its store batch commits and a delivery round, whose latency varies from batch to batch,
+  // so the spacing it sees can shrink by that spread (REDRIVE_JITTER_MS); a redrive that ignored
+  // its rate moves all 60 within a few batches, far below the bound.
+  ctx.log(`redriven deliveries spread over ${span} ms (60 at 40/s: 1475 ms at the bridge)`);
+  assert.ok(span >= 1475 - REDRIVE_JITTER_MS, `rate respected (${span} ms)`);
   await waitBacklog(nc, "orders-dlq", 0, 15_000 * SLOW);
 
   // fluxonctl through the API: nothing left, moved 0, exit 0
