@@ -324,33 +324,6 @@ static void kr_release(kv_redis *k, kr_conn *cn)
     pthread_mutex_unlock(&k->mu);
 }
 
-/* One command on a connection (dialled if needed): FX_OK with *out (caller frees) for any reply
- * that is not an error; a transport failure drops the connection. */
-static fx_err kr_run(kv_redis *k, kr_conn *cn, int64_t deadline, const char *what, int argc,
-                     const char **argv, const size_t *lens, redisReply **out)
-{
-    *out = NULL;
-    fx_err e;
-    if (!cn->ctx && (e = kr_dial(k, cn, deadline))) return e;
-    int64_t left = deadline - fx_now_ms();
-    if (left <= 0) return fx_seterr(FX_ETIMEDOUT, "redis %s: deadline passed", what);
-    redisReply *r = kr_cmd(cn->ctx, left, argc, argv, lens);
-    if (!r || cn->ctx->err) {
-        e = ctx_err(k, cn->ctx, what);
-        if (r) freeReplyObject(r);
-        redisFree(cn->ctx);
-        cn->ctx = NULL;
-        return e;
-    }
-    if (r->type == REDIS_REPLY_ERROR) {
-        e = reply_err(r, what);
-        freeReplyObject(r);
-        return e;
-    }
-    *out = r;
-    return FX_OK;
-}
-
 /* One command of a pipeline. */
 typedef struct kr_cmdv {
     int argc;
@@ -383,6 +356,20 @@ static fx_err kr_pipe(kv_redis *k, kr_conn *cn, int64_t deadline, const char *wh
     }
     redisFree(cn->ctx);
     cn->ctx = NULL;
+    return e;
+}
+
+/* One command on a connection (a pipeline of one): FX_OK with *out (caller frees) for any reply
+ * that is not an error; a transport failure drops the connection. */
+static fx_err kr_run(kv_redis *k, kr_conn *cn, int64_t deadline, const char *what, int argc,
+                     const char **argv, const size_t *lens, redisReply **out)
+{
+    kr_cmdv cmd = {argc, argv, lens};
+    fx_err e = kr_pipe(k, cn, deadline, what, 1, &cmd, out);
+    if (e || (*out)->type != REDIS_REPLY_ERROR) return e;
+    e = reply_err(*out, what);
+    freeReplyObject(*out);
+    *out = NULL;
     return e;
 }
 

@@ -4,9 +4,9 @@
 // fresh delivery count; the answer reports them moved; a request naming a channel that is not a
 // dead-letter channel gets 404, a bad body 400; `fluxonctl redrive --api` uses the call too.
 import { test } from "./lib/runner.mjs";
-import { startStack, waitFor, fluxonctl, SLOW } from "./lib/stack.mjs";
+import { startStack, waitFor, fluxonctl, SLOW, REDRIVE_JITTER_MS } from "./lib/stack.mjs";
 import { natsConnect, makeMsg, Consumer, publishAll, waitBacklog, sc } from "./lib/client.mjs";
-import { assert, assertSameSet, assertNoConsumerErrors, REDRIVE_JITTER_MS } from "./lib/check.mjs";
+import { assert, assertSameSet, assertNoConsumerErrors } from "./lib/check.mjs";
 
 test("e2e_redrive_api", async (ctx) => {
   const st = await startStack(ctx);

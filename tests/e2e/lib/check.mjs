@@ -3,13 +3,6 @@ import assert from "node:assert/strict";
 
 export { assert };
 
-/** How much a consumer's view of a rate-limited publisher's spacing may shrink: each message
- * reaches it after its store batch commits and a delivery round, and that latency varies from
- * batch to batch (seen: 85 ms on a quiet machine). 300 ms, times the slow factor, at most 700:
- * a publisher that ignored its rate still lands far below any bound built with it. */
-export const REDRIVE_JITTER_MS = Math.min(700, 300 * Math.max(1, Number(process.env.FXE2E_SLOW ||
-  process.env.FXT_SLOW || (process.env.FXT_SANITIZED ? 3 : 1)) || 1));
-
 /** Compare an expected id collection with received ones: {missing:[], extra:[]}. */
 export function diffIds(expected, received) {
   const exp = new Set(expected);

@@ -26,6 +26,11 @@ export const CTL_BIN = path.join(BUILD, "fluxonctl");
  * name of the same knob.
  */
 export const SLOW = Math.max(1, Number(process.env.FXE2E_SLOW || process.env.FXT_SLOW || (process.env.FXT_SANITIZED ? 3 : 1)) || 1);
+/** How much a consumer's view of a rate-limited publisher's spacing may shrink: each message
+ * reaches it after its store batch commits and a delivery round, and that latency varies from
+ * batch to batch (seen: 85 ms on a quiet machine). 300 ms, times the slow factor, at most 700:
+ * a publisher that ignored its rate still lands far below any bound built with it. */
+export const REDRIVE_JITTER_MS = Math.min(700, 300 * SLOW);
 
 /** Sanitizer reports in a log (ASan, LSan, TSan, UBSan). */
 export const SANITIZER_RE = /ERROR: (Address|Leak|Thread|Memory)Sanitizer|WARNING: ThreadSanitizer|ThreadSanitizer: reported|runtime error:/;
