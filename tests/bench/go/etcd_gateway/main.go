@@ -13,6 +13,13 @@
 //	       the reference of the one-at-a-time PubAck target (issue 24), on both transports
 //	batch  one txn of two puts: a segment of 32 messages of S bytes back to back, and an
 //	       8-byte offset (the fused plane's write of one batch)
+//	fused1 (gRPC, conc 1 only) the bridge's own write of one message on the fused plane
+//	       (bridge/mpsc_prod.c): 3 compares (produce offset value == the previous one, the
+//	       membership and the channel meta exist) + 2 puts under 2 leases (a segment of one
+//	       encoded message, and the produce offset), keys as long as the bridge's: the txn a
+//	       one-at-a-time PubAck waits for, so row 5n's floor without NATS and the bridge.
+//	       Twice: back to back, and 0.4 ms apart (a one-at-a-time publisher's requests reach
+//	       etcd that far apart: the NATS legs of each PubAck; an idle etcd answers slower)
 //
 // For each row it prints requests/s, messages/s, the p50 latency and etcd's CPU (utime + stime of
 // its process, /proc/<pid>/stat) per request and per message. The two transports of a row run
@@ -50,13 +57,15 @@ const segMsgs = 32
 type shape struct {
 	name string
 	size int
-	msgs int // messages per request
+	msgs int           // messages per request
+	gap  time.Duration // fused1: idle time between requests
 }
 
 type result struct {
 	reqs, msgs float64 // per second
 	p50        time.Duration
-	cpuReq     float64 // etcd CPU µs per request
+	cpuReq     float64       // etcd CPU µs per request
+	gap        time.Duration // mean idle time between a worker's requests (shape gap)
 }
 
 func freePort() int {
@@ -174,6 +183,49 @@ func gatewayDoer(url string, sh shape, conc int) doer {
 	}
 }
 
+// fusedDoer: the bridge's one-message write (the fused1 shape), on one worker.
+func fusedDoer(c *clientv3.Client, sh shape) doer {
+	const root = "/fxbench/kv/mpmc_channels/1/chan/1"
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var leases [2]clientv3.LeaseID
+	for j := range leases {
+		g, err := c.Grant(ctx, 600)
+		if err != nil {
+			fail("fused1: lease grant: %v", err)
+		}
+		leases[j] = g.ID
+	}
+	member, meta := root+"/members/consumer/0000000001", "/fxbench/mpmc_channels/0000000001/meta"
+	for _, k := range []string{member, meta} {
+		if _, err := c.Put(ctx, k, "1", clientv3.WithLease(leases[1])); err != nil {
+			fail("fused1: put %s: %v", k, err)
+		}
+	}
+	// a segment of one message: "FXS1", n, length, the encoded record (subject, headers, time)
+	seg := string(bytes.Repeat([]byte{'x'}, 8+4+sh.size+48))
+	run := fmt.Sprintf("%d", time.Now().UnixNano()) // fresh keys per doer
+	off := root + "/produce_offset/" + run
+	prev := ""
+	return func(ctx context.Context, w, i int) error {
+		next := fmt.Sprintf("%s/%020d", run, i)
+		cmp := clientv3.Compare(clientv3.CreateRevision(off), "=", 0)
+		if prev != "" {
+			cmp = clientv3.Compare(clientv3.Value(off), "=", prev)
+		}
+		r, err := c.Txn(ctx).If(cmp,
+			clientv3.Compare(clientv3.CreateRevision(member), ">", 0),
+			clientv3.Compare(clientv3.CreateRevision(meta), ">", 0)).
+			Then(clientv3.OpPut(fmt.Sprintf("%s/payload/0000000001/%020d", root, i), seg, clientv3.WithLease(leases[0])),
+				clientv3.OpPut(off, next, clientv3.WithLease(leases[1]))).Commit()
+		if err == nil && !r.Succeeded {
+			return fmt.Errorf("fused1: compare failed")
+		}
+		prev = next
+		return err
+	}
+}
+
 func grpcDoer(c *clientv3.Client, sh shape) doer {
 	val := string(bytes.Repeat([]byte{'x'}, sh.size*sh.msgs))
 	return func(ctx context.Context, w, i int) error {
@@ -204,6 +256,7 @@ func run(do doer, sh shape, conc int, dur time.Duration, pid int, stop *atomic.B
 		}
 		var wg sync.WaitGroup
 		lat := make([][]time.Duration, conc)
+		gaps := make([]time.Duration, conc)
 		var errOnce sync.Once
 		var firstErr error
 		c0 := cpuTicks(pid)
@@ -213,10 +266,18 @@ func run(do doer, sh shape, conc int, dur time.Duration, pid int, stop *atomic.B
 			wg.Add(1)
 			go func(w int) {
 				defer wg.Done()
+				var last time.Time
 				for i := 0; time.Now().Before(end) && !stop.Load(); i++ {
+					if sh.gap > 0 && i > 0 {
+						time.Sleep(sh.gap) // idle, outside the timed request
+					}
 					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 					s := time.Now()
+					if i > 0 {
+						gaps[w] += s.Sub(last)
+					}
 					err := do(ctx, w, i)
+					last = time.Now()
 					cancel()
 					if err != nil {
 						errOnce.Do(func() { firstErr = err })
@@ -244,10 +305,27 @@ func run(do doer, sh shape, conc int, dur time.Duration, pid int, stop *atomic.B
 		}
 		sort.Slice(all, func(a, b int) bool { return all[a] < all[b] })
 		n := float64(len(all))
+		var gap time.Duration
+		for _, g := range gaps {
+			gap += g
+		}
 		return result{reqs: n / el, msgs: n * float64(sh.msgs) / el, p50: all[len(all)/2],
-			cpuReq: (c1 - c0) * 1e6 / 100 / n}
+			cpuReq: (c1 - c0) * 1e6 / 100 / n, gap: gap / time.Duration(len(all))}
 	}
 	return result{}
+}
+
+// compact what a row wrote, so rows do not pay for each other's history
+func compact(c *clientv3.Client) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g, err := c.Get(ctx, "/gwbench/off/0")
+	if err == nil {
+		_, err = c.Compact(ctx, g.Header.Revision)
+	}
+	if err != nil {
+		fail("compact: %v", err)
+	}
 }
 
 func main() {
@@ -271,7 +349,19 @@ func main() {
 	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	var ratios []string
 	row := 0
-	for _, sh := range []shape{{"put", 128, 1}, {"put", 4096, 1}, {"txn", 128, 1}, {"batch", 128, segMsgs}, {"batch", 4096, segMsgs}} {
+	for _, sh := range []shape{{"put", 128, 1, 0}, {"put", 4096, 1, 0}, {"txn", 128, 1, 0}, {"fused1", 128, 1, 0},
+		{"fused1", 128, 1, 400 * time.Microsecond}, {"batch", 128, segMsgs, 0}, {"batch", 4096, segMsgs, 0}} {
+		if sh.name == "fused1" { // gRPC only (the bridge's transport), right after the txn rows
+			r := run(fusedDoer(c, sh), sh, 1, dur, pid, &stop)
+			tp := "gRPC"
+			if sh.gap > 0 {
+				tp = fmt.Sprintf("gRPC, idle %.2f ms between requests", r.gap.Seconds()*1000)
+			}
+			fmt.Printf("| %s | %d B | %d | %s | %.0f | %.0f | %.2f ms | %.0f | %.1f |\n", sh.name, sh.size, 1, tp,
+				r.reqs, r.msgs, float64(r.p50.Microseconds())/1000, r.cpuReq, r.cpuReq)
+			compact(c)
+			continue
+		}
 		for _, conc := range []int{1, 8} {
 			res := map[string]result{}
 			order := []string{"gateway", "grpc"}
@@ -297,16 +387,7 @@ func main() {
 				}
 				fmt.Printf("| %s | %d B | %d | %s | %.0f | %.0f | %.2f ms | %.0f | %.1f |\n", sh.name, sh.size, conc, label,
 					r.reqs, r.msgs, float64(r.p50.Microseconds())/1000, r.cpuReq, r.cpuReq/float64(sh.msgs))
-				// compact what the row wrote, so rows do not pay for each other's history
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				g, err := c.Get(ctx, "/gwbench/off/0")
-				if err == nil {
-					_, err = c.Compact(ctx, g.Header.Revision)
-				}
-				cancel()
-				if err != nil {
-					fail("compact: %v", err)
-				}
+				compact(c)
 			}
 			g, j := res["grpc"], res["gateway"]
 			ratios = append(ratios, fmt.Sprintf("- %s %d B, conc %d: gRPC/gateway throughput %.2fx, p50 %.2fx, etcd CPU per request %.2fx",
