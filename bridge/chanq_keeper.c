@@ -275,6 +275,7 @@ static void on_release(void *arg, int64_t mpmc)
 
 static void *keeper_main(void *arg)
 {
+    fx_thread_name("fx-keeper");
     fx_chanq_keeper *k = arg;
     int64_t next_all = 0, next_watch = 0, last_kick = 0;
     bool kicked = false;

@@ -210,6 +210,7 @@ static void step_now(fx_exec_strand *s)
 
 static void *timer_main(void *arg)
 {
+    fx_thread_name("fx-exec-timer");
     fx_exec *ex = arg;
     pthread_mutex_lock(&ex->mu);
     while (!ex->stopping) {
@@ -249,6 +250,9 @@ static void *worker_main(void *arg)
 {
     kind *k = arg;
     fx_exec *ex = k->ex;
+    char tn[32];
+    snprintf(tn, sizeof tn, "fx-%s", k->cfg.name ? k->cfg.name : "exec");
+    fx_thread_name(tn);
     pthread_mutex_lock(&ex->mu);
     for (;;) {
         while (!k->head && !ex->stopping) {

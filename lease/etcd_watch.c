@@ -365,6 +365,7 @@ static bool watch_sleep(fx_watch *w, int64_t ms)
 
 static void *watch_main(void *arg)
 {
+    fx_thread_name("fx-watch");
     fx_watch *w = arg;
     int64_t backoff = 0;
     while (!watch_stopping(w)) {

@@ -1,6 +1,7 @@
 #include "fx_log.h"
 #include "fx_time.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -87,4 +88,11 @@ void fx_log_ratelimited(fx_log_slot *slot, int64_t interval_ms, fx_log_level lvl
     va_start(ap, fmt);
     vlog(lvl, prefix, fmt, ap);
     va_end(ap);
+}
+
+void fx_thread_name(const char *name)
+{
+    char buf[16]; /* the kernel's TASK_COMM_LEN, NUL included */
+    snprintf(buf, sizeof buf, "%s", name ? name : "fx");
+    (void)pthread_setname_np(pthread_self(), buf);
 }

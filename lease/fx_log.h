@@ -29,6 +29,11 @@ typedef struct {
 void fx_log_ratelimited(fx_log_slot *slot, int64_t interval_ms, fx_log_level lvl,
                         const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
+/* Name the calling thread (top -H, perf, /proc/<pid>/task/<tid>/comm): "fx-" roles, cut to the
+ * kernel's 15 characters. Every thread this project starts calls it first; cnats's, libcurl's and
+ * libmicrohttpd's threads keep their library's name. */
+void fx_thread_name(const char *name);
+
 #define FX_DBG(...) fx_log(FX_LOG_DBG, __VA_ARGS__)
 #define FX_INF(...) fx_log(FX_LOG_INF, __VA_ARGS__)
 #define FX_WRN(...) fx_log(FX_LOG_WRN, __VA_ARGS__)

@@ -285,6 +285,7 @@ static void lm_renew(fx_lease_mgr *m, lm_entry *e)
 
 static void *lm_thread(void *arg)
 {
+    fx_thread_name("fx-leases");
     fx_lease_mgr *m = arg;
     lm_self = m;
     pthread_mutex_lock(&m->mu);

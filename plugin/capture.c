@@ -69,6 +69,11 @@ static void on_capture(natsConnection *nc, natsSubscription *sub, natsMsg *m, vo
 {
     (void)nc;
     (void)sub;
+    static _Thread_local bool named; /* cnats's delivery thread of this subscription */
+    if (!named) {
+        named = true;
+        fx_thread_name("fx-capture");
+    }
     dm_chan *ch = arg;
     fx_daemon *d = ch->d;
     char *hdr = NULL;
@@ -592,6 +597,7 @@ static void cap_keep(dm_cap *cp)
 
 static void *producer_main(void *arg)
 {
+    fx_thread_name("fx-producer");
     dm_cap *cp = arg;
     dm_chan *ch = cp->ch;
     dm_pq *q = &ch->q;

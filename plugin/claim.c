@@ -1693,6 +1693,7 @@ static void reap(fx_daemon *d)
 
 void *dm_interest_main(void *arg)
 {
+    fx_thread_name("fx-interest");
     fx_daemon *d = arg;
     char *url = NULL, *acc = NULL;
     pthread_mutex_lock(&d->cfg_mu);

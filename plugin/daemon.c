@@ -647,6 +647,7 @@ static void hk_views(fx_daemon *d)
 
 static void *hk_main(void *arg)
 {
+    fx_thread_name("fx-housekeep");
     fx_daemon *d = arg;
     bool etcd_was_ok = true;
     for (;;) {
@@ -800,6 +801,7 @@ static void admin_answer(fx_daemon *d, dm_admin_req *r)
 
 static void *admin_main(void *arg)
 {
+    fx_thread_name("fx-admin");
     fx_daemon *d = arg;
     for (;;) {
         pthread_mutex_lock(&d->mu);
@@ -1036,6 +1038,7 @@ static void drain(fx_daemon *d)
 
 static void *ctl_main(void *arg)
 {
+    fx_thread_name("fx-ctl");
     fx_daemon *d = arg;
     for (;;) {
         pthread_mutex_lock(&d->mu);

@@ -328,6 +328,7 @@ static void forget_lease(struct dm_delayq *q, dm_chan *ch)
 
 static void *writer_main(void *arg)
 {
+    fx_thread_name("fx-delay-write");
     struct dm_delayq *q = arg;
     fx_daemon *d = q->d;
     dq_w *batch[FX_DELAY_TXN_OPS];
@@ -567,6 +568,7 @@ static bool mover_chan(struct dm_delayq *q, dm_chan *ch, int64_t *budget, int64_
  * mover's thread so a long count never delays a move. */
 static void *counter_main(void *arg)
 {
+    fx_thread_name("fx-delay-count");
     struct dm_delayq *q = arg;
     fx_daemon *d = q->d;
     char (*names)[128] = NULL;
@@ -620,6 +622,7 @@ static void *counter_main(void *arg)
 
 static void *mover_main(void *arg)
 {
+    fx_thread_name("fx-delay-move");
     struct dm_delayq *q = arg;
     fx_daemon *d = q->d;
     int64_t budget = FX_DQ_MOVE_RATE / 10, refill_ms = fx_now_ms();

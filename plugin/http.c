@@ -167,6 +167,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
 static void *reaper_main(void *arg)
 {
+    fx_thread_name("fx-http-reaper");
     struct fx_http *h = arg;
     pthread_mutex_lock(&h->mu);
     while (!h->stopping) {

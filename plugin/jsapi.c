@@ -1185,6 +1185,7 @@ static void on_request(natsConnection *nc, natsSubscription *sub, natsMsg *m, vo
 
 static void *worker(void *arg)
 {
+    fx_thread_name("fx-jsapi");
     fx_jsapi *j = arg;
     for (;;) {
         pthread_mutex_lock(&j->mu);
@@ -1246,6 +1247,7 @@ fx_err fx_jsapi_check(fx_daemon *d)
 /* Pull request timers: expire waiting requests and send their heartbeats on time. */
 static void *timer_main(void *arg)
 {
+    fx_thread_name("fx-jsapi-timer");
     fx_jsapi *j = arg;
     pthread_mutex_lock(&j->mu);
     while (!j->stop) {

@@ -1005,6 +1005,7 @@ static void run_connected(fx_leaf *l, int fd)
 
 static void *io_main(void *arg)
 {
+    fx_thread_name("fx-leaf");
     fx_leaf *l = arg;
     int64_t backoff = 0;
     bool logged_fail = false;

@@ -396,6 +396,7 @@ static void job_note(void *arg, const char *line)
 
 static void *job_main(void *arg)
 {
+    fx_thread_name("fx-redrive");
     rd_job *j = arg;
     fx_redrive_opts o = {.dlq = j->dlq, .to = j->to, .subject = j->subject, .max = j->max,
                          .rate = j->rate, .idle_ms = j->idle_ms, .deadline_ms = j->deadline_ms,

@@ -7,7 +7,8 @@
 #     redis, the bench client), from /proc/<pid>/stat over the measured window;
 #   - with perf (Debian linux-perf; scripts/install-deps.sh installs it): `perf record -F 999` of
 #     those processes over the same window (nats_bench -p), then per process its share of the
-#     samples, its kernel share, and its top symbols (self time, % of that process's samples).
+#     samples, its kernel share, and its top symbols (self time, % of that process's samples);
+#     and the bridge's samples by thread name (its threads are named "fx-<role>").
 # Then one more pass per plane with nats_bench -X (the bridge's etcd behind a counting proxy): etcd
 # requests, request bytes and answer bytes per consumed message by kind (a separate pass, because
 # the proxy adds a hop to every etcd call and its own CPU).
@@ -83,6 +84,26 @@ perf_table() {
     }'
 }
 
+# The bridge's samples by thread name (fx_log.h fx_thread_name: "fx-<role>"; "fluxon-bridge" is
+# the main thread and the threads of cnats (its socket reader and flusher) and libcurl).
+thread_line() {
+  local data=$1 bp=$2
+  perf script -i "$data" -F pid,comm 2>/dev/null | awk -v bp="$bp" '
+    $2 == bp { c[$1]++; t++ }
+    END {
+      if (!t) exit
+      out = ""
+      for (n = 0; n < 10; n++) {
+        bk = ""; bv = 0
+        for (k in c) if (c[k] > bv) { bv = c[k]; bk = k }
+        if (bk == "") break
+        out = out (n ? "; " : "") sprintf("%.1f%% %s", 100 * bv / t, bk)
+        delete c[bk]
+      }
+      print "bridge samples by thread: " out
+    }'
+}
+
 rc=0
 echo "Per-message CPU and top symbols per process, rows $ROWS at $SIZES, ${DUR} s windows; machine: $(nproc) CPUs${PERF:+; $(perf --version 2>/dev/null)}."
 echo "CPU us/msg = CPU time of the process over the measured window / messages of the row in it. perf: \`perf record -F 999\` of the bench's own processes over the same window (self time, no call graphs); the share of samples is of all samples of those processes; symbols are % of that process's samples. etcd's binary carries no symbols (Go, stripped): its rows name the kernel and [unknown]."
@@ -119,6 +140,8 @@ for plane in $PLANES; do
       echo "| process | share of samples | kernel | top symbols (% of the process) |"
       echo "|---|---|---|---|"
       perf_table "$f" "$bp" "$ep" "$np" "${rp:-0}" "$cp"
+      echo
+      thread_line "$f" "$bp"
       echo
     done
   fi

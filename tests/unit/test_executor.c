@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "executor.h"
+#include "fx_log.h"
 #include "fx_time.h"
 #include "tests/support/fxt_slow.h"
 
@@ -191,6 +192,54 @@ static void executor_bounded_queue_refuses_when_full(void **state)
     fx_exec_strand_free(s);
     fx_exec_free(ex);
     gate_destroy(&g);
+}
+
+/* ---- thread names ------------------------------------------------------------------------------ */
+
+typedef struct named {
+    char name[32];
+    atomic_int done;
+} named;
+
+static void read_name(void *arg)
+{
+    named *n = arg;
+    if (pthread_getname_np(pthread_self(), n->name, sizeof n->name) != 0) strcpy(n->name, "?");
+}
+static void named_done(void *arg, bool cancelled)
+{
+    (void)cancelled;
+    atomic_store(&((named *)arg)->done, 1);
+}
+static bool named_ready(void *arg) { return atomic_load(&((named *)arg)->done) == 1; }
+
+static void *long_name_thread(void *arg)
+{
+    fx_thread_name("fx-a-role-name-too-long-for-linux");
+    read_name(arg);
+    return NULL;
+}
+
+/* A worker is named after its kind ("fx-<kind>", what top -H and perf show); a name longer than
+ * the kernel's 15 characters is cut, not refused (pthread_setname_np alone fails with ERANGE). */
+static void executor_threads_named_by_kind(void **state)
+{
+    (void)state;
+    fx_exec *ex = new_exec("names", 4, 1);
+    named n0 = {{0}, 0}, n1 = {{0}, 0};
+    assert_int_equal(fx_exec_submit(ex, 0, read_name, named_done, &n0), FX_OK);
+    assert_int_equal(fx_exec_submit(ex, 1, read_name, named_done, &n1), FX_OK);
+    assert_true(poll_until(named_ready, &n0));
+    assert_true(poll_until(named_ready, &n1));
+    assert_string_equal(n0.name, "fx-k0");
+    assert_string_equal(n1.name, "fx-k1");
+    fx_exec_free(ex);
+
+    named nl = {{0}, 0};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, long_name_thread, &nl), 0);
+    pthread_join(t, NULL);
+    assert_string_equal(nl.name, "fx-a-role-name-");
 }
 
 /* ---- strands ---------------------------------------------------------------------------------- */
@@ -581,6 +630,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(executor_strand_free_from_own_job),
         cmocka_unit_test(executor_two_in_one_process),
         cmocka_unit_test(executor_cfg_checked),
+        cmocka_unit_test(executor_threads_named_by_kind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
