@@ -45,7 +45,7 @@ PLUGIN_INC := -Iplugin -Ibridge -Ilease
 # Test programs, benches and fuzz targets of the lease and bridge layers (by file name, without
 # .c); everything else in tests/ belongs to the plugin layer. Tests add -I. for tests/support/,
 # whose files (fxt, fxt_proxy) use no project header and so compile at the lowest layer.
-LEASE_TESTS  := fxt fxt_proxy test_b64 test_etcd_json test_etcd_pb test_fx_err test_lease_registry test_url test_etcd test_kv \
+LEASE_TESTS  := fxt fxt_proxy test_b64 test_resp test_etcd_json test_etcd_pb test_fx_err test_lease_registry test_url test_etcd test_kv \
                 test_kv_redis test_lease etcd_bench payload_bench fuzz_etcd_json fuzz_etcd_pb
 BRIDGE_TESTS := test_bridge_flatdict test_bridge_keys test_bridge_lifecycle test_bridge_meta test_bridge_segment \
                 test_chanq test_inspect test_jsext test_mpmc test_mpsc test_mq_accept test_mq_edges mq_bench \

@@ -25,6 +25,8 @@
  *    "FXLEASE": FX_ELEASE_EXPIRED, nothing written) and removes the key from any other live lease
  *    (re-binding, as etcd does), so a put is idempotent (a retried put rewrites the same member).
  *    Payloads never pass through Lua (LUA_PUT_PRE says why); the other writes are one script.
+    A put's pipeline is encoded in one buffer (fx_resp.h) and written straight to the socket:
+    each payload is copied once (hiredis's formatting would copy it three times).
  *    A lease read (fx_kv_get_range_lease) is MULTI, EXISTS, ZRANGEBYLEX, EXEC.
  *  - Range bounds: member "k NUL v" compares against a bound B like key k against B when B holds
  *    no NUL; a bound "X NUL ..." (e.g. fx_kv_delete's [key, key NUL)) is mapped to X\1 (keys have
@@ -38,16 +40,20 @@
  */
 #include "kv.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <hiredis/hiredis.h>
+#include <hiredis/sds.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "fx_log.h"
+#include "fx_resp.h"
 #include "fx_time.h"
 #include "fx_url.h"
 
@@ -210,12 +216,17 @@ static struct timeval tv_of(int64_t ms)
     return (struct timeval){.tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000};
 }
 
+static void where_of(const kv_redis *k, char *where, size_t n)
+{
+    if (k->host) snprintf(where, n, "%s:%d", k->host, k->port);
+    else snprintf(where, n, "unix:%s", k->path);
+}
+
 /* Map a hiredis context error to an fx_err (and record the detail). */
 static fx_err ctx_err(const kv_redis *k, const redisContext *c, const char *what)
 {
     char where[300];
-    if (k->host) snprintf(where, sizeof where, "%s:%d", k->host, k->port);
-    else snprintf(where, sizeof where, "unix:%s", k->path);
+    where_of(k, where, sizeof where);
     /* A read/write past SO_RCVTIMEO/SO_SNDTIMEO: hiredis reports an I/O error with EAGAIN's
      * text (errno may be gone by now, so look at both). */
     bool timeout = c && (c->err == REDIS_ERR_IO || c->err == REDIS_ERR_OTHER) &&
@@ -331,20 +342,68 @@ typedef struct kr_cmdv {
     const size_t *lens;
 } kr_cmdv;
 
-/* n commands pipelined on cn (dialled if needed), one round trip: FX_OK with every reply in
- * rep[0..n) (error replies included; the caller frees each). A transport failure or timeout drops
- * the connection (its reply stream is unusable) and leaves rep all NULL. */
-static fx_err kr_pipe(kv_redis *k, kr_conn *cn, int64_t deadline, const char *what, int n,
-                      const kr_cmdv *cmds, redisReply **rep)
+/* Write raw[0, len) on cn's socket (blocking, SO_SNDTIMEO set by the caller): true when all of
+ * it went out; false with errno. Only called while hiredis's output buffer is empty, so the bytes
+ * keep their place in the command stream. */
+static bool write_all(redisContext *c, const char *raw, size_t len, int64_t deadline)
+{
+    while (len) {
+        ssize_t w = send(c->fd, raw, len, MSG_NOSIGNAL);
+        if (w > 0) {
+            raw += w;
+            len -= (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR && fx_now_ms() < deadline) continue;
+        if (w == 0) errno = EPIPE;
+        return false;
+    }
+    return true;
+}
+
+/* n commands pipelined on cn (dialled if needed), one round trip: first the nraw commands already
+ * encoded in raw[0, rawlen) (fx_resp.h; raw is owned and freed as soon as it is written, so a
+ * batch is not held twice while its replies are awaited), then cmds[0, n - nraw) through
+ * hiredis. FX_OK with every reply in rep[0..n) (error replies included; the caller frees each). A
+ * transport failure or timeout drops the connection (its reply stream is unusable) and leaves
+ * rep all NULL. */
+static fx_err kr_pipe_raw(kv_redis *k, kr_conn *cn, int64_t deadline, const char *what, char *raw,
+                          size_t rawlen, int nraw, int n, const kr_cmdv *cmds, redisReply **rep)
 {
     for (int i = 0; i < n; i++) rep[i] = NULL;
     fx_err e;
-    if (!cn->ctx && (e = kr_dial(k, cn, deadline))) return e;
+    if (!cn->ctx && (e = kr_dial(k, cn, deadline))) {
+        free(raw);
+        return e;
+    }
     int64_t left = deadline - fx_now_ms();
-    if (left <= 0) return fx_seterr(FX_ETIMEDOUT, "redis %s: deadline passed", what);
+    if (left <= 0) {
+        free(raw);
+        return fx_seterr(FX_ETIMEDOUT, "redis %s: deadline passed", what);
+    }
     redisSetTimeout(cn->ctx, tv_of(left));
     bool ok = true;
-    for (int i = 0; ok && i < n; i++)
+    if (rawlen) {
+        /* Straight to the socket when hiredis holds nothing unsent (always, between round trips:
+         * a failed one drops the connection); else behind what it holds. */
+        if (sdslen(cn->ctx->obuf) == 0) {
+            if (!write_all(cn->ctx, raw, rawlen, deadline)) {
+                int err = errno;
+                free(raw);
+                char where[300];
+                where_of(k, where, sizeof where);
+                redisFree(cn->ctx);
+                cn->ctx = NULL;
+                if (err == EAGAIN || err == EWOULDBLOCK)
+                    return fx_seterr(FX_ETIMEDOUT, "redis %s (%s): write timed out", what, where);
+                return fx_seterr(FX_EUNAVAIL, "redis %s (%s): write: %s", what, where, strerror(err));
+            }
+        } else {
+            ok = redisAppendFormattedCommand(cn->ctx, raw, rawlen) == REDIS_OK;
+        }
+    }
+    free(raw);
+    for (int i = 0; ok && i < n - nraw; i++)
         ok = redisAppendCommandArgv(cn->ctx, cmds[i].argc, cmds[i].argv, cmds[i].lens) == REDIS_OK;
     for (int i = 0; ok && i < n; i++)
         ok = redisGetReply(cn->ctx, (void **)&rep[i]) == REDIS_OK && rep[i];
@@ -357,6 +416,13 @@ static fx_err kr_pipe(kv_redis *k, kr_conn *cn, int64_t deadline, const char *wh
     redisFree(cn->ctx);
     cn->ctx = NULL;
     return e;
+}
+
+/* n commands pipelined on cn, one round trip (kr_pipe_raw without encoded ones). */
+static fx_err kr_pipe(kv_redis *k, kr_conn *cn, int64_t deadline, const char *what, int n,
+                      const kr_cmdv *cmds, redisReply **rep)
+{
+    return kr_pipe_raw(k, cn, deadline, what, NULL, 0, 0, n, cmds, rep);
 }
 
 /* One command on a connection (a pipeline of one): FX_OK with *out (caller frees) for any reply
@@ -588,7 +654,8 @@ static fx_err wait_ok(kv_redis *k, const redisReply *w, int64_t wt)
 }
 
 /* One round trip: MULTI, PUT_PRE, ZADD of every member "key NUL value", PUT_POST, EXEC (see
- * LUA_PUT_PRE for why the members bypass Lua), then WAIT min_replicas when set. */
+ * LUA_PUT_PRE for why the members bypass Lua), then WAIT min_replicas when set. The first five
+ * are encoded in one buffer (fx_resp.h), each value copied once, into the bytes that are sent. */
 static fx_err kr_put_many(void *self, const fx_kv_item *items, size_t n, const fx_kv_put_opts *o,
                           int timeout_ms)
 {
@@ -602,58 +669,48 @@ static fx_err kr_put_many(void *self, const fx_kv_item *items, size_t n, const f
     snprintf(ids, sizeof ids, "%lld", (long long)o->lease_id);
     fx_err e = lease_key(k, o->lease_id, lk, sizeof lk, &lkn);
     if (e) return e;
-    size_t mbytes = 0;
-    for (size_t i = 0; i < n; i++) mbytes += items[i].key.len + 1 + items[i].value.len;
-    /* argv: EVAL PRE 0 p id keys.. | ZADD lk (0 m)*n | EVAL POST 0 p id | MULTI | EXEC | WAIT n t */
-    size_t npre = 5 + n, nzadd = 2 + 2 * n, na = npre + nzadd + 5 + 2 + 3;
-    const char **a = malloc(sizeof *a * na);
-    size_t *l = malloc(sizeof *l * na);
-    char *mb = malloc(mbytes ? mbytes : 1);
-    if (!a || !l || !mb) {
-        free(a);
-        free(l);
-        free(mb);
-        return fx_seterr(FX_ENOMEM, "redis: out of memory");
-    }
-    const char **pre = a, **zadd = a + npre, **post = zadd + nzadd, **misc = post + 5;
-    size_t *prel = l, *zaddl = l + npre, *postl = zaddl + nzadd, *miscl = postl + 5;
+    const char *multi = "MULTI", *exec = "EXEC";
+    size_t multil = 5, execl = 4;
     const char *head[5] = {"EVAL", LUA_PUT_PRE, "0", k->prefix, ids};
-    for (int i = 0; i < 5; i++) {
-        pre[i] = post[i] = head[i];
-        prel[i] = postl[i] = strlen(head[i]);
-    }
-    post[1] = LUA_PUT_POST;
-    postl[1] = strlen(LUA_PUT_POST);
-    zadd[0] = "ZADD";
-    zaddl[0] = 4;
-    zadd[1] = lk;
-    zaddl[1] = lkn;
-    char *m = mb;
+    size_t headl[5];
+    for (int i = 0; i < 5; i++) headl[i] = strlen(head[i]);
+    const char *post[5] = {"EVAL", LUA_PUT_POST, "0", k->prefix, ids};
+    size_t postl[5] = {4, strlen(LUA_PUT_POST), 1, headl[3], headl[4]};
+    /* MULTI | EVAL PRE 0 p id keys.. | ZADD lk (0 member)*n | EVAL POST 0 p id | EXEC */
+    size_t size = fx_resp_cmd_size(1, &multil) + fx_resp_arr_size(5 + n) +
+                  fx_resp_cmd_size(5, headl) - fx_resp_arr_size(5) + fx_resp_arr_size(2 + 2 * n) +
+                  fx_resp_bulk_size(4) + fx_resp_bulk_size(lkn) + fx_resp_cmd_size(5, postl) +
+                  fx_resp_cmd_size(1, &execl);
+    for (size_t i = 0; i < n; i++)
+        size += fx_resp_bulk_size(items[i].key.len) + fx_resp_bulk_size(1) +
+                fx_resp_bulk_size(items[i].key.len + 1 + items[i].value.len);
+    char *raw = malloc(size);
+    if (!raw) return fx_seterr(FX_ENOMEM, "redis: out of memory (a put of %zu bytes)", size);
+    char *w = fx_resp_cmd(raw, 1, &multi, &multil);
+    w = fx_resp_arr(w, 5 + n);
+    for (int i = 0; i < 5; i++) w = fx_resp_bulk(w, head[i], headl[i]);
+    for (size_t i = 0; i < n; i++) w = fx_resp_bulk(w, items[i].key.data, items[i].key.len);
+    w = fx_resp_arr(w, 2 + 2 * n);
+    w = fx_resp_bulk(w, "ZADD", 4);
+    w = fx_resp_bulk(w, lk, lkn);
     for (size_t i = 0; i < n; i++) {
         const fx_kv_item *it = &items[i];
-        pre[5 + i] = (const char *)it->key.data;
-        prel[5 + i] = it->key.len;
-        memcpy(m, it->key.data, it->key.len);
-        m[it->key.len] = 0;
-        if (it->value.len) memcpy(m + it->key.len + 1, it->value.data, it->value.len);
-        zadd[2 + 2 * i] = "0";
-        zaddl[2 + 2 * i] = 1;
-        zadd[3 + 2 * i] = m;
-        zaddl[3 + 2 * i] = it->key.len + 1 + it->value.len;
-        m += zaddl[3 + 2 * i];
+        w = fx_resp_bulk(w, "0", 1);
+        w = fx_resp_bulk_head(w, it->key.len + 1 + it->value.len);
+        memcpy(w, it->key.data, it->key.len);
+        w += it->key.len;
+        *w++ = 0;
+        if (it->value.len) memcpy(w, it->value.data, it->value.len);
+        w = fx_resp_bulk_end(w + it->value.len);
     }
+    w = fx_resp_cmd(w, 5, post, postl);
+    w = fx_resp_cmd(w, 1, &exec, &execl);
+    assert((size_t)(w - raw) == size); /* sized above; test_resp and the ASan build check it */
     int64_t wt = 0;
     char nb[16], tb[24];
-    misc[0] = "MULTI";
-    miscl[0] = 5;
-    misc[1] = "EXEC";
-    miscl[1] = 4;
-    kr_cmdv cmds[6] = {{1, misc, miscl},
-                       {(int)npre, pre, prel},
-                       {(int)nzadd, zadd, zaddl},
-                       {5, post, postl},
-                       {1, misc + 1, miscl + 1},
-                       {3, misc + 2, miscl + 2}};
+    const char *wait[3] = {"WAIT", nb, tb};
+    size_t waitl[3] = {4, 0, 0};
+    kr_cmdv waitc = {3, wait, waitl};
     int nc = k->min_replicas > 0 ? 6 : 5;
     redisReply *rep[6] = {0};
     kr_conn *cn = NULL;
@@ -666,24 +723,20 @@ static fx_err kr_put_many(void *self, const fx_kv_item *items, size_t n, const f
             if (wt < 1) wt = 1;
             snprintf(nb, sizeof nb, "%d", k->min_replicas);
             snprintf(tb, sizeof tb, "%lld", (long long)wt);
-            misc[2] = "WAIT";
-            miscl[2] = 4;
-            misc[3] = nb;
-            miscl[3] = strlen(nb);
-            misc[4] = tb;
-            miscl[4] = strlen(tb);
+            waitl[1] = strlen(nb);
+            waitl[2] = strlen(tb);
         }
-        if (!e) e = kr_pipe(k, cn, deadline, "put", nc, cmds, rep);
+        if (!e) e = kr_pipe_raw(k, cn, deadline, "put", raw, size, 5, nc, &waitc, rep);
+        else free(raw);
         kr_release(k, cn);
+    } else {
+        free(raw);
     }
     if (!e) e = multi_err(rep, 5, "put");
     if (!e && nc == 6) e = wait_ok(k, rep[5], wt);
     if (e == FX_ENOSPACE) atomic_fetch_add(&k->n_oom, 1);
     for (int i = 0; i < nc; i++)
         if (rep[i]) freeReplyObject(rep[i]);
-    free(a);
-    free(l);
-    free(mb);
     return e;
 }
 
