@@ -745,6 +745,7 @@ typedef struct kr_member {
     size_t klen;
     const char *val;
     size_t vlen;
+    redisReply *el; /* the member's reply string (key and val point into it) */
 } kr_member;
 
 static int member_cmp(const void *a, const void *b)
@@ -766,21 +767,24 @@ static uint8_t *dup_bytes(const char *p, size_t n)
 }
 
 /* The members of a range reply (an array of "key NUL value") into out, in key order, at most
- * limit (0: all); `sorted`: the array is already in key order (one set's ZRANGEBYLEX). */
-static fx_err range_out(const redisReply *r, int64_t limit, bool sorted, fx_range_resp *out)
+ * limit (0: all); `sorted`: the array is already in key order (one set's ZRANGEBYLEX). A value
+ * is not copied: it is moved to the front of its reply string, which out takes over (hiredis
+ * allocates strings with malloc, len + 1 bytes: room for the value and its NUL); the key is. */
+static fx_err range_out(redisReply *r, int64_t limit, bool sorted, fx_range_resp *out)
 {
     if (r->type != REDIS_REPLY_ARRAY) return fx_seterr(FX_EPROTO, "redis range: reply is not an array");
     size_t n = r->elements;
     kr_member *m = n ? calloc(n, sizeof *m) : NULL;
     if (n && !m) return fx_seterr(FX_ENOMEM, "redis: out of memory");
     for (size_t i = 0; i < n; i++) {
-        const redisReply *el = r->element[i];
+        redisReply *el = r->element[i];
         const char *z = el->type == REDIS_REPLY_STRING ? memchr(el->str, 0, el->len) : NULL;
         if (!z) {
             free(m);
             return fx_seterr(FX_EPROTO, "redis range: malformed member");
         }
-        m[i] = (kr_member){el->str, (size_t)(z - el->str), z + 1, el->len - (size_t)(z - el->str) - 1};
+        m[i] = (kr_member){el->str, (size_t)(z - el->str), z + 1,
+                           el->len - (size_t)(z - el->str) - 1, el};
     }
     if (n > 1 && !sorted) qsort(m, n, sizeof *m, member_cmp);
     size_t keep = limit > 0 && (size_t)limit < n ? (size_t)limit : n;
@@ -791,13 +795,18 @@ static fx_err range_out(const redisReply *r, int64_t limit, bool sorted, fx_rang
     for (size_t i = 0; !e && i < keep; i++) {
         fx_kv *kv = &out->kvs[i];
         kv->key.data = dup_bytes(m[i].key, m[i].klen);
-        kv->value.data = dup_bytes(m[i].val, m[i].vlen);
         out->n_kvs = i + 1;
-        if (!kv->key.data || !kv->value.data) {
+        if (!kv->key.data) {
             e = fx_seterr(FX_ENOMEM, "redis: out of memory");
             break;
         }
         kv->key.len = m[i].klen;
+        char *str = m[i].el->str;
+        memmove(str, m[i].val, m[i].vlen);
+        str[m[i].vlen] = 0;
+        m[i].el->str = NULL; /* freeReplyObject frees it no more: out owns it */
+        m[i].el->len = 0;
+        kv->value.data = (uint8_t *)str;
         kv->value.len = m[i].vlen;
     }
     free(m);
