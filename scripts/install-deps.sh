@@ -6,7 +6,8 @@
 # something is missing; prints nothing and exits 0 when all is there.
 set -euo pipefail
 
-# --bench: also what only `make bench` needs (etcd's own Go client, for the gateway-vs-gRPC table).
+# --bench: also what only benchmarking needs (etcd's own Go client, for the gateway-vs-gRPC table;
+# heaptrack, for the bridge's memory by allocation site: BENCHMARKS.md, issue 24 sixth round).
 BENCH=
 [ "${1:-}" = "--bench" ] && BENCH=1
 
@@ -22,7 +23,7 @@ PKGS=(
   golang-go golang-github-nats-io-go-nats-dev
 )
 
-[ -n "$BENCH" ] && PKGS+=(golang-etcd-server-dev)
+[ -n "$BENCH" ] && PKGS+=(golang-etcd-server-dev heaptrack)
 
 missing=()
 for p in "${PKGS[@]}"; do
