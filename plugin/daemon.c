@@ -4,6 +4,9 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +50,8 @@ struct dm_own {
     fx_metric *g_lease_ka_fail, *g_etcd_req, *g_etcd_lat, *g_reconnects, *g_slow,
         *g_payload_missing, *g_claims_total, *g_leaf_up, *g_leaf_connects;
     fx_metric *g_plane_lost, *g_kv_refusing, *g_kv_refused, *g_kv_oom, *g_kv_wait_short;
+    fx_metric *g_heap_trim_us; /* NULL without glibc */
+    uint64_t heap_trim_us;     /* its total (house-keeping thread only) */
 
     /* background threads (under d->mu, signalled on d->cv) */
     bool stop_late; /* house-keeping and admin threads (just before the MQ client closes) */
@@ -552,6 +557,13 @@ static void metrics_setup(fx_daemon *d)
                                             "Redis puts failed because WAIT reached fewer than "
                                             "kv.min_replicas replicas", FX_METRIC_COUNTER, "");
     }
+#ifdef __GLIBC__
+    d->own->g_heap_trim_us = fx_metrics_add(m, "fluxon_heap_trim_us_total",
+                                            "Microseconds the house-keeping thread spent handing "
+                                            "free heap memory back to the kernel (malloc_trim, "
+                                            "five times a second)",
+                                            FX_METRIC_COUNTER, "");
+#endif
     d->own->g_slow = fx_metrics_add(m, "fluxon_slow_consumer_events_total",
                                "NATS slow-consumer episodes (messages dropped by the client library)",
                                FX_METRIC_COUNTER, "");
@@ -645,16 +657,42 @@ static void hk_views(fx_daemon *d)
     pthread_rwlock_unlock(&d->reg);
 }
 
+/* Hand the heap's free pages back to the kernel. glibc keeps what was freed inside its arenas
+ * (freed chunks in the middle of a heap are never trimmed by free), so after a burst at 4 KiB
+ * (payloads held in the consumers' unacked windows, request frames, read buffers) the bridge
+ * held 48-62 MiB while idle, and the next burst's peak sat on top of that (BENCHMARKS.md, issue
+ * 24 seventh round). malloc_trim releases free pages anywhere in every arena; its cost is
+ * counted in fluxon_heap_trim_us_total. */
+static void hk_heap_trim(fx_daemon *d)
+{
+#ifdef __GLIBC__
+    int64_t t0 = fx_now_us();
+    malloc_trim(0);
+    d->own->heap_trim_us += (uint64_t)(fx_now_us() - t0);
+    fx_metric_set(d->own->g_heap_trim_us, (int64_t)d->own->heap_trim_us);
+#else
+    (void)d;
+#endif
+}
+
 static void *hk_main(void *arg)
 {
     fx_thread_name("fx-housekeep");
     fx_daemon *d = arg;
     bool etcd_was_ok = true;
+    int64_t next = 0; /* the next probe and metrics pass (every FX_DM_HK_MS) */
     for (;;) {
-        hk_probe_etcd(d, &etcd_was_ok);
-        hk_stats(d);
-        hk_views(d);
-        if (dm_wait_flag(d, &d->own->stop_late, 1000)) break;
+        if (fx_now_ms() >= next) {
+            hk_probe_etcd(d, &etcd_was_ok);
+            hk_stats(d);
+            hk_views(d);
+            next = fx_now_ms() + FX_DM_HK_MS;
+        }
+        hk_heap_trim(d);
+        int64_t left = next - fx_now_ms();
+        if (dm_wait_flag(d, &d->own->stop_late,
+                         left < 1 ? 1 : left < FX_DM_TRIM_MS ? left : FX_DM_TRIM_MS))
+            break;
     }
     return NULL;
 }

@@ -72,6 +72,8 @@
 #define FX_DM_FETCH_MAX 128                /* messages per fx_chanq_cons_get */
 #define FX_DM_EVQ_MIN 1024                 /* claim ack queue: max(2 * max_ack_pending, this) */
 #define FX_DM_EVQ_MAX (1u << 20)
+#define FX_DM_HK_MS 1000                   /* house-keeping: probe, metrics, views */
+#define FX_DM_TRIM_MS 200                  /* house-keeping: malloc_trim (daemon.c) */
 #define FX_DM_ADMINQ_MAX 64                /* admin requests waiting; full -> 503 */
 #define FX_DM_NONE_GRACE_MS 20             /* ack none: wait for a no-responders before acking */
 #define FX_DM_DRAIN_LINGER_MS 1000         /* drain: wait this long for outstanding acks */
