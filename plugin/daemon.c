@@ -51,7 +51,6 @@ struct dm_own {
         *g_payload_missing, *g_claims_total, *g_leaf_up, *g_leaf_connects;
     fx_metric *g_plane_lost, *g_kv_refusing, *g_kv_refused, *g_kv_oom, *g_kv_wait_short;
     fx_metric *g_heap_trim_us; /* NULL without glibc */
-    uint64_t heap_trim_us;     /* its total (house-keeping thread only) */
 
     /* background threads (under d->mu, signalled on d->cv) */
     bool stop_late; /* house-keeping and admin threads (just before the MQ client closes) */
@@ -668,8 +667,7 @@ static void hk_heap_trim(fx_daemon *d)
 #ifdef __GLIBC__
     int64_t t0 = fx_now_us();
     malloc_trim(0);
-    d->own->heap_trim_us += (uint64_t)(fx_now_us() - t0);
-    fx_metric_set(d->own->g_heap_trim_us, (int64_t)d->own->heap_trim_us);
+    fx_metric_inc(d->own->g_heap_trim_us, fx_now_us() - t0);
 #else
     (void)d;
 #endif
@@ -689,10 +687,10 @@ static void *hk_main(void *arg)
             next = fx_now_ms() + FX_DM_HK_MS;
         }
         hk_heap_trim(d);
-        int64_t left = next - fx_now_ms();
-        if (dm_wait_flag(d, &d->own->stop_late,
-                         left < 1 ? 1 : left < FX_DM_TRIM_MS ? left : FX_DM_TRIM_MS))
-            break;
+        int64_t wait = next - fx_now_ms(); /* until the next pass, at most FX_DM_TRIM_MS */
+        if (wait > FX_DM_TRIM_MS) wait = FX_DM_TRIM_MS;
+        if (wait < 1) wait = 1;
+        if (dm_wait_flag(d, &d->own->stop_late, wait)) break;
     }
     return NULL;
 }

@@ -12,18 +12,12 @@
 //  4. The channel that stayed still takes publishes (PubAck).
 import fs from "node:fs";
 import { test } from "./lib/runner.mjs";
-import { startStack, waitFor, httpGet, ORDERS } from "./lib/stack.mjs";
+import { startStack, waitFor, httpGet, vmRssBytes, ORDERS } from "./lib/stack.mjs";
 import { natsConnect, makeMsg, publishAll } from "./lib/client.mjs";
 import { assert } from "./lib/check.mjs";
 
 const HUP = { name: "hup", subjects: ["hup.>"], deliver_prefix: "q.hup" };
 const MIB = 1 << 20;
-
-function vmRssBytes(pid) {
-  const m = /^VmRSS:\s+(\d+) kB$/m.exec(fs.readFileSync(`/proc/${pid}/status`, "utf8"));
-  if (!m) throw new Error(`no VmRSS for pid ${pid}`);
-  return Number(m[1]) * 1024;
-}
 
 async function subjectsOnServer(monitorUrl) {
   const r = await httpGet(`${monitorUrl}/subsz?subs=1&limit=100000`, 3000);

@@ -889,6 +889,13 @@ export function bridgeRun(args, timeout = 15_000) {
 // Prometheus text
 
 /** Parse Prometheus text into [{name, labels, value}] (comments skipped). */
+/** A process's VmRSS in bytes (/proc/<pid>/status); throws when it has none. */
+export function vmRssBytes(pid) {
+  const m = /^VmRSS:\s+(\d+) kB$/m.exec(fs.readFileSync(`/proc/${pid}/status`, "utf8"));
+  if (!m) throw new Error(`no VmRSS for pid ${pid}`);
+  return Number(m[1]) * 1024;
+}
+
 export function parseMetrics(text) {
   const out = [];
   for (const line of text.split("\n")) {
