@@ -276,6 +276,6 @@ install: $(BINS)
 	  $(INSTALL) -m 0640 deploy/bridge-single.json $(DESTDIR)$(SYSCONFDIR)/fluxon/bridge.json
 
 clean:
-	rm -rf build build-san build-tsan build-fuzz
+	rm -rf build build-san build-tsan build-fuzz build-tools
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -155,7 +155,7 @@ run_all() {
 # The standard tool: the same `nats bench` command lines (--js publish with --syncpub and async,
 # --pull --consumer C --sub N) against the bridge and against a JetStream WorkQueue stream on this
 # machine (an e2e scale test; its table rows are the lines starting with "|" of its log). The nats
-# CLI is the one the e2e harness builds (natscli 0.0.35, once, into $BUILD/natscli).
+# CLI is the one the e2e harness builds (natscli 0.0.35, once, into build-tools/natscli).
 # FXBENCH_NATSCLI_MSGS (default 10000) and FXBENCH_NATSCLI_SUBS (default 2) size it.
 run_natscli() {
   echo

@@ -9,7 +9,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { test } from "./lib/runner.mjs";
-import { startStack, runCmd, BUILD, waitFor, SLOW } from "./lib/stack.mjs";
+import { startStack, runCmd, BUILD, TOOLS, waitFor, SLOW } from "./lib/stack.mjs";
 import { natsConnect, makeMsg, Consumer, publishAcked, sc, waitBacklog } from "./lib/client.mjs";
 import { assert } from "./lib/check.mjs";
 
@@ -24,7 +24,7 @@ export async function buildGo(name) {
     ...process.env,
     GO111MODULE: "off", // GOPATH mode: imports come from the Debian packages' source tree
     GOPATH: "/usr/share/gocode",
-    GOCACHE: path.join(BUILD, "go-cache"),
+    GOCACHE: path.join(TOOLS, "go-cache"), // shared by every build dir (Go's cache takes concurrent builds)
     GOPROXY: "off",
     GOFLAGS: "",
   };

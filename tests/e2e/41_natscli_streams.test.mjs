@@ -1,4 +1,4 @@
-// e2e_natscli_streams: the real nats CLI (natscli 0.0.35, built once into the build dir) sees each
+// e2e_natscli_streams: the real nats CLI (natscli 0.0.35, built once into build-tools/) sees each
 // channel as a JetStream WorkQueue stream through the bridge's JetStream API: `nats stream ls`
 // lists the channels, `nats stream info orders` shows the capture subjects, WorkQueue retention
 // and a message count equal to the backlog (published, not consumed), `nats account info` counts

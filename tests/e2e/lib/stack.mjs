@@ -17,6 +17,10 @@ import { throwIfAborted } from "./context.mjs";
 export const BUILD = process.env.FXE2E_BUILD || path.resolve(process.cwd(), "build");
 export const BRIDGE_BIN = path.join(BUILD, "fluxon-bridge");
 export const CTL_BIN = path.join(BUILD, "fluxonctl");
+const REPO = path.resolve(path.dirname(new URL(import.meta.url).pathname), "..", "..", "..");
+/** What the tests build that does not depend on how the bridge is built (the nats CLI, Go's build
+ * cache): one place for every build dir, so make test, make check and make tsan build it once. */
+export const TOOLS = process.env.FXE2E_TOOLS || path.join(REPO, "build-tools");
 
 /**
  * The slow-build factor, one for the whole suite (C tests read the same FXT_SLOW through
@@ -1034,20 +1038,28 @@ export async function memberKeysOf(etcd, prefix, id) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The nats CLI (natscli 0.0.35), built once into <BUILD>/natscli/nats from the shared tools beside
+// The nats CLI (natscli 0.0.35), built once into <TOOLS>/natscli/nats from the shared tools beside
 // the repository clone (<repo>/../shared/tools/natscli/build.sh; FXE2E_NATSCLI_BUILD overrides the
-// script). The build (about 40-90 s) is skipped when the binary is there.
+// script). The build (about 40-90 s) is skipped when the binary is there. It builds into a directory
+// of its own and is renamed into place, so two suites that build it at once never run a half-written
+// binary.
 let natsCliBuild = null;
 export function natsCli() {
   natsCliBuild ??= (async () => {
-    const out = path.join(BUILD, "natscli");
+    const out = path.join(TOOLS, "natscli");
     const bin = path.join(out, "nats");
     if (fs.existsSync(bin)) return bin;
-    const repo = path.resolve(path.dirname(new URL(import.meta.url).pathname), "..", "..", "..");
-    const script = process.env.FXE2E_NATSCLI_BUILD || path.resolve(repo, "..", "shared", "tools", "natscli", "build.sh");
+    const script = process.env.FXE2E_NATSCLI_BUILD || path.resolve(REPO, "..", "shared", "tools", "natscli", "build.sh");
     if (!fs.existsSync(script)) throw new Error(`nats CLI: ${script} is missing (the shared tools must sit beside the repository clone, or set FXE2E_NATSCLI_BUILD)`);
-    const r = await runCmd("bash", [script, out], { timeout: 600_000 });
-    if (r.code !== 0 || !fs.existsSync(bin)) throw new Error(`nats CLI build failed (${r.code}):\n${r.stderr.slice(-2000)}`);
+    fs.mkdirSync(out, { recursive: true });
+    const tmp = fs.mkdtempSync(path.join(out, "build-"));
+    try {
+      const r = await runCmd("bash", [script, tmp], { timeout: 600_000 });
+      if (r.code !== 0 || !fs.existsSync(path.join(tmp, "nats"))) throw new Error(`nats CLI build failed (${r.code}):\n${r.stderr.slice(-2000)}`);
+      fs.renameSync(path.join(tmp, "nats"), bin);
+    } finally {
+      fs.rmSync(tmp, { recursive: true, force: true });
+    }
     return bin;
   })();
   return natsCliBuild;
