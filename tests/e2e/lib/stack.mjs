@@ -889,10 +889,6 @@ export function bridgeRun(args, timeout = 15_000) {
   return runCmd(BRIDGE_BIN, args, { timeout });
 }
 
-// ---------------------------------------------------------------------------------------------
-// Prometheus text
-
-/** Parse Prometheus text into [{name, labels, value}] (comments skipped). */
 /** A process's VmRSS in bytes (/proc/<pid>/status); throws when it has none. */
 export function vmRssBytes(pid) {
   const m = /^VmRSS:\s+(\d+) kB$/m.exec(fs.readFileSync(`/proc/${pid}/status`, "utf8"));
@@ -900,6 +896,10 @@ export function vmRssBytes(pid) {
   return Number(m[1]) * 1024;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Prometheus text
+
+/** Parse Prometheus text into [{name, labels, value}] (comments skipped). */
 export function parseMetrics(text) {
   const out = [];
   for (const line of text.split("\n")) {
